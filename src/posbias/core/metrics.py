@@ -1,0 +1,107 @@
+"""Answer metrics and curve statistics (pure Python/numpy).
+
+`normalize_answer` and `best_subspan_em` follow the *Lost in the Middle* study
+(Liu et al., 2023), which takes the normalisation of the SQuAD evaluation script.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+_PUNCT = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(s: str) -> str:
+    """Lower-case, strip punctuation, drop the articles a/an/the, collapse white space."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def first_line(prediction: str) -> str:
+    """The study scores the prediction cut at its first newline."""
+    return prediction.split("\n", 1)[0]
+
+
+def best_subspan_em(prediction: str, answers: Sequence[str]) -> bool:
+    """True iff some normalised gold answer is a substring of the normalised prediction."""
+    pred = normalize_answer(first_line(prediction))
+    return any(normalize_answer(a) in pred for a in answers)
+
+
+def substring_match(prediction: str, answers: Sequence[str]) -> bool:
+    """KV retrieval metric of the study: the gold value occurs in the (first line of the) answer."""
+    pred = first_line(prediction)
+    return any(a in pred for a in answers)
+
+
+METRICS = {"best_subspan_em": best_subspan_em, "substring": substring_match}
+
+
+def wilson_ci(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion k/n (95% by default)."""
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    lo = 0.0 if k == 0 else max(0.0, centre - half)
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return (lo, hi)
+
+
+@dataclass(frozen=True)
+class CurveSummary:
+    average: float
+    best: float
+    best_position: int
+    worst: float
+    worst_position: int
+    gap: float
+    std: float
+    gap_ci: tuple[float, float]
+
+    def as_dict(self) -> dict:
+        d = self.__dict__.copy()
+        d["gap_ci"] = list(self.gap_ci)
+        return d
+
+
+def summarize_curve(
+    positions: Sequence[int], correct: np.ndarray, n_boot: int = 1000, seed: int = 0
+) -> CurveSummary:
+    """Summary of a paired accuracy curve.
+
+    correct: bool array [n_examples, n_positions]; column j is position positions[j].
+    std is the population std of the per-position accuracies. gap_ci is a paired
+    bootstrap (resampling examples, keeping their row across positions) 95% interval
+    of best - worst, re-selecting best and worst in each resample.
+    """
+    correct = np.asarray(correct, dtype=float)
+    acc = correct.mean(axis=0)
+    b, w = int(np.argmax(acc)), int(np.argmin(acc))
+    rng = np.random.default_rng(seed)
+    n = correct.shape[0]
+    idx = rng.integers(0, n, size=(n_boot, n))
+    boot = correct[idx].mean(axis=1)  # [n_boot, n_positions]
+    gaps = boot.max(axis=1) - boot.min(axis=1)
+    lo, hi = np.quantile(gaps, [0.025, 0.975])
+    return CurveSummary(
+        average=float(acc.mean()),
+        best=float(acc[b]),
+        best_position=int(positions[b]),
+        worst=float(acc[w]),
+        worst_position=int(positions[w]),
+        gap=float(acc[b] - acc[w]),
+        std=float(acc.std()),
+        gap_ci=(float(lo), float(hi)),
+    )

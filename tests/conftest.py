@@ -1,0 +1,85 @@
+"""Shared fixtures: tiny random models built from configs, a character tokenizer, SmolLM2."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+torch.manual_seed(0)
+
+ARCHS = ("llama", "qwen2", "mistral", "gpt2")
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def char_tokenizer(chat: bool = True):
+    """A character-level fast tokenizer (printable ASCII + newline), no files needed."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<unk>", "<bos>", "<eos>"]
+    chars = ["\n"] + [chr(i) for i in range(32, 127)]
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>", bos_token="<bos>", eos_token="<eos>"
+    )
+    if chat:
+        tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def tiny_model(arch: str, vocab: int, max_pos: int = 2048, seed: int = 0):
+    """A 2-layer random causal LM of the given family, fp32, eval mode."""
+    import transformers as tf
+
+    common = dict(vocab_size=vocab, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    if arch == "gpt2":
+        cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=max_pos, **common)
+    else:
+        cls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}[arch]
+        cfg = cls(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=max_pos, **common,
+        )
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_config(cfg).eval()
+    # Random init gives near-uniform logits; scale the output layer so greedy choices are decisive.
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(20.0)
+    return model
+
+
+def tiny_loaded(arch: str = "llama", chat: bool = True, max_pos: int = 2048):
+    from posbias.models.load import Loaded
+
+    tok = char_tokenizer(chat)
+    model = tiny_model(arch, len(tok), max_pos)
+    info = {"name": f"tiny-{arch}", "context_window": max_pos, "dtype": "fp32", "device": "cpu"}
+    return Loaded(model=model, tokenizer=tok, info=info)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real default model, loaded once per test session (bf16)."""
+    from posbias.models.load import load_model
+
+    return load_model("smollm2-135m", "bf16", "cpu")
+
+
+@pytest.fixture(autouse=True)
+def _no_hub(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    yield
+
+
+os.environ.setdefault("MPLBACKEND", "Agg")

@@ -1,0 +1,56 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posbias.core.metrics import best_subspan_em, normalize_answer, substring_match, summarize_curve, wilson_ci
+
+
+def test_normalize_answer_follows_squad():
+    assert normalize_answer("The  Eiffel-Tower!") == "eiffeltower"
+    assert normalize_answer("An apple a day") == "apple day"
+    assert normalize_answer("  Wilhelm Conrad Röntgen. ") == "wilhelm conrad röntgen"
+
+
+def test_best_subspan_em():
+    assert best_subspan_em("It was Wilhelm Conrad Röntgen, in 1901.", ["Wilhelm Conrad Röntgen"])
+    assert best_subspan_em("the answer: PARIS", ["Paris", "London"])
+    assert not best_subspan_em("Lyon", ["Paris"])
+    # only the first line counts
+    assert not best_subspan_em("I think\nParis", ["Paris"])
+    # articles dropped on both sides
+    assert best_subspan_em("surface of enamel", ["the surface of the enamel"])
+
+
+def test_substring_match_first_line_only():
+    assert substring_match(" 771204.", ["771204"])
+    assert not substring_match(" 77120", ["771204"])
+    assert not substring_match("no\n771204", ["771204"])
+
+
+def test_wilson_ci_known_values():
+    lo, hi = wilson_ci(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-3) and hi == pytest.approx(0.7634, abs=1e-3)
+    assert wilson_ci(0, 10)[0] == 0.0 and wilson_ci(10, 10)[1] == 1.0
+
+
+@settings(max_examples=50, deadline=None)
+@given(k=st.integers(0, 200), extra=st.integers(0, 200))
+def test_wilson_contains_estimate(k, extra):
+    n = k + extra
+    if n == 0:
+        return
+    lo, hi = wilson_ci(k, n)
+    assert 0 <= lo <= k / n <= hi <= 1
+
+
+def test_summarize_curve():
+    m = np.array([[1, 0, 1], [1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=bool)
+    s = summarize_curve([0, 5, 9], m)
+    assert s.best == 1.0 and s.best_position == 0
+    assert s.worst == 0.25 and s.worst_position == 5
+    assert s.gap == 0.75
+    assert s.average == pytest.approx((1 + 0.25 + 0.5) / 3)
+    assert s.std == pytest.approx(np.std([1, 0.25, 0.5]))
+    assert s.gap_ci[0] <= s.gap <= s.gap_ci[1]
+    assert summarize_curve([0, 5, 9], m).gap_ci == s.gap_ci  # seeded: reproducible

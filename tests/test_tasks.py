@@ -1,0 +1,142 @@
+import gzip
+import json
+import re
+
+import pytest
+
+from posbias.errors import PosbiasError
+from posbias.tasks import get_task, move, resolve_positions
+from posbias.tasks.kv_uuid import format_records
+
+
+def test_move_keeps_the_others_in_order():
+    items = list("abcdef")
+    for g in range(6):
+        for p in range(6):
+            out = move(items, g, p)
+            assert out[p] == items[g]
+            assert [x for x in out if x != items[g]] == [x for x in items if x != items[g]]
+
+
+def test_resolve_positions():
+    assert resolve_positions("all", 4) == [0, 1, 2, 3]
+    assert resolve_positions("9,0,4", 10) == [0, 4, 9]
+    assert resolve_positions("0%,50%,100%", 10) == [0, 4, 9]
+    assert resolve_positions("0%,50%,100%", 20) == [0, 10, 19]
+    with pytest.raises(PosbiasError, match="out of range"):
+        resolve_positions("0,10", 10)
+    with pytest.raises(PosbiasError, match="bad position"):
+        resolve_positions("first", 10)
+
+
+def _fact_lines(user: str) -> list[str]:
+    return [line for line in user.splitlines() if line.startswith("The code for")]
+
+
+@pytest.mark.parametrize("facts", [3, 10, 30])
+def test_kv_lookup_gold_lands_and_rest_is_identical(facts):
+    task = get_task("kv-lookup", facts=facts)
+    for ex in task.examples(5, seed=3):
+        key, value = ex.pairs[ex.gold]
+        gold_line = f"The code for {key} is {value}."
+        prompts = [task.build(ex, p) for p in range(facts)]
+        for p, pr in enumerate(prompts):
+            lines = _fact_lines(pr.user)
+            assert len(lines) == facts and lines[p] == gold_line
+            assert pr.answers == (value,) and pr.answer_prefix == f"The code for {key} is"
+        # removing the gold fact leaves the very same text at every position
+        stripped = {pr.user.replace(gold_line + "\n", "").replace("\n" + gold_line, "") for pr in prompts}
+        assert len(stripped) == 1
+
+
+def test_kv_lookup_is_seeded():
+    t = get_task("kv-lookup", facts=10, digits=6)
+    a, b, c = t.examples(3, seed=1), t.examples(3, seed=1), t.examples(3, seed=2)
+    assert a == b and a != c
+    assert t.examples(2, seed=1, skip=1) == a[1:3]
+    for ex in a:
+        numbers = [x for kv in ex.pairs for x in kv]
+        assert len(set(numbers)) == 20 and all(len(x) == 6 and x[0] != "0" for x in numbers)
+
+
+def test_kv_uuid_shared_file_and_generated():
+    t = get_task("kv-uuid", pairs=75)
+    assert t.pool_size == 500
+    ex = t.examples(1, seed=0)[0]
+    key, value = ex.pairs[ex.gold]
+    for p in (0, 37, 74):
+        pr = t.build(ex, p)
+        lines = pr.user.split("JSON data:\n")[1].split("\n\nKey:")[0].split("\n")
+        assert f'"{key}": "{value}"' in lines[p]
+        assert pr.user.endswith(f'Key: "{key}"\nCorresponding value:') and pr.answers == (value,)
+    g = get_task("kv-uuid", pairs=7)
+    ex = g.examples(2, seed=0)
+    assert len(ex[0].pairs) == 7 and ex == g.examples(2, seed=0)
+    assert re.fullmatch(r"[0-9a-f-]{36}", ex[0].pairs[0][0])
+
+
+def test_kv_uuid_format_matches_the_study():
+    assert format_records([("k1", "v1"), ("k2", "v2"), ("k3", "v3")]) == '{"k1": "v1",\n "k2": "v2",\n "k3": "v3"}'
+
+
+@pytest.mark.parametrize("docs", [10, 20])
+def test_nq_gold_moves_distractors_stay(docs):
+    t = get_task("nq", docs=docs)
+    assert t.pool_size == 341
+    ex = t.examples(3, seed=0)
+    for e in ex:
+        gold = e.docs[e.gold]
+        users = [t.build(e, p).user for p in range(docs)]
+        for p, u in enumerate(users):
+            found = re.findall(r"^Document \[(\d+)\]\(Title: (.*?)\) (.*)$", u, flags=re.M)
+            assert len(found) == docs
+            assert found[p][1:] == (gold.title, gold.text)
+            assert int(found[p][0]) == p + 1
+            others = [f[1:] for i, f in enumerate(found) if i != p]
+            assert others == [(d.title, d.text) for i, d in enumerate(e.docs) if i != e.gold]
+        assert all(u.startswith("Write a high-quality answer") and u.endswith(f"Question: {e.question}\nAnswer:") for u in users)
+
+
+def test_nq_unknown_docs_and_missing_file(tmp_path):
+    with pytest.raises(PosbiasError, match="10 or 20"):
+        get_task("nq", docs=15)
+    with pytest.raises(PosbiasError, match="does not exist"):
+        get_task("nq", data_dir=str(tmp_path))
+
+
+def _write(path, records):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+def test_jsonl_task_roundtrip(tmp_path):
+    rec = {"question": "q?", "answers": ["A"], "documents": [{"title": "t", "text": "x"}, {"text": "gold A"}, "plain"], "gold": 1}
+    p = _write(tmp_path / "d.jsonl", [dict(rec, id="a"), dict(rec, id="b", answer="B", answers=None) | {"answers": ["B"]}])
+    t = get_task(f"jsonl:{p}")
+    assert t.n_slots == 3 and t.pool_size == 2
+    pr = t.build(t._example(0), 2)
+    assert "Document [3](Title: ) gold A" in pr.user and pr.answers == ("A",)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("{not json", r"d\.jsonl:2: not valid JSON"),
+        ({"question": "q", "answers": ["a"], "documents": ["x", "y"]}, r"d\.jsonl:2: missing or bad field"),
+        ({"question": "q", "answers": ["a"], "documents": ["x", "y"], "gold": 5}, r"d\.jsonl:2: gold=5"),
+        ({"question": "q", "answers": [], "documents": ["x", "y"], "gold": 0}, r"d\.jsonl:2: 'answers'"),
+        ({"question": "q", "answers": ["a"], "documents": ["x", "y", "z"], "gold": 0}, r"d\.jsonl:2: 3 documents"),
+    ],
+)
+def test_jsonl_errors_name_the_line(tmp_path, bad, message):
+    good = {"question": "q", "answers": ["a"], "documents": ["x", "y"], "gold": 0}
+    p = _write(tmp_path / "d.jsonl", [good, bad])
+    with pytest.raises(PosbiasError, match=message):
+        get_task(f"jsonl:{p}")
+
+
+def test_unknown_task_and_wrong_option():
+    with pytest.raises(PosbiasError, match="unknown task"):
+        get_task("kv-lookupp")
+    with pytest.raises(PosbiasError, match="does not take --docs"):
+        get_task("kv-lookup", docs=10)
