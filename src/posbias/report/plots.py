@@ -1,0 +1,33 @@
+"""Figures (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_curve(per_position: list[dict], title: str, path: str | Path) -> None:
+    """Accuracy against gold position with the 95% CI as a band."""
+    x = [r["position"] for r in per_position]
+    y = [r["accuracy"] for r in per_position]
+    lo = [r["ci_low"] for r in per_position]
+    hi = [r["ci_high"] for r in per_position]
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    ax.fill_between(x, lo, hi, alpha=0.25, label="95% CI (Wilson)")
+    ax.plot(x, y, marker="o", label="accuracy")
+    ax.set_xlabel("position of the gold item (0 = first)")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xticks(x)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    tmp = Path(path).with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
