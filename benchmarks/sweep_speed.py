@@ -1,0 +1,117 @@
+"""Sweep-harness speed on SmolLM2-135M, kv-lookup (10 facts, 5 positions x 40 examples).
+
+Prints, from one run: raw batched forward throughput on the very token batches the
+harness builds, the harness's teacher-forced throughput (tokenising, batching and
+scoring included), a naive per-example `generate` loop, and the verdict agreement
+between teacher forcing and generation.
+
+    python benchmarks/sweep_speed.py [--model smollm2-135m] [--n 40] [--dtype bf16]
+
+Targets (issue 2): harness >= 0.8 x raw, >= 5 x faster than the naive loop,
+teacher-forced/generate agreement >= 97%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from posbias.core.metrics import METRICS
+from posbias.eval.encode import left_pad, plan_batches
+from posbias.eval.generate import _newline_ids, _StopAtNewline, eos_ids
+from posbias.eval.runner import build_rows, score_rows, use_chat
+from posbias.models.load import load_model
+from posbias.tasks import get_task
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--n", type=int, default=40)
+    ap.add_argument("--positions", default="0,2,5,7,9")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--repeats", type=int, default=2)
+    a = ap.parse_args()
+
+    loaded = load_model(a.model, a.dtype, "cpu")
+    model, tok = loaded.model, loaded.tokenizer
+    task = get_task("kv-lookup", facts=10)
+    positions = [int(p) for p in a.positions.split(",")]
+    examples = task.examples(a.n, seed=0)
+    chat = use_chat(loaded, "auto")
+    print(f"model {a.model} ({a.dtype}), threads {torch.get_num_threads()}, "
+          f"{len(examples)} examples x {len(positions)} positions")
+
+    def harness():
+        rows = build_rows(loaded, task, examples, positions, chat)
+        return rows, score_rows(loaded, rows, "teacher-forced", task.metric, task.max_new_tokens)
+
+    rows, _ = harness()  # warm-up (also gives the rows for the raw baseline)
+    lengths = [len(r.prompt_ids) + len(r.answer_ids[0]) for r in rows]
+    batches = [left_pad([rows[i].prompt_ids + rows[i].answer_ids[0] for i in b], tok.pad_token_id)
+               for b in plan_batches(lengths, 8192, 32)]
+    n_tokens = sum(lengths)
+
+    @torch.inference_mode()
+    def raw(**kw):
+        for b in batches:
+            model(**b, use_cache=False, **kw)
+
+    def best_of(fn):
+        times = []
+        for _ in range(a.repeats):
+            t = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t)
+        return min(times), out
+
+    t_raw_full, _ = best_of(raw)
+    t_raw_last, _ = best_of(lambda: raw(logits_to_keep=1))
+    t_harness, (_, tf_rows) = best_of(harness)
+
+    # the harness's batched generate engine
+    t_gen, gen_rows = best_of(lambda: score_rows(loaded, rows, "generate", task.metric, task.max_new_tokens))
+
+    # naive loop: one example at a time through model.generate
+    from transformers import GenerationConfig, StoppingCriteriaList
+
+    cfg = GenerationConfig(max_new_tokens=task.max_new_tokens, do_sample=False,
+                           eos_token_id=eos_ids(model, tok), pad_token_id=tok.pad_token_id)
+    stop = StoppingCriteriaList([_StopAtNewline(_newline_ids(tok), "cpu")])
+    naive = {}
+    t = time.perf_counter()
+    with torch.inference_mode():
+        for r in rows:
+            ids = torch.tensor([r.prompt_ids])
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=cfg,
+                                 stopping_criteria=stop)
+            text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).split("\n")[0]
+            naive[r.key] = METRICS[task.metric](text, r.prompt.answers)
+    t_naive = time.perf_counter() - t
+
+    tf = {(x["example_id"], x["position"]): x["correct"] for x in tf_rows}
+    gen = {(x["example_id"], x["position"]): x["correct"] for x in gen_rows}
+    agree_gen = sum(tf[k] == gen[k] for k in tf) / len(tf)
+    agree_naive = sum(tf[k] == naive[k] for k in tf) / len(tf)
+    acc = {p: sum(tf[(e.id, p)] for e in examples) / len(examples) for p in positions}
+
+    print(f"\n{'what':44s} {'seconds':>8s} {'tokens/s':>9s} {'ratio':>7s}")
+    print(f"{'raw forward, full logits':44s} {t_raw_full:8.2f} {n_tokens / t_raw_full:9.0f} {'':>7s}")
+    print(f"{'raw forward, logits of last token only':44s} {t_raw_last:8.2f} {n_tokens / t_raw_last:9.0f} {'':>7s}")
+    print(f"{'harness teacher-forced (tokenise+score)':44s} {t_harness:8.2f} {n_tokens / t_harness:9.0f} "
+          f"{t_raw_last / t_harness:6.2f}x")
+    print(f"{'harness batched generate':44s} {t_gen:8.2f} {'':>9s} {t_gen / t_harness:6.2f}x")
+    print(f"{'naive per-example generate loop':44s} {t_naive:8.2f} {'':>9s} {t_naive / t_harness:6.2f}x")
+    print("\nratio column: harness/raw(last-token) throughput; generate rows: time / harness time")
+    print(f"harness vs raw (full logits):       {t_raw_full / t_harness:.2f}x  (target >= 0.8)")
+    print(f"harness vs raw (last-token logits): {t_raw_last / t_harness:.2f}x  (target >= 0.8)")
+    print(f"speed-up over naive generate loop:  {t_naive / t_harness:.1f}x  (target >= 5)")
+    print(f"agreement teacher-forced vs batched generate: {agree_gen:.1%} ({len(tf)} rows)  (target >= 97%)")
+    print(f"agreement teacher-forced vs naive generate:   {agree_naive:.1%}")
+    print("accuracy by position (teacher-forced): " + ", ".join(f"{p}: {v:.2f}" for p, v in acc.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Command line: a thin typer shell over the Python API."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .errors import PosbiasError
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    help="posbias: measure, explain and mitigate position bias in transformer LLMs.",
+)
+
+
+@app.callback()
+def _root() -> None:
+    """posbias: measure, explain and mitigate position bias in transformer LLMs."""
+
+
+@app.command()
+def sweep(
+    model: str = typer.Option("smollm2-135m", help="registered name, HF model dir or hub id, or a .gguf file"),
+    task: str = typer.Option("kv-lookup", help="kv-lookup | kv-uuid | nq | jsonl:PATH"),
+    positions: str = typer.Option("all", help="all | 0,4,9 | 0%,50%,100%"),
+    n: int = typer.Option(100, help="examples per position"),
+    seed: int = typer.Option(0, help="example selection / generation seed"),
+    out: Path = typer.Option(Path("runs/sweep"), help="output directory"),
+    engine: Optional[str] = typer.Option(None, help="teacher-forced | generate (default: the task's)"),
+    facts: Optional[int] = typer.Option(None, help="kv-lookup: number of facts (default 10)"),
+    digits: Optional[int] = typer.Option(None, help="kv-lookup: digits per key/value (default 6)"),
+    docs: Optional[int] = typer.Option(None, help="nq: 10 or 20 documents (default 10)"),
+    pairs: Optional[int] = typer.Option(None, help="kv-uuid: key-value pairs (75/140 from files; default 75)"),
+    skip: int = typer.Option(0, help="skip the first SKIP examples of the order (disjoint splits)"),
+    max_new_tokens: Optional[int] = typer.Option(None, help="generate: token limit (default: the task's)"),
+    chat: str = typer.Option("auto", help="use the chat template: auto | on | off"),
+    dtype: str = typer.Option("bf16", help="bf16 | fp32"),
+    device: str = typer.Option("cpu", help="cpu | cuda | auto"),
+    batch_tokens: int = typer.Option(8192, help="padded tokens per batch"),
+    max_batch: int = typer.Option(32, help="rows per batch at most"),
+    data_dir: Optional[Path] = typer.Option(None, help="benchmark data dir (default ../shared/data)"),
+    resume: bool = typer.Option(False, "--resume", help="continue a killed sweep in OUT"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="discard what OUT holds and start again"),
+    quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
+) -> None:
+    """Put the gold item at each position in turn, score the model, report the curve."""
+    from .eval.sweep import SweepConfig, format_table, run_sweep
+
+    opts = {"facts": facts, "digits": digits, "docs": docs, "pairs": pairs}
+    cfg = SweepConfig(
+        model=model, task=task, task_options={k: v for k, v in opts.items() if v is not None},
+        positions=positions, n=n, seed=seed, skip=skip, engine=engine, max_new_tokens=max_new_tokens,
+        chat=chat, dtype=dtype, device=device, batch_tokens=batch_tokens, max_batch=max_batch,
+        data_dir=str(data_dir) if data_dir else None,
+    )
+    typer.echo(f"loading {model} ({dtype}, {device}) ...", err=True)
+    res = run_sweep(cfg, out, resume=resume, overwrite=overwrite, progress=not quiet)
+    typer.echo(f"{task} on {model}: {cfg.n} examples x {len(res.per_position)} positions, engine {res.config['engine']}")
+    typer.echo(format_table(res.per_position, res.summary))
+    typer.echo(f"wrote {out}/sweep.json, examples.jsonl, curve.png")
+
+
+@app.command()
+def tasks() -> None:
+    """List the tasks and the JSONL schema for your own data."""
+    from .tasks import JSONL_SCHEMA, TASKS
+
+    for name, desc in TASKS.items():
+        typer.echo(f"{name:12s} {desc}")
+    typer.echo("\njsonl:PATH schema\n" + JSONL_SCHEMA)
+
+
+@app.command()
+def models() -> None:
+    """List the registered model names."""
+    from .models.load import REGISTRY
+
+    for name, (_, desc) in REGISTRY.items():
+        typer.echo(f"{name:14s} {desc}")
+    typer.echo("Also: a Hugging Face model directory or hub id, or a path to a .gguf file.")
+
+
+def main() -> None:
+    from .models.load import set_threads
+
+    set_threads()
+    try:
+        app()
+    except PosbiasError as e:
+        typer.echo(f"posbias: error: {e}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
