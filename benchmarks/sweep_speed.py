@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--positions", default="0,2,5,7,9")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--compare-fp32", action="store_true", help="also time the raw forward in fp32")
     a = ap.parse_args()
 
     loaded = load_model(a.model, a.dtype, "cpu")
@@ -51,7 +52,7 @@ def main() -> None:
     rows, _ = harness()  # warm-up (also gives the rows for the raw baseline)
     lengths = [len(r.prompt_ids) + len(r.answer_ids[0]) for r in rows]
     batches = [left_pad([rows[i].prompt_ids + rows[i].answer_ids[0] for i in b], tok.pad_token_id)
-               for b in plan_batches(lengths, 8192, 32)]
+               for b in plan_batches(lengths, 16384, 32)]
     n_tokens = sum(lengths)
 
     @torch.inference_mode()
@@ -111,6 +112,12 @@ def main() -> None:
     print(f"agreement teacher-forced vs batched generate: {agree_gen:.1%} ({len(tf)} rows)  (target >= 97%)")
     print(f"agreement teacher-forced vs naive generate:   {agree_naive:.1%}")
     print("accuracy by position (teacher-forced): " + ", ".join(f"{p}: {v:.2f}" for p, v in acc.items()))
+
+    if a.compare_fp32:
+        model = load_model(a.model, "fp32", "cpu").model
+        t_fp32, _ = best_of(lambda: raw(logits_to_keep=1))
+        print(f"raw forward (last-token logits) fp32: {n_tokens / t_fp32:.0f} tokens/s; "
+              f"{a.dtype}: {n_tokens / t_raw_last:.0f} tokens/s ({t_fp32 / t_raw_last:.1f}x)")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def sweep(
     chat: str = typer.Option("auto", help="use the chat template: auto | on | off"),
     dtype: str = typer.Option("bf16", help="bf16 | fp32"),
     device: str = typer.Option("cpu", help="cpu | cuda | auto"),
-    batch_tokens: int = typer.Option(8192, help="padded tokens per batch"),
+    batch_tokens: int = typer.Option(16384, help="padded tokens per batch"),
     max_batch: int = typer.Option(32, help="rows per batch at most"),
     data_dir: Optional[Path] = typer.Option(None, help="benchmark data dir (default ../shared/data)"),
     resume: bool = typer.Option(False, "--resume", help="continue a killed sweep in OUT"),

@@ -49,7 +49,7 @@ def score_rows(
     engine: str,
     metric: str,
     max_new_tokens: int,
-    batch_tokens: int = 8192,
+    batch_tokens: int = 16384,
     max_batch: int = 32,
     done: set | None = None,
     on_batch: Callable[[list[dict]], None] | None = None,

@@ -39,7 +39,7 @@ class SweepConfig:
     chat: str = "auto"
     dtype: str = "bf16"
     device: str = "cpu"
-    batch_tokens: int = 8192
+    batch_tokens: int = 16384
     max_batch: int = 32
     data_dir: str | None = None
 
