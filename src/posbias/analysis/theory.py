@@ -1,0 +1,290 @@
+"""Executable theory (Wu et al., 2025, "On the Emergence of Position Bias in Transformers",
+Sec. 3-4): seeded synthetic rollouts over attention masks, decay masks and RoPE, plus every
+theorem check of `core.theorems` / `core.theorems_pe`, as plain-JSON numbers.
+
+`compute_theory` returns the numbers; `run_theory` also draws the figures (with
+`report.theory_plots`, from those same numbers, so a report can redraw them from the JSON)
+and then writes ``theory.json``, atomically and last: its presence means a complete run.
+
+Conventions follow `core.rollout`: tokens are 0-indexed, ``M[i, j]`` = query i attends to
+key j, and depth index t means ``P^(t) = A^(t) ... A^(0)`` (t+1 layers). ``depth`` is the
+number of layers, so t runs over 0 .. depth-1. Distance profiles read the LAST query row
+i = N-1: ``profile[x] = P^(t)[N-1, N-1-x]`` for x = 0 .. N-1, so x = N-1 is the first token.
+
+Sections of the result (all lists/dicts/floats):
+
+* ``masks``: name, label and center nodes (Def. 3.1) of each mask;
+* ``rollouts``: P^(t) for each mask at a few depths (rows sum to 1), for heatmaps;
+* ``first_token``: min_i and mean_i of P^(t)[i, 0] for every t and mask (Thms 4.1-4.2);
+* ``prefix``: prefix mass S_i^(t) = sum_{k<K} P^(t)[i, k] and per-prefix-token shares (Thm 4.3);
+* ``decay`` / ``rope``: distance profiles with the predicted critical distance x* (Thm 4.5 /
+  Thm 4.7); decay rows also carry the Theta shape C(t+x, x) e^{-xm} scaled to the profile, RoPE
+  rows the envelope maximisers x_tight / x_loose of `check_rope`;
+* ``checks``: `core.theorems.check_all(seed)`; ``summary``: one short row per theorem.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..core.rollout import (
+    causal_mask,
+    center_nodes,
+    full_mask,
+    prefix_mask,
+    random_attention_layers,
+    sliding_window_mask,
+)
+from ..core.theorems import check_all, rollouts
+from ..core.theorems_pe import (
+    decay_critical_distance,
+    fit_decay_constant,
+    log_binom,
+    profile_argmax,
+    rope_cone_instance,
+    rope_critical_distance,
+)
+from ..errors import PosbiasError
+
+THEORY_JSON = "theory.json"
+HEAT_DEPTHS = (0, 2, 8)  # heatmap depths t, plus the final one
+PROFILE_DEPTHS = (1, 4, 8)  # distance-profile depths t, plus the final one
+ROPE_SCALE, ROPE_SPREAD = 5.0, 0.5  # `check_rope` defaults: |q||k| ~ 25, cone half-width 0.5 theta1
+
+
+@dataclass(frozen=True)
+class TheoryConfig:
+    """Sizes and grids of the synthetic instances. ``depth`` = number of layers (t < depth)."""
+
+    seed: int = 0
+    n_tokens: int = 64
+    depth: int = 16
+    windows: tuple[int, ...] = (4, 8, 16)
+    prefix_k: int = 4
+    decay_ms: tuple[float, ...] = (0.3, 0.6, 1.2)
+    rope_fractions: tuple[float, ...] = (0.3, 0.6, 0.9)  # theta1 = f pi / (N - 1 + 3 spread), Lemma 4.6
+    d: int = 8
+    weight_norm: float = 1.0
+
+    def validate(self) -> None:
+        n = self.n_tokens
+        if n < 4 or self.depth < 1:
+            raise PosbiasError(f"need n_tokens >= 4 and depth >= 1, got {n} and {self.depth}")
+        if any(not 2 <= w <= n for w in self.windows):
+            raise PosbiasError(f"sliding window widths must be in [2, {n}], got {list(self.windows)}")
+        if not 1 <= self.prefix_k < n:
+            raise PosbiasError(f"prefix_k must be in [1, {n - 1}], got {self.prefix_k}")
+        if any(m <= 0 for m in self.decay_ms) or any(not 0 < f <= 1 for f in self.rope_fractions):
+            raise PosbiasError("decay ms must be > 0 and RoPE fractions in (0, 1]",
+                               f"got {list(self.decay_ms)} and {list(self.rope_fractions)}")
+
+
+def pick_depths(candidates, depth: int) -> list[int]:
+    """The candidate depths t < depth, plus the final t = depth-1, sorted and unique."""
+    return sorted({t for t in candidates if t < depth} | {depth - 1})
+
+
+# ---------------------------------------------------------------- masks: heatmaps, first-token mass
+
+
+def mask_specs(cfg: TheoryConfig) -> list[tuple[str, str, torch.Tensor]]:
+    """(name, label, mask) for no mask, causal, each sliding window and the prefix mask."""
+    n, k = cfg.n_tokens, cfg.prefix_k
+    specs = [("full", "no mask (full)", full_mask(n)), ("causal", "causal", causal_mask(n))]
+    specs += [(f"window_{w}", f"sliding window w={w}", sliding_window_mask(n, w)) for w in sorted(set(cfg.windows))]
+    return specs + [(f"prefix_{k}", f"prefix K={k}", prefix_mask(n, k))]
+
+
+def mask_rollouts(cfg: TheoryConfig) -> dict[str, torch.Tensor]:
+    """name -> P^(0..T-1), (T, N, N), on the same seeded random SAN (A1-A2) for every mask."""
+    return {name: rollouts(random_attention_layers(cfg.n_tokens, cfg.depth, mask, cfg.d, cfg.weight_norm, cfg.seed))
+            for name, _, mask in mask_specs(cfg)}
+
+
+def first_token_section(ps_by_mask: dict[str, torch.Tensor]) -> dict:
+    """min_i and mean_i of P^(t)[i, 0] for every t, per mask."""
+    first = {name: ps[:, :, 0] for name, ps in ps_by_mask.items()}  # (T, N) each
+    t = next(iter(first.values())).shape[0]
+    return {"t": list(range(t)),
+            "min": {k: v.min(dim=1).values.tolist() for k, v in first.items()},
+            "mean": {k: v.mean(dim=1).tolist() for k, v in first.items()}}
+
+
+def prefix_section(ps: torch.Tensor, k: int) -> dict:
+    """Thm 4.3 on a prefix-mask rollout (T, N, N): prefix mass S_i^(t) (min, mean over i) and,
+    per prefix token, mean_i P^(t)[i, k], min_i P^(t)[i, k] and mean_i P^(t)[i, k] / S_i^(t)."""
+    pre = ps[:, :, :k]  # (T, N, K)
+    mass = pre.sum(dim=-1)  # (T, N)
+    return {"k": k, "mass_min": mass.min(dim=1).values.tolist(), "mass_mean": mass.mean(dim=1).tolist(),
+            "token_mean": pre.mean(dim=1).tolist(), "token_min": pre.min(dim=1).values.tolist(),
+            "share_mean": (pre / mass[:, :, None]).mean(dim=1).tolist()}
+
+
+# ---------------------------------------------------------------- distance profiles (Thm 4.5, 4.7)
+
+
+def last_row_profile(p: torch.Tensor) -> torch.Tensor:
+    """profile[x] = P[N-1, N-1-x], x = 0..N-1 (x = N-1 is the first token). (N,)."""
+    return p[-1].flip(0)
+
+
+def scaled_shape(profile: torch.Tensor, log_shape: torch.Tensor) -> torch.Tensor:
+    """exp(log_shape + b), with b the mean log-gap to the profile over x < N-1 (the first token,
+    where the sink adds mass the Theta shape does not model, is left out of the fit). (N,)."""
+    on = profile[:-1] > 0
+    b = (profile[:-1][on].log() - log_shape[:-1][on]).mean()
+    return (log_shape + b).exp()
+
+
+def decay_section(cfg: TheoryConfig) -> list[dict]:
+    """Thm 4.5: causal + decay mask (eq. 2), per m and depth t: profile, its argmax, x* = t/(e^m - 1)
+    and the scaled shape C(t+x, x) e^{-xm}."""
+    n, out = cfg.n_tokens, []
+    x = torch.arange(n, dtype=torch.float64)
+    for m in sorted(cfg.decay_ms):
+        layers = random_attention_layers(n, cfg.depth, causal_mask(n), cfg.d, cfg.weight_norm, cfg.seed, decay_m=m)
+        ps = rollouts(layers)
+        for t in pick_depths(PROFILE_DEPTHS, cfg.depth):
+            prof = last_row_profile(ps[t])
+            pred = scaled_shape(prof, log_binom(t, x) - x * m)
+            out.append(dict(m=m, t=t, x_star=decay_critical_distance(t, m), argmax=int(prof.argmax()),
+                            profile=prof.tolist(), predicted=pred.tolist()))
+    return out
+
+
+def rope_theta(n: int, fraction: float) -> float:
+    """theta1 = f pi / (N - 1 + 3 spread): Lemma 4.6's (delta + N - 1) theta1 <= pi (as `check_rope`)."""
+    return fraction * math.pi / (n - 1 + 3 * ROPE_SPREAD)
+
+
+def rope_section(cfg: TheoryConfig) -> list[dict]:
+    """Thm 4.7: d = 2 causal RoPE instances (`rope_cone_instance`), per theta1 and depth t: profile,
+    argmax, x* (App. H root with c fitted on the instance) and the exact maximisers of the two path
+    envelopes of `check_rope`: x_tight (all distance in one hop, the paper's L(x)) and x_loose (equal
+    hops). No scaled Theta shape here: the profiles are far flatter than e^{-c x^2 theta1^2} (the
+    distance is spread over hops), so only the peak location is a meaningful prediction."""
+    n, out = cfg.n_tokens, []
+    x = torch.arange(n, dtype=torch.float64)
+    for i, f in enumerate(sorted(cfg.rope_fractions)):
+        th = rope_theta(n, f)
+        inst = rope_cone_instance(n, cfg.depth, th, ROPE_SCALE, ROPE_SPREAD, cfg.seed + i)
+        c = sum(fit_decay_constant(a, th) for a in inst.attns) / len(inst.attns)
+        ps, kernel = rollouts(inst.attns), -c * (x * th) ** 2
+        for t in pick_depths(PROFILE_DEPTHS, cfg.depth):
+            prof = last_row_profile(ps[t])
+            out.append(dict(theta1=th, fraction=f, c=c, t=t, x_star=rope_critical_distance(t, th, c),
+                            x_tight=profile_argmax(t, kernel), x_loose=profile_argmax(t, kernel / (t + 1)),
+                            argmax=int(prof.argmax()), profile=prof.tolist()))
+    return out
+
+
+# ---------------------------------------------------------------- theorem checks: compact summary
+
+
+def _deepest(rows: list[dict], key: str) -> list[dict]:
+    t_max = max(r["t"] for r in rows)
+    return [r for r in rows if r["t"] == t_max and key in r]
+
+
+def _key_numbers(theorem: str, r: dict) -> str:
+    """A one-line digest of the numbers behind a check result."""
+    if theorem == "4.1":
+        rate = "none" if r["rate_measured"] is None else f"{r['rate_measured']:.3f}"
+        return f"eps={r['eps']:.3g}, 1-min P[i,0] at T: {r['final_deficit']:.1e}, rate {rate} <= {r['rate_bound']:.4f}"
+    if theorem == "4.2":
+        return "t_conv/hops: " + ", ".join(f"w={w['w']}: {w['t_conv']}/{w['hops']}" for w in r["rows"])
+    if theorem == "4.3":
+        return (f"1-min prefix mass at T: {r['final_deficit']:.1e}, "
+                f"kappa {r['kappa_measured']:.3f} >= {r['kappa_bound']:.3f}")
+    if theorem == "4.4-4.5":
+        return "argmax vs x*: " + ", ".join(f"m={w['m']:g} t={w['t']}: {w['argmax']} vs {w['x_star']:.1f}"
+                                           for w in _deepest(r["rows"], "m"))
+    if theorem == "4.6-4.7":
+        return f"delta={r['delta']:.2f}, sink rows {r['n_sink_rows']}; argmax vs [x_tight, x_loose]: " + ", ".join(
+            f"th={w['theta1']:.3f} t={w['t']}: {'sink' if w['sink_is_max'] else w['argmax']}"
+            f" vs [{w['x_tight']}, {w['x_loose']}]" for w in _deepest(r["rows"], "theta1"))
+    return ""
+
+
+def summarize_checks(checks: dict[str, dict]) -> list[dict]:
+    """One row per theorem: {theorem, holds, failed (check names), key (a short string)}."""
+    return [{"theorem": th, "holds": bool(r["holds"]), "failed": [k for k, ok in r["checks"].items() if not ok],
+             "key": _key_numbers(th, r)} for th, r in checks.items()]
+
+
+def format_summary(summary: list[dict]) -> str:
+    """The summary rows as aligned text lines, for the CLI."""
+    lines = []
+    for s in summary:
+        verdict = "holds" if s["holds"] else "FAILS " + ",".join(s["failed"])
+        lines.append(f"Thm {s['theorem']:<8} {verdict:<6}  {s['key']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the pipeline
+
+
+def _plain(data: dict) -> dict:
+    """Round-trip through JSON: plain types only, and no NaN/inf (raises ValueError)."""
+    return json.loads(json.dumps(data, allow_nan=False))
+
+
+def compute_theory(cfg: TheoryConfig) -> dict:
+    """All the numbers of the theory run (no files). Deterministic for a config."""
+    cfg.validate()
+    ps_by_mask = mask_rollouts(cfg)
+    heat = pick_depths(HEAT_DEPTHS, cfg.depth)
+    checks = check_all(seed=cfg.seed)
+    data = {
+        "params": {**asdict(cfg), "heat_depths": heat, "profile_depths": pick_depths(PROFILE_DEPTHS, cfg.depth),
+                   "rope_scale": ROPE_SCALE, "rope_spread": ROPE_SPREAD},
+        "masks": [{"name": name, "label": label, "centers": center_nodes(m)} for name, label, m in mask_specs(cfg)],
+        "rollouts": {"depths": heat, "P": {k: [ps[t].tolist() for t in heat] for k, ps in ps_by_mask.items()}},
+        "first_token": first_token_section(ps_by_mask),
+        "prefix": prefix_section(ps_by_mask[f"prefix_{cfg.prefix_k}"], cfg.prefix_k),
+        "decay": decay_section(cfg),
+        "rope": rope_section(cfg),
+        "checks": checks,
+        "summary": summarize_checks(checks),
+    }
+    return _plain(data)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write JSON to a temporary file in the same folder, then os.replace it into place."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def run_theory(out_dir: Path | None, seed: int = 0, n_tokens: int = 64, depth: int = 16, *,
+               windows: tuple[int, ...] = (4, 8, 16), prefix_k: int = 4,
+               decay_ms: tuple[float, ...] = (0.3, 0.6, 1.2), rope_fractions: tuple[float, ...] = (0.3, 0.6, 0.9),
+               d: int = 8, weight_norm: float = 1.0) -> dict:
+    """Compute the theory numbers; with `out_dir`, draw the figures there, then write theory.json.
+
+    Returns the same plain dict that goes into theory.json (``figures`` lists the PNG file
+    names, relative to `out_dir`; empty without one). A stale theory.json is removed first, so
+    after a crash none is left claiming completeness.
+    """
+    cfg = TheoryConfig(seed, n_tokens, depth, tuple(windows), prefix_k, tuple(decay_ms), tuple(rope_fractions),
+                       d, weight_norm)
+    cfg.validate()
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / THEORY_JSON).unlink(missing_ok=True)
+    data = compute_theory(cfg)
+    data["figures"] = []
+    if out_dir is not None:
+        from ..report.theory_plots import plot_theory  # matplotlib only when drawing
+
+        data["figures"] = plot_theory(data, out_dir)
+        write_json_atomic(out_dir / THEORY_JSON, data)
+    return data

@@ -1,0 +1,103 @@
+"""analysis.theory + report.theory_plots: the `posbias theory` synthetic-figure pipeline, on a small size."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from posbias.analysis import theory as T
+from posbias.core import theorems_pe as PE
+from posbias.errors import PosbiasError
+from posbias.report.theory_plots import FIGURES
+
+N, DEPTH = 24, 6
+SECTIONS = {"params", "masks", "rollouts", "first_token", "prefix", "decay", "rope", "checks", "summary", "figures"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, _one_thread):
+    out = tmp_path_factory.mktemp("theory")
+    data = T.run_theory(out, seed=0, n_tokens=N, depth=DEPTH)
+    return out, data
+
+
+def test_files_written_and_json_complete(run):
+    out, data = run
+    for name in FIGURES:
+        assert (out / name).stat().st_size > 10_000, name
+    assert not list(out.glob("*.tmp*"))
+    saved = json.loads((out / T.THEORY_JSON).read_text())
+    assert saved == data
+    assert set(saved) == SECTIONS
+    assert saved["figures"] == list(FIGURES)
+    assert set(saved["checks"]) == {"4.1", "4.2", "4.3", "4.4-4.5", "4.6-4.7"}
+    assert [s["theorem"] for s in saved["summary"]] == list(saved["checks"])
+    assert all(s["holds"] and not s["failed"] for s in saved["summary"])
+    assert len(T.format_summary(saved["summary"]).splitlines()) == 5
+
+
+def test_rollouts_are_row_stochastic(run):
+    _, data = run
+    names = [m["name"] for m in data["masks"]]
+    assert names == ["full", "causal", "window_4", "window_8", "window_16", "prefix_4"]
+    assert data["rollouts"]["depths"] == [0, 2, DEPTH - 1]
+    for name in names:
+        p = torch.tensor(data["rollouts"]["P"][name], dtype=torch.float64)  # (depths, N, N)
+        assert p.shape == (3, N, N) and (p >= 0).all()
+        torch.testing.assert_close(p.sum(-1), torch.ones(3, N, dtype=torch.float64), rtol=0, atol=1e-6)
+    causal = torch.tensor(data["rollouts"]["P"]["causal"][0])
+    assert (causal.triu(1) == 0).all()
+    for row in data["decay"] + data["rope"]:  # a profile is a whole (flipped) rollout row
+        assert len(row["profile"]) == N and math.fsum(row["profile"]) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_mass_curves(run):
+    _, data = run
+    ft, pre = data["first_token"], data["prefix"]
+    assert ft["t"] == list(range(DEPTH))
+    causal = ft["min"]["causal"]
+    assert all(a <= b + 1e-12 for a, b in zip(causal, causal[1:]))  # Thm 4.1: monotone sink
+    assert ft["min"]["window_4"][0] == 0.0  # the first token is out of the window of late queries
+    assert all(0 <= v <= 1 + 1e-12 for v in pre["mass_min"] + pre["mass_mean"])
+    assert len(pre["token_mean"]) == DEPTH and len(pre["token_mean"][0]) == pre["k"] == 4
+    assert math.fsum(pre["share_mean"][-1]) == pytest.approx(1.0, abs=1e-9)
+    assert data["masks"][-1]["centers"] == [0, 1, 2, 3]
+
+
+def test_marked_critical_distances_follow_the_formulas(run):
+    _, data = run
+    depths = [1, 4, DEPTH - 1]
+    assert sorted({r["t"] for r in data["decay"]}) == depths
+    for r in data["decay"]:  # Thm 4.5
+        assert r["x_star"] == pytest.approx(r["t"] / (math.exp(r["m"]) - 1), rel=1e-12)
+        assert r["argmax"] == max(range(N), key=r["profile"].__getitem__)
+    for r in data["rope"]:  # Thm 4.7 / App. H, with the instance's fitted c
+        assert r["theta1"] == pytest.approx(r["fraction"] * math.pi / (N - 1 + 3 * T.ROPE_SPREAD), rel=1e-12)
+        assert r["x_star"] == pytest.approx(PE.rope_critical_distance(r["t"], r["theta1"], r["c"]), rel=1e-12)
+        assert math.log1p(r["t"] / r["x_star"]) == pytest.approx(2 * r["c"] * r["theta1"] ** 2 * r["x_star"], rel=1e-6)
+        assert 0 <= r["x_tight"] <= r["x_loose"] < N
+
+
+def test_deterministic_and_stale_json_replaced(run, tmp_path):
+    out, _ = run
+    (tmp_path / T.THEORY_JSON).write_text("{}")  # a stale result must not survive a new run
+    T.run_theory(tmp_path, seed=0, n_tokens=N, depth=DEPTH)
+    assert (tmp_path / T.THEORY_JSON).read_text() == (out / T.THEORY_JSON).read_text()
+    no_files = T.run_theory(None, seed=1, n_tokens=N, depth=DEPTH)
+    assert no_files["figures"] == [] and no_files["params"]["seed"] == 1
+    assert no_files["rollouts"] != json.loads((out / T.THEORY_JSON).read_text())["rollouts"]
+
+
+@pytest.mark.parametrize("kw", [dict(prefix_k=0), dict(windows=(1,)), dict(n_tokens=3), dict(decay_ms=(0.0,))])
+def test_bad_config_raises(kw):
+    with pytest.raises(PosbiasError):
+        T.run_theory(None, **{"n_tokens": N, "depth": DEPTH, **kw})
