@@ -64,6 +64,39 @@ def sweep(
 
 
 @app.command()
+def theory(
+    out: Path = typer.Option(Path("runs/theory"), help="output directory"),
+    seed: int = typer.Option(0, help="seed of the random instances"),
+    tokens: int = typer.Option(64, help="sequence length N of the synthetic instances"),
+    depth: int = typer.Option(16, help="layers of the synthetic instances"),
+    real: bool = typer.Option(True, "--real/--no-real", help="also roll out a real model on kv-lookup prompts"),
+    model: str = typer.Option("smollm2-135m", help="the real model"),
+    n: int = typer.Option(8, help="real model: kv-lookup examples per gold position"),
+    facts: int = typer.Option(10, help="real model: facts per prompt"),
+    dtype: str = typer.Option("bf16", help="real model: bf16 | fp32"),
+) -> None:
+    """Attention rollout over masks, decay masks and RoPE: figures, theorem checks, real-model rollout."""
+    from .analysis.theory import format_summary, run_theory
+
+    data = run_theory(out, seed=seed, n_tokens=tokens, depth=depth)
+    typer.echo(format_summary(data["summary"]))
+    if real:
+        from .analysis.rollout_real import run_real_rollout
+        from .models.load import load_model
+        from .report.rollout_plots import gold_share
+
+        typer.echo(f"loading {model} ...", err=True)
+        res = run_real_rollout(load_model(model, dtype, "cpu"), out, facts=facts, n=n, seed=seed,
+                               positions=[0, facts // 4, facts // 2, 3 * facts // 4, facts - 1])
+        for key in (k for k in res if k.startswith("residual=")):
+            for p, m in res[key].items():
+                typer.echo(f"{model} {key} gold@{p}: first-token mass after 1/{len(m['first'])} layers "
+                           f"{m['first'][0]:.3f}/{m['first'][-1]:.3f}; gold share of facts {gold_share(m, 0):.3f}"
+                           f"/{gold_share(m, len(m['first']) - 1):.3f}")
+    typer.echo(f"wrote {out}/theory.json and figures")
+
+
+@app.command()
 def tasks() -> None:
     """List the tasks and the JSONL schema for your own data."""
     from .tasks import JSONL_SCHEMA, TASKS
