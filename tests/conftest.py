@@ -67,6 +67,15 @@ def tiny_loaded(arch: str = "llama", chat: bool = True, max_pos: int = 2048):
     return Loaded(model=model, tokenizer=tok, info=info)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module's tests on one thread (tiny tensors), restoring the count afterwards."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """The real default model, loaded once per test session (bf16)."""

@@ -16,12 +16,7 @@ F64 = torch.float64
 SRC = Path(R.__file__).parent
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: one thread is faster
 
 
 def rand_mask(n: int, p: float, seed: int) -> torch.Tensor:

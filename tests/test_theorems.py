@@ -15,12 +15,7 @@ from posbias.core import theorems_pe as PE
 SEEDS = (0, 1, 2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: one thread is faster
 
 
 def assert_holds(res: dict):

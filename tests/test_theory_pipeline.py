@@ -15,16 +15,11 @@ N, DEPTH = 24, 6
 SECTIONS = {"params", "masks", "rollouts", "first_token", "prefix", "decay", "rope", "checks", "summary", "figures"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: one thread is faster
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, _one_thread):
+def run(tmp_path_factory, one_thread):
     out = tmp_path_factory.mktemp("theory")
     data = T.run_theory(out, seed=0, n_tokens=N, depth=DEPTH)
     return out, data
