@@ -8,12 +8,16 @@ from typing import Optional
 
 import typer
 
+from .cli_synth import synth_app
 from .errors import PosbiasError
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
     help="posbias: measure, explain and mitigate position bias in transformer LLMs.",
 )
+
+
+app.add_typer(synth_app, name="synth")
 
 
 @app.callback()

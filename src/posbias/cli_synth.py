@@ -1,0 +1,132 @@
+"""`posbias synth ...`: the controlled synthetic experiments (a thin shell over posbias.synth)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .errors import PosbiasError
+
+synth_app = typer.Typer(no_args_is_help=True, help="Controlled synthetic experiments (Wu et al. 2025, Sec. 5).")
+
+
+def _ints(s: Optional[str]) -> Optional[list[int]]:
+    return None if s is None else [int(x) for x in s.split(",") if x]
+
+
+def _strs(s: Optional[str]) -> Optional[list[str]]:
+    return None if s is None else [x for x in s.split(",") if x]
+
+
+def _bools(s: Optional[str]) -> Optional[list[bool]]:
+    if s is None:
+        return None
+    m = {"on": True, "off": False}
+    bad = [x for x in s.split(",") if x not in m]
+    if bad:
+        raise PosbiasError(f"--residual takes on,off values, got {bad}", "e.g. --residual off,on")
+    return [m[x] for x in s.split(",")]
+
+
+Preset = typer.Option("quick", help="quick (CPU, ~30 min for all three grids with --workers 2) | paper")
+Out = typer.Option(None, help="output directory (default runs/synth-GRID-PRESET)")
+Seeds = typer.Option(None, help="seeds per configuration (quick 2, paper 5)")
+Iters = typer.Option(None, help="training iterations (quick 3000, paper 100000)")
+EvalSeqs = typer.Option(None, help="test sequences per swap-test set (quick 5000, paper 10000)")
+Workers = typer.Option(1, help="parallel runs (processes, 1 thread each); 2 on a 2-core machine")
+Pes = typer.Option(None, help="comma list of none,sin,rope,decay")
+Depths = typer.Option(None, help="comma list of depths")
+Residual = typer.Option(None, help="comma list of on,off")
+Kind = typer.Option(None, help="gaussian | fixed (App. L fixed vocabulary, lambda 0.75)")
+Twin = typer.Option(None, help="swap-test twin: other (its label is wrong) | any (public code)")
+Overwrite = typer.Option(False, "--overwrite", help="discard the finished runs in OUT and start again")
+Quiet = typer.Option(False, "--quiet", help="no progress bars")
+
+
+def _grid(grid, preset, out, workers, overwrite, quiet, **over) -> None:
+    from .synth.experiments import format_summary, grid_runs, run_grid
+
+    runs = grid_runs(grid, preset, **over)
+    out = out or Path(f"runs/synth-{grid}-{preset}")
+    typer.echo(f"synth {grid} ({preset}): {len(runs)} runs -> {out}", err=True)
+    res = run_grid(grid, runs, out, workers=workers, progress=not quiet, overwrite=overwrite)
+    typer.echo(format_summary(res))
+    typer.echo(f"wrote {out}/{grid}.json, {', '.join(res['figures'])}")
+
+
+@synth_app.command()
+def depth(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] = Seeds,
+          iters: Optional[int] = Iters, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
+          depths: Optional[str] = Depths, pes: Optional[str] = Pes, residual: Optional[str] = Residual,
+          kind: Optional[str] = Kind, twin: Optional[str] = Twin, overwrite: bool = Overwrite,
+          quiet: bool = Quiet) -> None:
+    """Unbiased data, causal mask: depth x PE x residual (Fig. 2, 4, 5)."""
+    _grid("depth", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, eval_seqs=eval_seqs,
+          depths=_ints(depths), pes=_strs(pes), residuals=_bools(residual), kind=kind, twin=twin)
+
+
+@synth_app.command()
+def bias(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] = Seeds,
+         iters: Optional[int] = Iters, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
+         masks: Optional[str] = typer.Option(None, help="comma list of none,causal"),
+         pes: Optional[str] = Pes,
+         biases: Optional[str] = typer.Option(None, help="comma list of first-last,first,middle,last,none"),
+         depths: Optional[str] = Depths, kind: Optional[str] = Kind, twin: Optional[str] = Twin,
+         overwrite: bool = Overwrite, quiet: bool = Quiet) -> None:
+    """Biased training data, residual 2-layer nets: mask x PE x data bias (Fig. 3, 6)."""
+    _grid("bias", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, eval_seqs=eval_seqs,
+          masks=_strs(masks), pes=_strs(pes), biases=_strs(biases), depths=_ints(depths), kind=kind, twin=twin)
+
+
+@synth_app.command()
+def sinks(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] = Seeds,
+          iters: Optional[int] = Iters, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
+          masks: Optional[str] = typer.Option(None, help="comma list: causal,window5,window9,prefix2,..."),
+          sink_seqs: Optional[int] = typer.Option(None, help="sequences for the sink metric"),
+          residual: Optional[str] = Residual, kind: Optional[str] = Kind,
+          overwrite: bool = Overwrite, quiet: bool = Quiet) -> None:
+    """Attention sinks under causal, sliding-window and prefix masks (App. K.4, Fig. 8)."""
+    _grid("sinks", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, eval_seqs=eval_seqs,
+          masks=_strs(masks), sink_seqs=sink_seqs, residuals=_bools(residual), kind=kind)
+
+
+@synth_app.command()
+def train(
+    depth: int = typer.Option(2, help="attention layers"),
+    mask: str = typer.Option("causal", help="none | causal | windowN | prefixN (tokens)"),
+    pe: str = typer.Option("none", help="none | sin | rope | decay"),
+    residual: bool = typer.Option(True, "--residual/--no-residual"),
+    bias: str = typer.Option("none", help="training-data bias: none | first | middle | last | first-last"),
+    kind: str = typer.Option("gaussian", help="gaussian | fixed (App. L)"),
+    iters: int = typer.Option(3000, help="training iterations (paper: 100000)"),
+    seed: int = typer.Option(0),
+    eval_seqs: int = typer.Option(5000, help="test sequences per swap-test set (paper: 10000)"),
+    classes: int = typer.Option(2048, help="K"), labels: int = typer.Option(32, help="L"),
+    burstiness: int = typer.Option(4, help="B"), eps: float = typer.Option(0.75, help="within-class noise"),
+    items: int = typer.Option(8, help="n"), dim: int = typer.Option(64, help="d"),
+    lam: float = typer.Option(0.75, help="anisotropy (kind=fixed)"),
+    out: Path = typer.Option(Path("runs/synth-train"), help="output directory (rerun to resume)"),
+    quiet: bool = Quiet,
+) -> None:
+    """Train and evaluate one configuration; print its metrics."""
+    from .synth.data import DataConfig
+    from .synth.evaluate import EvalConfig
+    from .synth.experiments import parse_mask, run_one
+    from .synth.model import ModelConfig
+    from .synth.train import RunConfig, TrainConfig
+
+    data = DataConfig(classes, labels, burstiness, eps, items, dim, bias, kind, lam)
+    model = ModelConfig(depth=depth, pe=pe, residual=residual, **parse_mask(mask))
+    cfg = RunConfig(data, model, TrainConfig(iters=iters),
+                    EvalConfig(n_seqs=eval_seqs, sink_seqs=eval_seqs, position_seqs=max(1, eval_seqs // 4)), seed)
+    cfg.validate()
+    rec = run_one(cfg, out / f"{model.label}-{bias}-seed{seed}-{cfg.key()}.json", progress=not quiet)
+    m = rec["metrics"]
+    typer.echo(f"{model.label} bias={bias} seed={seed} iters={iters}: train {rec['seconds']['train']:.0f}s")
+    typer.echo(f"novel-class accuracy {m['novel_accuracy']:.3f} | training-distribution accuracy {m['train_accuracy']:.3f}")
+    for k, v in m["swap"].items():
+        typer.echo(f"{k:16s} acc[a,b] {v['acc_ab']:.3f}  acc[b,a] {v['acc_ba']:.3f}  gap {v['gap']:+.3f}")
+    typer.echo("accuracy by answer item: " + " ".join(f"{a:.3f}" for a in m["accuracy_by_position"]))
+    typer.echo("sink metric per token:   " + " ".join(f"{a:.2f}" for a in m["sinks"]["per_token"]))

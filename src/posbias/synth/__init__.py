@@ -1,0 +1,13 @@
+"""Controlled synthetic experiments on position bias (Wu et al. 2025, Sec. 5 and App. J-L):
+Reddy (2024)'s in-context classification task, attention-only networks, swap tests, sinks."""
+
+from .data import BIASES, DataConfig, SynthTask
+from .evaluate import PAIRS, EvalConfig, evaluate
+from .experiments import GRIDS, PRESETS, grid_runs, run_grid, run_one
+from .model import MASKS, PES, AttentionOnlyNet, ModelConfig
+from .train import RunConfig, TrainConfig, train
+
+__all__ = [
+    "BIASES", "GRIDS", "MASKS", "PAIRS", "PES", "PRESETS", "AttentionOnlyNet", "DataConfig", "EvalConfig",
+    "ModelConfig", "RunConfig", "SynthTask", "TrainConfig", "evaluate", "grid_runs", "run_grid", "run_one", "train",
+]

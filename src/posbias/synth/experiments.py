@@ -1,0 +1,284 @@
+"""The three experiment grids of Sec. 5 and App. K as lists of runs (config x seed), with a
+disk cache of one JSON per finished run (a killed grid resumes; a killed run resumes from its
+checkpoint), mean +- std over seeds, one aggregate JSON written atomically last, and figures.
+
+  depth  causal mask, unbiased data; depth x PE (none, decay, RoPE) x residual off/on  (Fig. 2, 4, 5)
+  bias   depth 2 with residuals; mask (none, causal) x PE (none, sin, RoPE) x training-data
+         bias (first-last, first, middle, last)                                        (Fig. 3, 6)
+  sinks  depth 2, no PE, unbiased data; causal, sliding windows w = 5, 9, 13 and prefixes
+         k = 2, 4, 6 (tokens)                                                          (Fig. 7, 8)
+
+Presets: "paper" has the paper's sizes (100k iterations, 5 seeds, 10,000 test sequences per set);
+"quick" is sized so that the three grids together take about 30 minutes on 2 cores with
+--workers 2 (see benchmarks/synth_speed.py). Every number can be overridden.
+
+Choices the paper leaves open (see the module docstrings for the rest): the PE set of Fig. 2/4/5
+is taken as {none, decay, RoPE}, the three encodings its theory treats; the sink runs have no
+residual connections (pure attention, as the theory and the public code's default), which
+--residual changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PosbiasError
+from .data import DataConfig
+from .evaluate import EvalConfig
+from .model import ModelConfig
+from .train import RunConfig, TrainConfig
+
+GRIDS = ("depth", "bias", "sinks")
+
+PRESETS = {
+    "quick": {"iters": 3000, "seeds": 2, "eval_seqs": 5000, "sink_seqs": 2000, "position_seqs": 1000,
+              "curve_seqs": 256, "log_points": 6, "depths": [2, 6]},
+    "paper": {"iters": 100_000, "seeds": 5, "eval_seqs": 10_000, "sink_seqs": 10_000, "position_seqs": 2000,
+              "curve_seqs": 1000, "log_points": 20, "depths": [2, 4, 6]},
+}
+
+FACTORS = {  # grid -> default factor lists (overridable); depths come from the preset
+    "depth": {"pes": ["none", "decay", "rope"], "residuals": [False, True], "masks": ["causal"], "biases": ["none"]},
+    "bias": {"pes": ["none", "sin", "rope"], "residuals": [True], "masks": ["none", "causal"],
+             "biases": ["first-last", "first", "middle", "last"], "depths": [2]},
+    "sinks": {"pes": ["none"], "residuals": [False], "biases": ["none"], "depths": [2],
+              "masks": ["causal", "window5", "window9", "window13", "prefix2", "prefix4", "prefix6"]},
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    factors: dict  # the grid coordinates of this run, seed excluded
+    cfg: RunConfig
+
+    @property
+    def name(self) -> str:
+        f = self.factors
+        res = "res" if f["residual"] else "nores"
+        return f"L{f['depth']}-{f['mask']}-{f['pe']}-{res}-{f['bias']}-seed{self.cfg.seed}-{self.cfg.key()}"
+
+
+def parse_mask(spec: str) -> dict:
+    """'causal' | 'none' | 'window5' | 'prefix2' -> ModelConfig fields."""
+    for kind in ("window", "prefix"):
+        if spec.startswith(kind):
+            try:
+                return {"mask": kind, kind: int(spec[len(kind):])}
+            except ValueError:
+                raise PosbiasError(f"bad mask {spec!r}", f"write it as {kind}N, e.g. {kind}5") from None
+    return {"mask": spec}
+
+
+def grid_runs(grid: str, preset: str = "quick", **over) -> list[Run]:
+    """The runs of a grid. `over` replaces preset/factor values: iters, seeds, eval_seqs, sink_seqs,
+    position_seqs, curve_seqs, log_points, depths, pes, residuals, masks, biases, twin, and data
+    fields (n_classes, n_labels, burstiness, eps, n_items, dim, kind, lam)."""
+    if grid not in GRIDS:
+        raise PosbiasError(f"unknown grid {grid!r}", f"use one of {', '.join(GRIDS)}")
+    if preset not in PRESETS:
+        raise PosbiasError(f"unknown preset {preset!r}", f"use one of {', '.join(PRESETS)}")
+    p = {**PRESETS[preset], **FACTORS[grid], **{k: v for k, v in over.items() if v is not None}}
+    data_keys = set(DataConfig.__dataclass_fields__) - {"bias"}
+    data = {k: p[k] for k in data_keys if k in p}
+    train = TrainConfig(iters=p["iters"], log_points=p["log_points"], curve_seqs=p["curve_seqs"])
+    ecfg = EvalConfig(n_seqs=p["eval_seqs"], sink_seqs=p["sink_seqs"], position_seqs=p["position_seqs"],
+                      twin=p.get("twin", "other"))
+    runs = []
+    for depth in p["depths"]:
+        for mask in p["masks"]:
+            for pe in p["pes"]:
+                for res in p["residuals"]:
+                    for bias in p["biases"]:
+                        model = ModelConfig(depth=depth, pe=pe, residual=res, **parse_mask(mask))
+                        fac = {"depth": depth, "mask": mask, "pe": pe, "residual": res, "bias": bias}
+                        for seed in range(p["seeds"]):
+                            cfg = RunConfig(DataConfig(bias=bias, **data), model, train, ecfg, seed).validate()
+                            runs.append(Run(fac, cfg))
+    return runs
+
+
+def _atomic_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def versions() -> dict:
+    import torch
+
+    from .. import __version__
+
+    return {"posbias": __version__, "python": platform.python_version(), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
+def run_one(cfg: RunConfig, out_json: str | Path, ckpt: str | Path | None = None, progress: bool = True,
+            threads: int | None = 1) -> dict:
+    """Train, evaluate, write `out_json` atomically (its presence = done) and drop the checkpoint.
+
+    An existing out_json with the same configuration is returned as is; a checkpoint is resumed.
+    One torch thread by default: these networks are too small to gain from more, and a fixed
+    thread count keeps a rerun bit-identical; use grid workers for more cores."""
+    import torch
+
+    from .evaluate import evaluate
+    from .train import train
+
+    out_json = Path(out_json)
+    if out_json.exists():
+        old = json.loads(out_json.read_text())
+        if old.get("config") == cfg.to_dict():
+            return old
+        raise PosbiasError(f"{out_json} holds another configuration", "use another --out or --overwrite")
+    cfg.validate()
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    ckpt = Path(ckpt) if ckpt else out_json.with_suffix(".ckpt")
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        res = train(cfg, ckpt, progress=progress)
+        t0 = time.perf_counter()
+        metrics = evaluate(res.model, res.task, cfg.eval, ("test", cfg.seed))
+        record = {"config": cfg.to_dict(), "metrics": metrics, "history": res.history,
+                  "seconds": {"train": res.seconds, "eval": time.perf_counter() - t0}, "versions": versions()}
+    finally:
+        torch.set_num_threads(before)
+    _atomic_json(out_json, record)
+    ckpt.unlink(missing_ok=True)
+    return record
+
+
+def _worker(cfg_dict: dict, out_json: str) -> dict:
+    return run_one(RunConfig.from_dict(cfg_dict), out_json, progress=False)
+
+
+def run_grid(grid: str, runs: list[Run], out: str | Path, workers: int = 1, progress: bool = True,
+             overwrite: bool = False) -> dict:
+    """Run (or resume) every run; aggregate over seeds into OUT/<grid>.json (last) and figures."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise PosbiasError(f"--out {out} is a file", "pass a directory path")
+    if workers < 1:
+        raise PosbiasError(f"--workers must be >= 1, got {workers}")
+    rundir = out / "runs"
+    if overwrite and rundir.exists():
+        for f in rundir.iterdir():
+            f.unlink()
+    rundir.mkdir(parents=True, exist_ok=True)
+    (out / f"{grid}.json").unlink(missing_ok=True)
+    records: dict[str, dict] = {}
+    todo = []
+    for r in runs:
+        path = rundir / f"{r.name}.json"
+        if path.exists():
+            records[r.name] = run_one(r.cfg, path)
+        else:
+            todo.append(r)
+    bar = _bar(progress, len(runs), len(records), f"synth {grid}")
+    t0 = time.perf_counter()
+    try:
+        if workers == 1:
+            for r in todo:
+                records[r.name] = run_one(r.cfg, rundir / f"{r.name}.json", progress=progress)
+                _tick(bar)
+        else:
+            with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as ex:
+                futs = {ex.submit(_worker, r.cfg.to_dict(), str(rundir / f"{r.name}.json")): r for r in todo}
+                for f in as_completed(futs):
+                    records[futs[f].name] = f.result()
+                    _tick(bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    result = aggregate(grid, runs, records)
+    result["wall_seconds_this_call"] = time.perf_counter() - t0
+    from ..report.synth_plots import plot_grid
+
+    result["figures"] = plot_grid(grid, result, out)
+    _atomic_json(out / f"{grid}.json", result)  # last: its presence means "complete"
+    return result
+
+
+def _tick(bar) -> None:
+    if bar is not None:
+        bar.update(1)
+
+
+def _bar(enabled: bool, total: int, initial: int, desc: str):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="run", dynamic_ncols=True, position=0)
+
+
+def _stats(values: list) -> dict:
+    a = np.asarray(values, dtype=float)
+    std = a.std(axis=0, ddof=1) if len(a) > 1 else np.zeros_like(a[0])
+    return {"mean": a.mean(axis=0).tolist(), "std": std.tolist(), "n": len(a)}
+
+
+def summarize(records: list[dict]) -> dict:
+    """Mean and sample std (ddof=1) over the seeds of one configuration."""
+    m = [r["metrics"] for r in records]
+    pairs = list(m[0]["swap"])
+    out = {f"gap/{p}": _stats([x["swap"][p]["gap"] for x in m]) for p in pairs}
+    out.update({f"acc_ab/{p}": _stats([x["swap"][p]["acc_ab"] for x in m]) for p in pairs})
+    out.update({f"acc_ba/{p}": _stats([x["swap"][p]["acc_ba"] for x in m]) for p in pairs})
+    for k in ("novel_accuracy", "train_accuracy", "accuracy_by_position"):
+        out[k] = _stats([x[k] for x in m])
+    out["sink"] = _stats([x["sinks"]["per_token"] for x in m])
+    out["train_seconds"] = _stats([r["seconds"]["train"] for r in records])
+    hist = [r["history"] for r in records if r["history"]]
+    if hist and all(len(h) == len(hist[0]) for h in hist):
+        out["curve"] = {"step": [p["step"] for p in hist[0]],
+                        "novel_acc": _stats([[p["novel_acc"] for p in h] for h in hist]),
+                        "train_loss": _stats([[p["train_loss"] for p in h] for h in hist]),
+                        **{f"gap/{k}": _stats([[p["gaps"][k] for p in h] for h in hist]) for k in pairs}}
+    return out
+
+
+def aggregate(grid: str, runs: list[Run], records: dict[str, dict]) -> dict:
+    groups: dict[str, dict] = {}
+    for r in runs:
+        key = json.dumps(r.factors, sort_keys=True)
+        g = groups.setdefault(key, {"factors": r.factors, "seeds": [], "runs": []})
+        g["seeds"].append(r.cfg.seed)
+        g["runs"].append(r.name)
+    configs = []
+    for g in groups.values():
+        configs.append({**g, "summary": summarize([records[n] for n in g["runs"]])})
+    first = runs[0].cfg.to_dict()
+    return {"grid": grid, "n_runs": len(runs), "template": {k: first[k] for k in ("data", "train", "eval")},
+            "configs": configs, "total_train_seconds": sum(r["seconds"]["train"] for r in records.values()),
+            "versions": versions()}
+
+
+def format_summary(result: dict) -> str:
+    """One line per configuration: the three gaps and novel accuracy, mean +- std over seeds."""
+    lines = []
+    for c in result["configs"]:
+        f, s = c["factors"], c["summary"]
+        gaps = "  ".join(f"{k[4:]} {s[k]['mean']:+.3f}±{s[k]['std']:.3f}" for k in s if k.startswith("gap/"))
+        lines.append(f"L{f['depth']} {f['mask']:>8} {f['pe']:>5} {'res' if f['residual'] else 'nores':>5} "
+                     f"{f['bias']:>10} | {gaps} | novel {s['novel_accuracy']['mean']:.3f}")
+    return "\n".join(lines)
+
+
+def with_overrides(cfg: RunConfig, **kw) -> RunConfig:
+    """Replace fields of the nested configs by name (e.g. iters=..., depth=..., eps=...)."""
+    parts = {"data": cfg.data, "model": cfg.model, "train": cfg.train, "eval": cfg.eval}
+    for name, obj in parts.items():
+        fields = {k: v for k, v in kw.items() if v is not None and k in type(obj).__dataclass_fields__}
+        parts[name] = replace(obj, **fields)
+    return RunConfig(**parts, seed=kw.get("seed", cfg.seed) if kw.get("seed") is not None else cfg.seed).validate()
