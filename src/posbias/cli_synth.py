@@ -107,6 +107,7 @@ def train(
     burstiness: int = typer.Option(4, help="B"), eps: float = typer.Option(0.75, help="within-class noise"),
     items: int = typer.Option(8, help="n"), dim: int = typer.Option(64, help="d"),
     lam: float = typer.Option(0.75, help="anisotropy (kind=fixed)"),
+    std: Optional[float] = typer.Option(None, help="component std (default 1/sqrt(d); the public code uses 1/d)"),
     out: Path = typer.Option(Path("runs/synth-train"), help="output directory (rerun to resume)"),
     quiet: bool = Quiet,
 ) -> None:
@@ -117,7 +118,7 @@ def train(
     from .synth.model import ModelConfig
     from .synth.train import RunConfig, TrainConfig
 
-    data = DataConfig(classes, labels, burstiness, eps, items, dim, bias, kind, lam)
+    data = DataConfig(classes, labels, burstiness, eps, items, dim, bias, kind, lam, std)
     model = ModelConfig(depth=depth, pe=pe, residual=residual, **parse_mask(mask))
     cfg = RunConfig(data, model, TrainConfig(iters=iters),
                     EvalConfig(n_seqs=eval_seqs, sink_seqs=eval_seqs, position_seqs=max(1, eval_seqs // 4)), seed)

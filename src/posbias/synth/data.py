@@ -54,6 +54,12 @@ class DataConfig:
     bias: str = "none"  # position bias of the training data, one of BIASES
     kind: str = "gaussian"  # "fixed": the fixed-vocabulary setting of App. L
     lam: float = 0.75  # anisotropy lambda of the fixed vocabulary (App. L)
+    component_std: float | None = None  # std of each component; None: 1/sqrt(d) (variance 1/d, App. J);
+    # the public code samples std 1/d, which makes inputs sqrt(d) times smaller
+
+    @property
+    def std(self) -> float:
+        return self.component_std if self.component_std is not None else 1 / math.sqrt(self.dim)
 
     @property
     def n_tokens(self) -> int:
@@ -170,19 +176,19 @@ class SynthTask:
         self.seed = seed
         k, d, lab = cfg.n_classes, cfg.dim, cfg.n_labels
         g = generator("task", seed)
-        self.means = torch.randn(k, d, generator=g) / math.sqrt(d)  # (K, d) mu_k, App. J
-        self.label_vecs = torch.randn(lab, d, generator=g) / math.sqrt(d)  # (L, d) label contents
+        self.means = torch.randn(k, d, generator=g) * cfg.std  # (K, d) mu_k, App. J
+        self.label_vecs = torch.randn(lab, d, generator=g) * cfg.std  # (L, d) label contents
         perm = torch.randperm(k, generator=g)
         self.class_label = torch.empty(k, dtype=torch.long)
         self.class_label[perm] = torch.arange(k) % lab  # balanced: K/L classes per label
-        self.omega = torch.randn(d, generator=g) / math.sqrt(d)  # shared direction, App. L
+        self.omega = torch.randn(d, generator=g) * cfg.std  # shared direction, App. L
 
     def items(self, mu: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         """Items of the classes with means `mu` (..., d): App. J (gaussian) or App. L (fixed)."""
         c = self.cfg
         if c.kind == "fixed":
             return (mu + c.lam * self.omega) / math.sqrt(1 + c.lam**2)
-        eta = torch.randn(mu.shape, generator=g) / math.sqrt(c.dim)
+        eta = torch.randn(mu.shape, generator=g) * c.std
         return (mu + c.eps * eta) / math.sqrt(1 + c.eps**2)
 
     def assemble(self, mu_items, mu_query, labels, g) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,7 +224,7 @@ class SynthTask:
         n, m, d = c.n_items, c.classes_per_seq, c.dim
         if twin is not None and twin_other and m < 2:
             raise PosbiasError("swap tests need two classes per sequence", "use a burstiness B < n")
-        mu = torch.randn(b, m, d, generator=g) / math.sqrt(d)  # (b, m, d) novel class means
+        mu = torch.randn(b, m, d, generator=g) * c.std  # (b, m, d) novel class means
         lab = torch.rand(b, c.n_labels, generator=g).argsort(dim=1)[:, :m]  # (b, m) distinct labels
         ans = torch.randint(0, n, (b,), generator=g) if answer is None else answer.expand(b).clone()
         if twin is None:
