@@ -11,8 +11,6 @@ Zuidema, 2020).
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import torch
 
 from ..core.rollout import iter_rollout
 from ..eval.encode import render
+from ..io import write_json_atomic
 from ..models.attention import layer_attentions
 from ..models.load import Loaded
 from ..tasks.kv_lookup import KVLookup
@@ -113,7 +112,5 @@ def run_real_rollout(loaded: Loaded, out_dir: Path, **kw) -> dict:
     middle = str(result["meta"]["positions"][len(result["meta"]["positions"]) // 2])
     plot_mass_by_depth(result, middle, out_dir / "real_rollout_depth.png")
     plot_gold_by_position(result, out_dir / "real_rollout_gold.png")
-    tmp = out_dir / "real_rollout.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, out_dir / "real_rollout.json")
+    write_json_atomic(out_dir / "real_rollout.json", result, indent=1)
     return result

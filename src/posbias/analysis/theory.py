@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,6 +50,7 @@ from ..core.theorems_pe import (
     rope_critical_distance,
 )
 from ..errors import PosbiasError
+from ..io import write_json_atomic
 
 THEORY_JSON = "theory.json"
 HEAT_DEPTHS = (0, 2, 8)  # heatmap depths t, plus the final one
@@ -256,13 +256,6 @@ def compute_theory(cfg: TheoryConfig) -> dict:
     return _plain(data)
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write JSON to a temporary file in the same folder, then os.replace it into place."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, allow_nan=False))
-    os.replace(tmp, path)
-
-
 def run_theory(out_dir: Path | None, seed: int = 0, n_tokens: int = 64, depth: int = 16, *,
                windows: tuple[int, ...] = (4, 8, 16), prefix_k: int = 4,
                decay_ms: tuple[float, ...] = (0.3, 0.6, 1.2), rope_fractions: tuple[float, ...] = (0.3, 0.6, 0.9),
@@ -286,5 +279,5 @@ def run_theory(out_dir: Path | None, seed: int = 0, n_tokens: int = 64, depth: i
         from ..report.theory_plots import plot_theory  # matplotlib only when drawing
 
         data["figures"] = plot_theory(data, out_dir)
-        write_json_atomic(out_dir / THEORY_JSON, data)
+        write_json_atomic(out_dir / THEORY_JSON, data, allow_nan=False)
     return data

@@ -52,32 +52,30 @@ def encode(tokenizer, prompt: Prompt, chat: bool) -> Encoded:
     return Encoded(prompt, ids, answers)
 
 
-def left_pad(seqs: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Left-padded input_ids/attention_mask with position_ids = cumsum(mask) - 1.
+def pad(seqs: list[list[int]], pad_id: int, side: str = "left") -> dict[str, torch.Tensor]:
+    """Padded input_ids/attention_mask with position_ids = cumsum(mask) - 1.
 
-    Plain model(...) would use arange positions and shift every padded row; see
+    Plain model(...) would use arange positions and shift every left-padded row; see
     docs/sweep.md. Left padding keeps every row's last token in the last column.
     """
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s) :] = 1
+        cols = slice(width - len(s), width) if side == "left" else slice(0, len(s))
+        ids[i, cols] = torch.tensor(s, dtype=torch.long)
+        mask[i, cols] = 1
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     return {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    return pad(seqs, pad_id, "left")
 
 
 def right_pad(seqs: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded batch (used by tests to check padding-side invariance)."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, : len(s)] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
+    return pad(seqs, pad_id, "right")
 
 
 def plan_batches(lengths: list[int], max_tokens: int, max_rows: int) -> list[list[int]]:

@@ -10,7 +10,6 @@ Files in the output directory:
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,6 +19,7 @@ import numpy as np
 
 from ..core.metrics import summarize_curve, wilson_ci
 from ..errors import PosbiasError
+from ..io import write_json_atomic
 from ..models.load import Loaded, load_model
 from ..tasks import get_task, resolve_positions
 from .runner import build_rows, check_window, score_rows, use_chat
@@ -80,12 +80,6 @@ def _read_rows(path: Path) -> list[dict]:
     return good
 
 
-def _atomic_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
 def per_position_stats(rows: list[dict], positions: list[int], example_ids: list[str]) -> tuple[list[dict], dict]:
     by_key = {(r["example_id"], r["position"]): bool(r["correct"]) for r in rows}
     m = np.array([[by_key[(e, p)] for p in positions] for e in example_ids], dtype=bool)
@@ -139,7 +133,7 @@ def run_sweep(
         else:
             (out / "examples.jsonl").unlink(missing_ok=True)
         final.unlink(missing_ok=True)
-        _atomic_json(partial, fingerprint)
+        write_json_atomic(partial, fingerprint, indent=2)
     done = {(r["example_id"], r["position"]) for r in done_rows}
 
     bar = _progress(len(rows), len(done), progress, f"{cfg.task} on {cfg.model}")
@@ -170,8 +164,8 @@ def run_sweep(
         from ..report.plots import plot_curve
 
         plot_curve(per, f"{task.name} on {cfg.model} (n={cfg.n}, {engine})", out / "curve.png")
-        _atomic_json(out / "timing.json", {"seconds_this_run": elapsed, "rows_this_run": len(new_rows)})
-        _atomic_json(out / "sweep.json", record)  # last: its presence means "complete"
+        write_json_atomic(out / "timing.json", {"seconds_this_run": elapsed, "rows_this_run": len(new_rows)}, indent=2)
+        write_json_atomic(out / "sweep.json", record, indent=2)  # last: its presence means "complete"
         (out / "sweep.partial.json").unlink(missing_ok=True)
     return SweepResult(resolved, per, summary, all_rows, record)
 

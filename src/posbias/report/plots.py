@@ -10,6 +10,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def save_figure(fig, path: str | Path, dpi: int | None = None, tight: bool = True) -> str:
+    """Save through a temporary file and os.replace (no half-written PNG), close the figure."""
+    path = Path(path)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    if tight:
+        fig.tight_layout()
+    fig.savefig(tmp, dpi=dpi)
+    plt.close(fig)
+    tmp.replace(path)
+    return path.name
+
+
 def plot_curve(per_position: list[dict], title: str, path: str | Path) -> None:
     """Accuracy against gold position with the 95% CI as a band."""
     x = [r["position"] for r in per_position]
@@ -26,8 +38,4 @@ def plot_curve(per_position: list[dict], title: str, path: str | Path) -> None:
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    tmp = Path(path).with_suffix(".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)

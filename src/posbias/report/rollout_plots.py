@@ -9,14 +9,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .plots import save_figure  # noqa: E402
+
 _STYLE = {"first": "k", "begin": "tab:blue", "middle": "tab:orange", "end": "tab:green", "gold": "tab:red",
           "other": "tab:gray"}
-
-
-def _save(fig, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def plot_mass_by_depth(result: dict, position: str, path: Path) -> None:
@@ -35,7 +31,7 @@ def plot_mass_by_depth(result: dict, position: str, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"{result['meta']['model']}: where the answer token's rollout mass sits", fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_gold_by_position(result: dict, path: Path) -> None:
@@ -61,7 +57,7 @@ def plot_gold_by_position(result: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{result['meta']['model']}: how much of the facts' rollout mass is on the gold fact", fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def gold_share(masses: dict, t: int) -> float:

@@ -12,17 +12,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .plots import save_figure  # noqa: E402
+
 PAIR_LABELS = {"first_vs_middle": "first vs middle", "first_vs_last": "first vs last",
                "middle_vs_last": "middle vs last"}
-
-
-def _save(fig, path: Path) -> str:
-    tmp = path.with_suffix(".tmp.png")
-    fig.tight_layout()
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(path)
-    return path.name
 
 
 def _find(configs: list[dict], **factors) -> dict | None:
@@ -56,10 +49,14 @@ def _gap_bars(ax, series: list[tuple[str, dict | None]]) -> None:
     ax.grid(axis="y", alpha=0.3)
 
 
+def _panels(n_rows: int, n_cols: int, height: float):
+    """A grid of panels sharing the y axis: (fig, axes[row][col])."""
+    return plt.subplots(n_rows, n_cols, figsize=(3.3 * n_cols, height * n_rows), dpi=110, squeeze=False, sharey=True)
+
+
 def _grid_figure(configs, rows: tuple[str, list], cols: tuple[str, list], series: tuple[str, list], fmt, title):
     (rk, rv), (ck, cv), (sk, sv) = rows, cols, series
-    fig, axes = plt.subplots(len(rv), len(cv), figsize=(3.3 * len(cv), 2.6 * len(rv)), dpi=110,
-                             squeeze=False, sharey=True)
+    fig, axes = _panels(len(rv), len(cv), 2.6)
     for i, r in enumerate(rv):
         for j, c in enumerate(cv):
             ax = axes[i][j]
@@ -80,8 +77,7 @@ def _fmt(key: str, v) -> str:
 
 def plot_positions(configs, rows, cols, series, path: Path) -> str:
     (rk, rv), (ck, cv), (sk, sv) = rows, cols, series
-    fig, axes = plt.subplots(len(rv), len(cv), figsize=(3.3 * len(cv), 2.4 * len(rv)), dpi=110,
-                             squeeze=False, sharey=True)
+    fig, axes = _panels(len(rv), len(cv), 2.4)
     for i, r in enumerate(rv):
         for j, c in enumerate(cv):
             ax = axes[i][j]
@@ -98,7 +94,7 @@ def plot_positions(configs, rows, cols, series, path: Path) -> str:
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     axes[0][0].set_ylabel("accuracy (identical twin elsewhere)", fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_sinks(configs, path: Path) -> str:
@@ -121,7 +117,7 @@ def plot_sinks(configs, path: Path) -> str:
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("sink metric (tau = 0.2)", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_curves(configs, path: Path) -> str:
@@ -140,7 +136,7 @@ def plot_curves(configs, path: Path) -> str:
         ax.set_xlabel("training step", fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=5, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_grid(grid: str, result: dict, out: str | Path) -> list[str]:
@@ -150,11 +146,11 @@ def plot_grid(grid: str, result: dict, out: str | Path) -> list[str]:
     if grid == "depth":
         fig = _grid_figure(cs, ("residual", _levels(cs, "residual")), ("pe", _levels(cs, "pe")),
                            ("depth", _levels(cs, "depth")), _fmt, "unbiased data, causal mask (Fig. 2, 4, 5)")
-        names.append(_save(fig, out / "depth.png"))
+        names.append(save_figure(fig, out / "depth.png"))
     elif grid == "bias":
         rows, cols, ser = ("bias", _levels(cs, "bias")), ("pe", _levels(cs, "pe")), ("mask", _levels(cs, "mask"))
         fig = _grid_figure(cs, rows, cols, ser, _fmt, "biased training data, 2 layers with residuals (Fig. 3, 6)")
-        names.append(_save(fig, out / "bias.png"))
+        names.append(save_figure(fig, out / "bias.png"))
         names.append(plot_positions(cs, rows, cols, ser, out / "bias_positions.png"))
     else:
         names.append(plot_sinks(cs, out / "sinks.png"))

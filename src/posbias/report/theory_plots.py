@@ -7,7 +7,6 @@ Conventions: P^(t) has t+1 layers; tokens are 0-indexed; distance x = i - j.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import matplotlib
@@ -18,6 +17,8 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+from .plots import save_figure  # noqa: E402
+
 DPI = 120
 HEAT_VMIN = 1e-8  # heatmap colour floor: smaller positive mass is drawn at the floor colour
 FIGURES = {  # file name -> what it shows
@@ -27,15 +28,6 @@ FIGURES = {  # file name -> what it shows
     "distance_decay.png": "decay mask: P^(t)(z_i = i - x) against distance x, with x* = t / (e^m - 1)",
     "distance_rope.png": "RoPE (d = 2): P^(t)(z_i = i - x) against distance x, with x* and envelopes",
 }
-
-
-def _save(fig, path: Path) -> None:
-    """Save at DPI via a temporary file and os.replace, then close the figure."""
-    path = Path(path)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=DPI)
-    plt.close(fig)
-    os.replace(tmp, path)
 
 
 def _depth_colors(n: int):
@@ -69,7 +61,7 @@ def plot_rollout_heatmaps(rollouts: dict, masks: list[dict], path: Path) -> None
                 ax.set_xlabel("key j", fontsize=8)
     fig.colorbar(im, ax=axes, shrink=0.5, extend="min", label="P^(t)[i, j] = P(z_i = j)  (log scale)")
     fig.suptitle("Attention rollout P^(t) = A^(t)...A^(0) on a random bounded SAN (grey: exactly 0)", fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path, dpi=DPI, tight=False)
 
 
 # ---------------------------------------------------------------- (c) first-token and prefix mass
@@ -101,7 +93,7 @@ def plot_first_token_mass(first_token: dict, masks: list[dict], prefix: dict, pa
     for a in (ax, ax_log):
         a.grid(alpha=0.3, which="both")
     fig.legend(handles=_first_token_legend(masks, prefix["k"]), loc="outside lower center", ncol=5, fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path, dpi=DPI, tight=False)
 
 
 def plot_prefix_mass(prefix: dict, path: Path) -> None:
@@ -125,7 +117,7 @@ def plot_prefix_mass(prefix: dict, path: Path) -> None:
         a.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center right")
     ax_share.legend(fontsize=7, loc="lower right")
-    _save(fig, path)
+    save_figure(fig, path, dpi=DPI, tight=False)
 
 
 # ---------------------------------------------------------------- (b) distance profiles
@@ -180,7 +172,7 @@ def plot_distance_profiles(rows: list[dict], param: str, path: Path, title: str)
     axes[0, 0].set_ylabel("P^(t)(z_{N-1} = N-1-x)  (log)")
     fig.legend(handles=_style_legend(rows), loc="outside lower center", ncol=4, fontsize=8)
     fig.suptitle(title, fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path, dpi=DPI, tight=False)
 
 
 # ---------------------------------------------------------------- all figures

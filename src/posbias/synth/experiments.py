@@ -21,7 +21,6 @@ residual connections (pure attention, as the theory and the public code's defaul
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PosbiasError
+from ..io import write_json_atomic
 from .data import DataConfig
 from .evaluate import EvalConfig
 from .model import ModelConfig
@@ -106,12 +106,6 @@ def grid_runs(grid: str, preset: str = "quick", **over) -> list[Run]:
     return runs
 
 
-def _atomic_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 def versions() -> dict:
     import torch
 
@@ -153,7 +147,7 @@ def run_one(cfg: RunConfig, out_json: str | Path, ckpt: str | Path | None = None
                   "seconds": {"train": res.seconds, "eval": time.perf_counter() - t0}, "versions": versions()}
     finally:
         torch.set_num_threads(before)
-    _atomic_json(out_json, record)
+    write_json_atomic(out_json, record, indent=1)
     ckpt.unlink(missing_ok=True)
     return record
 
@@ -205,7 +199,7 @@ def run_grid(grid: str, runs: list[Run], out: str | Path, workers: int = 1, prog
     from ..report.synth_plots import plot_grid
 
     result["figures"] = plot_grid(grid, result, out)
-    _atomic_json(out / f"{grid}.json", result)  # last: its presence means "complete"
+    write_json_atomic(out / f"{grid}.json", result, indent=1)  # last: its presence means "complete"
     return result
 
 
