@@ -33,7 +33,8 @@ def _bools(s: Optional[str]) -> Optional[list[bool]]:
 Preset = typer.Option("quick", help="quick (CPU, ~30 min for all three grids with --workers 2) | paper")
 Out = typer.Option(None, help="output directory (default runs/synth-GRID-PRESET)")
 Seeds = typer.Option(None, help="seeds per configuration (quick 2, paper 5)")
-Iters = typer.Option(None, help="training iterations (quick 3000, paper 100000)")
+Iters = typer.Option(None, help="training iterations (quick 4000, paper 100000)")
+Lr = typer.Option(None, help="AdamW learning rate (quick 3e-3, paper 1e-3)")
 EvalSeqs = typer.Option(None, help="test sequences per swap-test set (quick 5000, paper 10000)")
 Workers = typer.Option(1, help="parallel runs (processes, 1 thread each); 2 on a 2-core machine")
 Pes = typer.Option(None, help="comma list of none,sin,rope,decay")
@@ -58,37 +59,37 @@ def _grid(grid, preset, out, workers, overwrite, quiet, **over) -> None:
 
 @synth_app.command()
 def depth(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] = Seeds,
-          iters: Optional[int] = Iters, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
+          iters: Optional[int] = Iters, lr: Optional[float] = Lr, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
           depths: Optional[str] = Depths, pes: Optional[str] = Pes, residual: Optional[str] = Residual,
           kind: Optional[str] = Kind, twin: Optional[str] = Twin, overwrite: bool = Overwrite,
           quiet: bool = Quiet) -> None:
     """Unbiased data, causal mask: depth x PE x residual (Fig. 2, 4, 5)."""
-    _grid("depth", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, eval_seqs=eval_seqs,
+    _grid("depth", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
           depths=_ints(depths), pes=_strs(pes), residuals=_bools(residual), kind=kind, twin=twin)
 
 
 @synth_app.command()
 def bias(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] = Seeds,
-         iters: Optional[int] = Iters, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
+         iters: Optional[int] = Iters, lr: Optional[float] = Lr, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
          masks: Optional[str] = typer.Option(None, help="comma list of none,causal"),
          pes: Optional[str] = Pes,
          biases: Optional[str] = typer.Option(None, help="comma list of first-last,first,middle,last,none"),
          depths: Optional[str] = Depths, kind: Optional[str] = Kind, twin: Optional[str] = Twin,
          overwrite: bool = Overwrite, quiet: bool = Quiet) -> None:
     """Biased training data, residual 2-layer nets: mask x PE x data bias (Fig. 3, 6)."""
-    _grid("bias", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, eval_seqs=eval_seqs,
+    _grid("bias", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
           masks=_strs(masks), pes=_strs(pes), biases=_strs(biases), depths=_ints(depths), kind=kind, twin=twin)
 
 
 @synth_app.command()
 def sinks(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] = Seeds,
-          iters: Optional[int] = Iters, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
+          iters: Optional[int] = Iters, lr: Optional[float] = Lr, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
           masks: Optional[str] = typer.Option(None, help="comma list: causal,window5,window9,prefix2,..."),
           sink_seqs: Optional[int] = typer.Option(None, help="sequences for the sink metric"),
           residual: Optional[str] = Residual, kind: Optional[str] = Kind,
           overwrite: bool = Overwrite, quiet: bool = Quiet) -> None:
     """Attention sinks under causal, sliding-window and prefix masks (App. K.4, Fig. 8)."""
-    _grid("sinks", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, eval_seqs=eval_seqs,
+    _grid("sinks", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
           masks=_strs(masks), sink_seqs=sink_seqs, residuals=_bools(residual), kind=kind)
 
 
@@ -100,7 +101,8 @@ def train(
     residual: bool = typer.Option(True, "--residual/--no-residual"),
     bias: str = typer.Option("none", help="training-data bias: none | first | middle | last | first-last"),
     kind: str = typer.Option("gaussian", help="gaussian | fixed (App. L)"),
-    iters: int = typer.Option(3000, help="training iterations (paper: 100000)"),
+    iters: int = typer.Option(4000, help="training iterations (paper: 100000)"),
+    lr: float = typer.Option(1e-3, help="AdamW learning rate (paper 1e-3; the quick grids use 3e-3)"),
     seed: int = typer.Option(0),
     eval_seqs: int = typer.Option(5000, help="test sequences per swap-test set (paper: 10000)"),
     classes: int = typer.Option(2048, help="K"), labels: int = typer.Option(32, help="L"),
@@ -120,7 +122,7 @@ def train(
 
     data = DataConfig(classes, labels, burstiness, eps, items, dim, bias, kind, lam, std)
     model = ModelConfig(depth=depth, pe=pe, residual=residual, **parse_mask(mask))
-    cfg = RunConfig(data, model, TrainConfig(iters=iters),
+    cfg = RunConfig(data, model, TrainConfig(iters=iters, lr=lr),
                     EvalConfig(n_seqs=eval_seqs, sink_seqs=eval_seqs, position_seqs=max(1, eval_seqs // 4)), seed)
     cfg.validate()
     rec = run_one(cfg, out / f"{model.label}-{bias}-seed{seed}-{cfg.key()}.json", progress=not quiet)
