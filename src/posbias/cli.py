@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from .cli_lpes import lpes_app
 from .cli_synth import synth_app
 from .errors import PosbiasError
 
@@ -18,6 +19,7 @@ app = typer.Typer(
 
 
 app.add_typer(synth_app, name="synth")
+app.add_typer(lpes_app, name="lpes")
 
 
 @app.callback()
@@ -46,6 +48,7 @@ def sweep(
     batch_tokens: int = typer.Option(16384, help="padded tokens per batch"),
     max_batch: int = typer.Option(32, help="rows per batch at most"),
     data_dir: Optional[Path] = typer.Option(None, help="benchmark data dir (default ../shared/data)"),
+    method: str = typer.Option("none", help="none | pi:1.2 | lpes:DIR/factors.json | mspoe | buckets | layers:F1,..."),
     resume: bool = typer.Option(False, "--resume", help="continue a killed sweep in OUT"),
     overwrite: bool = typer.Option(False, "--overwrite", help="discard what OUT holds and start again"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
@@ -58,13 +61,49 @@ def sweep(
         model=model, task=task, task_options={k: v for k, v in opts.items() if v is not None},
         positions=positions, n=n, seed=seed, skip=skip, engine=engine, max_new_tokens=max_new_tokens,
         chat=chat, dtype=dtype, device=device, batch_tokens=batch_tokens, max_batch=max_batch,
-        data_dir=str(data_dir) if data_dir else None,
+        data_dir=str(data_dir) if data_dir else None, method=method,
     )
     typer.echo(f"loading {model} ({dtype}, {device}) ...", err=True)
     res = run_sweep(cfg, out, resume=resume, overwrite=overwrite, progress=not quiet)
     typer.echo(f"{task} on {model}: {cfg.n} examples x {len(res.per_position)} positions, engine {res.config['engine']}")
     typer.echo(format_table(res.per_position, res.summary))
     typer.echo(f"wrote {out}/sweep.json, examples.jsonl, curve.png")
+
+
+@app.command()
+def compare(
+    methods: str = typer.Option(..., help="comma list of method specs, e.g. none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json"),
+    model: str = typer.Option("smollm2-135m", help="registered name, HF model dir or hub id, or a .gguf file"),
+    task: str = typer.Option("kv-lookup", help="kv-lookup | kv-uuid | nq | jsonl:PATH"),
+    positions: str = typer.Option("all", help="all | 0,4,9 | 0%,50%,100%"),
+    n: int = typer.Option(100, help="examples per position"),
+    seed: int = typer.Option(0, help="example selection / generation seed"),
+    skip: int = typer.Option(0, help="skip the first SKIP examples (keep them disjoint from a search split)"),
+    out: Path = typer.Option(Path("runs/compare"), help="output directory"),
+    engine: Optional[str] = typer.Option(None, help="teacher-forced | generate (default: the task's)"),
+    facts: Optional[int] = typer.Option(None, help="kv-lookup: number of facts (default 10)"),
+    docs: Optional[int] = typer.Option(None, help="nq: 10 or 20 documents (default 10)"),
+    pairs: Optional[int] = typer.Option(None, help="kv-uuid: key-value pairs"),
+    chat: str = typer.Option("auto", help="use the chat template: auto | on | off"),
+    dtype: str = typer.Option("bf16", help="bf16 | fp32"),
+    device: str = typer.Option("cpu", help="cpu | cuda | auto"),
+    data_dir: Optional[Path] = typer.Option(None, help="benchmark data dir (default ../shared/data)"),
+    resume: bool = typer.Option(False, "--resume", help="continue a killed comparison in OUT"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="discard what OUT holds and start again"),
+    quiet: bool = typer.Option(False, "--quiet", help="no progress bars"),
+) -> None:
+    """Run several methods on the same examples; one table (per position, average, gap) and one plot."""
+    from .eval.compare import format_compare, run_compare
+    from .eval.sweep import SweepConfig
+
+    opts = {"facts": facts, "docs": docs, "pairs": pairs}
+    cfg = SweepConfig(model=model, task=task, task_options={k: v for k, v in opts.items() if v is not None},
+                      positions=positions, n=n, seed=seed, skip=skip, engine=engine, chat=chat, dtype=dtype,
+                      device=device, data_dir=str(data_dir) if data_dir else None)
+    rec = run_compare(cfg, [m.strip() for m in methods.split(",") if m.strip()], out, resume=resume,
+                      overwrite=overwrite, progress=not quiet)
+    typer.echo(format_compare(rec))
+    typer.echo(f"wrote {out}/compare.json, compare.png and one sweep directory per method")
 
 
 @app.command()

@@ -53,6 +53,7 @@ def score_rows(
     max_batch: int = 32,
     done: set | None = None,
     on_batch: Callable[[list[dict]], None] | None = None,
+    prompt_end: Callable | None = None,
 ) -> list[dict]:
     """Score rows; batches whose rows are all in `done` are skipped (resume).
 
@@ -75,7 +76,7 @@ def score_rows(
         if all(r.key in done for r in batch):
             continue
         if engine == "teacher-forced":
-            scored = score_teacher_forced(model, tok, batch, pad)
+            scored = score_teacher_forced(model, tok, batch, pad, prompt_end)
         else:
             preds = generate_greedy(model, tok, batch, pad, max_new_tokens)
             scored = [{"correct": METRICS[metric](p, r.prompt.answers), "prediction": p} for p, r in zip(preds, batch)]

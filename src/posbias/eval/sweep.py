@@ -42,6 +42,7 @@ class SweepConfig:
     batch_tokens: int = 16384
     max_batch: int = 32
     data_dir: str | None = None
+    method: str = "none"  # a methods.get_method spec: none | pi:1.2 | lpes:DIR/factors.json | mspoe | buckets
 
 
 @dataclass
@@ -100,6 +101,9 @@ def run_sweep(
     progress: bool = True,
 ) -> SweepResult:
     """Run (or resume) a sweep. With out_dir=None nothing is written (API use)."""
+    from ..methods import get_method
+
+    method = get_method(cfg.method)  # parse (and read factor files) before loading anything
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
     positions = resolve_positions(cfg.positions, task.n_slots)
     if cfg.n < 1:
@@ -118,7 +122,7 @@ def run_sweep(
 
     resolved = {**asdict(cfg), "engine": engine, "max_new_tokens": max_new, "chat_used": chat,
                 "positions_resolved": positions}
-    fingerprint = {"config": resolved, "task": task.config(), "model": loaded.info}
+    fingerprint = {"config": resolved, "task": task.config(), "model": loaded.info, "method": method.config()}
     done_rows: list[dict] = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -148,8 +152,9 @@ def run_sweep(
             bar.update(len(new))
 
     try:
-        new_rows = score_rows(loaded, rows, engine, task.metric, max_new, cfg.batch_tokens, cfg.max_batch,
-                              done, on_batch)
+        with method.apply(loaded) as handle:
+            new_rows = score_rows(loaded, rows, engine, task.metric, max_new, cfg.batch_tokens, cfg.max_batch,
+                                  done, on_batch, prompt_end=getattr(handle, "set_prompt_end", None))
     finally:
         if log is not None:
             log.close()
@@ -163,7 +168,8 @@ def run_sweep(
     if out is not None:
         from ..report.plots import plot_curve
 
-        plot_curve(per, f"{task.name} on {cfg.model} (n={cfg.n}, {engine})", out / "curve.png")
+        label = "" if method.name == "none" else f", {method.label}"
+        plot_curve(per, f"{task.name} on {cfg.model}{label} (n={cfg.n}, {engine})", out / "curve.png")
         write_json_atomic(out / "timing.json", {"seconds_this_run": elapsed, "rows_this_run": len(new_rows)}, indent=2)
         write_json_atomic(out / "sweep.json", record, indent=2)  # last: its presence means "complete"
         (out / "sweep.partial.json").unlink(missing_ok=True)

@@ -8,6 +8,7 @@ position equals the next gold token.
 from __future__ import annotations
 
 import inspect
+from typing import Callable
 
 import torch
 
@@ -19,8 +20,12 @@ def _keeps_logits(model) -> bool:
 
 
 @torch.inference_mode()
-def score_teacher_forced(model, tokenizer, rows: list[Encoded], pad_id: int) -> list[dict]:
-    """-> one dict per row: correct, prediction (greedy tokens under teacher forcing), logprob."""
+def score_teacher_forced(model, tokenizer, rows: list[Encoded], pad_id: int,
+                         prompt_end: Callable[[torch.Tensor], None] | None = None) -> list[dict]:
+    """-> one dict per row: correct, prediction (greedy tokens under teacher forcing), logprob.
+
+    prompt_end, if given, is told the column of each sequence's last prompt token before the
+    forward (input-dependent methods such as Ms-PoE measure there, as generation would)."""
     seqs, owner, alen = [], [], []
     for r, row in enumerate(rows):
         for ans in row.answer_ids:
@@ -30,6 +35,8 @@ def score_teacher_forced(model, tokenizer, rows: list[Encoded], pad_id: int) -> 
     batch = left_pad(seqs, pad_id)
     a_max = max(alen)
     dev = next(model.parameters()).device
+    if prompt_end is not None:
+        prompt_end(batch["input_ids"].shape[1] - 1 - torch.tensor(alen))
     kw = {"logits_to_keep": a_max + 1} if _keeps_logits(model) else {}
     out = model(**{k: v.to(dev) for k, v in batch.items()}, use_cache=False, **kw)
     logits = out.logits[:, -(a_max + 1) :].float()  # [S, a_max+1, V]; column j predicts token j+1

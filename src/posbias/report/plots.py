@@ -39,3 +39,21 @@ def plot_curve(per_position: list[dict], title: str, path: str | Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     save_figure(fig, path)
+
+
+def plot_compare(results: list[dict], title: str, path: str | Path) -> None:
+    """Accuracy against gold position, one line per method (CI bands light)."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
+    for r in results:
+        per = r["per_position"]
+        x = [p["position"] for p in per]
+        line, = ax.plot(x, [p["accuracy"] for p in per], marker="o", label=f"{r['label']} (avg {r['summary']['average']:.2f})")
+        ax.fill_between(x, [p["ci_low"] for p in per], [p["ci_high"] for p in per], alpha=0.12, color=line.get_color())
+    ax.set_xlabel("position of the gold item (0 = first)")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xticks(x)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    save_figure(fig, path)

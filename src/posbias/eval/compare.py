@@ -1,0 +1,87 @@
+"""Several methods on the same examples: one sweep per method (each resumable), one table, one plot.
+
+Files in OUT: <slug>/ per method (a normal sweep directory), compare.json (atomic, last),
+compare.png (accuracy against position, one line per method).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import PosbiasError
+from ..io import write_json_atomic
+from ..models.load import load_model
+from .sweep import SweepConfig, run_sweep
+
+
+def slug(spec: str) -> str:
+    """A directory name for a method spec (`lpes:runs/x/factors.json` -> `lpes-runs-x-factors.json`)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", spec).strip("-") or "none"
+
+
+def check_disjoint(cfg: SweepConfig, methods: list[str]) -> None:
+    """Refuse to report LPES on the examples its factors were searched on."""
+    from ..methods.scaling import read_factors
+
+    for m in methods:
+        name, _, arg = m.partition(":")
+        if name not in ("lpes", "pi") or not arg or not (Path(arg).exists()):
+            continue
+        split = read_factors(arg).get("search_split")
+        if not split or split.get("task") != cfg.task or split.get("seed") != cfg.seed:
+            continue
+        lo, hi = split["skip"], split["skip"] + split["n"]
+        if lo < cfg.skip + cfg.n and cfg.skip < hi:
+            raise PosbiasError(
+                f"{m} was searched on examples {lo}..{hi - 1} of {cfg.task}, which overlap the {cfg.skip}..{cfg.skip + cfg.n - 1}"
+                " asked for here", f"report on held-out examples, e.g. --skip {hi}, or --n {max(lo - cfg.skip, 0)}")
+
+
+def run_compare(cfg: SweepConfig, methods: list[str], out: str | Path, resume: bool = False,
+                overwrite: bool = False, progress: bool = True) -> dict:
+    """Run `cfg` once per method spec (model loaded once); write compare.json last."""
+    from ..methods import get_method
+
+    if not methods:
+        raise PosbiasError("no methods given", "pass --methods none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json")
+    if len(set(methods)) != len(methods):
+        raise PosbiasError(f"a method is listed twice in {','.join(methods)}", "list each method once")
+    for m in methods:
+        get_method(m)  # fail on a bad spec before any work
+    check_disjoint(cfg, methods)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise PosbiasError(f"--out {out} is a file", "pass a directory path")
+    (out / "compare.json").unlink(missing_ok=True)
+    loaded = load_model(cfg.model, cfg.dtype, cfg.device)
+    results = []
+    for m in methods:
+        d = out / slug(m)
+        started = (d / "sweep.json").exists() or (d / "sweep.partial.json").exists()
+        res = run_sweep(replace(cfg, method=m), d, resume=resume and started, overwrite=overwrite,
+                        loaded=loaded, progress=progress)
+        results.append({"method": m, "label": get_method(m).label, "dir": d.name, "method_config": res.record["method"],
+                        "per_position": res.per_position, "summary": res.summary})
+    record = {"config": {**res.config, "method": None}, "model": loaded.info, "methods": results}
+    from ..report.plots import plot_compare
+
+    plot_compare(results, f"{cfg.task} on {cfg.model} (n={cfg.n}, {res.config['engine']})", out / "compare.png")
+    write_json_atomic(out / "compare.json", record, indent=2)  # last: its presence means "complete"
+    return record
+
+
+def format_compare(record: dict) -> str:
+    """Accuracy per position, one row per method, then average and gap (paired-bootstrap 95% CI)."""
+    rows = record["methods"]
+    positions = [p["position"] for p in rows[0]["per_position"]]
+    w = max(12, *(len(r["label"]) for r in rows))
+    head = f"{'method':<{w}} " + " ".join(f"{p:>6}" for p in positions) + f" {'avg':>6} {'gap':>6}  gap 95% CI"
+    lines = [head]
+    for r in rows:
+        s = r["summary"]
+        accs = " ".join(f"{p['accuracy']:>6.3f}" for p in r["per_position"])
+        ci = f"[{s['gap_ci'][0]:.3f}, {s['gap_ci'][1]:.3f}]"
+        lines.append(f"{r['label']:<{w}} {accs} {s['average']:>6.3f} {s['gap']:>6.3f}  {ci}")
+    return "\n".join(lines)

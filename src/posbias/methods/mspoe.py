@@ -1,0 +1,58 @@
+"""Ms-PoE (Zhang et al. 2024): per-head position scaling from min to max ratio, heads ordered by
+how position-aware their attention is on the current input. The model-side work is in
+models/mspoe.py; this is the Method wrapper."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from ..errors import PosbiasError
+from ..models.load import Loaded
+from .base import Method
+
+
+class MsPoE(Method):
+    name = "mspoe"
+
+    def __init__(self, min_ratio: float = 1.2, max_ratio: float = 1.8, layers: list[int] | None = None):
+        if not 0 < min_ratio <= max_ratio:
+            raise PosbiasError(f"Ms-PoE ratios must satisfy 0 < min <= max, got {min_ratio}-{max_ratio}",
+                               "write it as mspoe:1.2-1.8")
+        self.min_ratio, self.max_ratio = min_ratio, max_ratio
+        self.layers = layers  # None: every layer but the first two (the public scripts' choice)
+
+    @property
+    def label(self) -> str:
+        return f"mspoe:{self.min_ratio:g}-{self.max_ratio:g}"
+
+    def config(self) -> dict:
+        return {"name": "mspoe", "min_ratio": self.min_ratio, "max_ratio": self.max_ratio, "layers": self.layers}
+
+    @contextmanager
+    def apply(self, loaded: Loaded) -> Iterator[_Handle]:
+        from ..models.mspoe import mspoe
+
+        with mspoe(loaded.model, min_ratio=self.min_ratio, max_ratio=self.max_ratio, layers=self.layers) as ms:
+            yield _Handle(ms)
+
+
+class _Handle:
+    """Teacher forcing scores prompt + answer in one forward; Ms-PoE must rank its heads at the
+    last prompt token (as generation does), not at the last answer token."""
+
+    def __init__(self, ms):
+        self.ms = ms
+
+    def set_prompt_end(self, cols) -> None:
+        self.ms.order_query = cols
+
+
+def parse(arg: str | None) -> MsPoE:
+    if not arg:
+        return MsPoE()
+    try:
+        lo, hi = (float(x) for x in arg.split("-"))
+    except ValueError:
+        raise PosbiasError(f"bad Ms-PoE ratios {arg!r}", "write them as mspoe:MIN-MAX, e.g. mspoe:1.2-1.8") from None
+    return MsPoE(lo, hi)

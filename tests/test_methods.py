@@ -1,0 +1,159 @@
+"""The methods interface: spec parsing, exact restore, sweeps/compare with a method, the LPES search
+(files, cache, resume after a kill equals an uninterrupted run). Tiny random models, no weights."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_loaded
+from posbias.core.ga import GAConfig, GeneticSearch
+from posbias.errors import PosbiasError
+from posbias.eval.compare import format_compare, run_compare
+from posbias.eval.sweep import SweepConfig, run_sweep
+from posbias.methods import Baseline, LayerScaling, UniformScaling, get_method
+from posbias.methods.buckets import Buckets
+from posbias.methods.lpes import SearchConfig, run_search
+from posbias.methods.mspoe import MsPoE
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-llama-methods")
+    lo = tiny_loaded("llama")
+    with torch.no_grad():  # sharpen attention so RoPE changes matter (random init is near uniform)
+        for layer in lo.model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(4)
+            layer.self_attn.k_proj.weight.mul_(4)
+    lo.model.save_pretrained(d)
+    lo.tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    from posbias.models.load import load_model
+
+    return load_model(str(model_dir), "fp32", "cpu")
+
+
+def test_spec_parsing(tmp_path):
+    assert isinstance(get_method("none"), Baseline)
+    assert get_method("pi:1.2").factor == 1.2
+    assert get_method("layers:1,1.5").factors == [1.0, 1.5]
+    assert isinstance(get_method("mspoe"), MsPoE) and get_method("mspoe:1.0-1.4").max_ratio == 1.4
+    assert get_method("buckets:10000,20000").bases == (10000.0, 20000.0)
+    f = tmp_path / "factors.json"
+    f.write_text(json.dumps({"factors": [1.0, 1.2]}))
+    assert get_method(f"lpes:{f}").factors == [1.0, 1.2]
+    assert get_method(f"pi:{f}").factor == pytest.approx(1.1)  # Sec. 4.1: PI = mean of the searched factors
+    assert get_method(f"lpes:{tmp_path}").factors == [1.0, 1.2]  # a directory means DIR/factors.json
+    for bad, msg in [("nope", "unknown method"), ("pi:0", "positive"), ("layers:a,b", "bad per-layer"),
+                     ("mspoe:2-1", "0 < min <= max"), ("buckets:x", "bad bucket"), (f"lpes:{tmp_path}/x.json", "no factors")]:
+        with pytest.raises(PosbiasError, match=msg):
+            get_method(bad)
+
+
+METHODS = [Baseline(), UniformScaling(1.5), LayerScaling([1.0, 2.0]), MsPoE(1.2, 1.8, layers=[0, 1]),
+           Buckets((10000.0, 30000.0))]
+
+
+@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
+def test_every_method_changes_inside_and_restores_exactly(loaded, method):
+    ids = torch.randint(4, len(loaded.tokenizer), (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = loaded.model(input_ids=ids).logits
+        with method.apply(loaded):
+            inside = loaded.model(input_ids=ids).logits
+        after = loaded.model(input_ids=ids).logits
+    assert torch.equal(before, after)
+    assert inside.shape == before.shape
+    assert torch.equal(inside, before) == (method.name == "none")
+    json.dumps(method.config())
+
+
+def _cfg(model_dir, **kw):
+    base = dict(model=str(model_dir), task="kv-lookup", task_options={"facts": 4, "digits": 3},
+                positions="0,2,3", n=6, dtype="fp32", max_batch=8)
+    return SweepConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("engine", ["teacher-forced", "generate"])
+def test_sweep_records_the_method(model_dir, loaded, tmp_path, engine):
+    res = run_sweep(_cfg(model_dir, method="pi:1.5", engine=engine, max_new_tokens=6), tmp_path / "o",
+                    loaded=loaded, progress=False)
+    assert res.record["method"] == {"name": "pi", "factor": 1.5, "source": None}
+    with pytest.raises(PosbiasError, match="different configuration"):
+        run_sweep(_cfg(model_dir, method="pi:1.4", engine=engine, max_new_tokens=6), tmp_path / "o", resume=True,
+                  loaded=loaded, progress=False)
+
+
+def test_compare_runs_every_method_on_the_same_examples(model_dir, tmp_path):
+    rec = run_compare(_cfg(model_dir), ["none", "pi:1.5", "buckets:10000,30000"], tmp_path / "c", progress=False)
+    assert [m["method"] for m in rec["methods"]] == ["none", "pi:1.5", "buckets:10000,30000"]
+    assert (tmp_path / "c" / "compare.json").exists() and (tmp_path / "c" / "compare.png").stat().st_size > 1000
+    ids = {m["dir"]: [json.loads(x)["example_id"] for x in (tmp_path / "c" / m["dir"] / "examples.jsonl").read_text().splitlines()]
+           for m in rec["methods"]}
+    assert len({tuple(sorted(v)) for v in ids.values()}) == 1
+    assert "buckets" in format_compare(rec)
+    again = run_compare(_cfg(model_dir), ["none", "pi:1.5", "buckets:10000,30000"], tmp_path / "c", resume=True,
+                        progress=False)
+    assert again["methods"] == rec["methods"]
+
+
+def _search_cfg(model_dir, **kw):
+    ga = GAConfig(pop_size=6, n_parents=2, n_crossover=1, n_mutation=3, generations=3, n_points=2, y_min=1.0, y_max=2.0,
+                  y_step=0.25, y_init=1.25, my=0.5, mx=1)
+    base = dict(model=str(model_dir), task="kv-lookup", task_options={"facts": 4, "digits": 3}, n=4, skip=100,
+                dtype="fp32", ga=ga)
+    return SearchConfig(**{**base, **kw})
+
+
+def test_lpes_search_files_and_held_out_check(model_dir, loaded, tmp_path):
+    res = run_search(_search_cfg(model_dir), tmp_path / "s", progress=False, loaded=loaded)
+    out = tmp_path / "s"
+    saved = json.loads((out / "factors.json").read_text())
+    assert saved["factors"] == res["factors"] and len(res["factors"]) == 2
+    assert all(1.0 <= f <= 2.0 for f in res["factors"])
+    assert len(saved["history"]) == 4 and len(list((out / "log").glob("generation_*.json"))) == 4
+    keys = [json.loads(x)["key"] for x in (out / "evals.jsonl").read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == res["evaluations"]  # never the same individual twice
+    assert (out / "factors.png").stat().st_size > 1000
+    with pytest.raises(PosbiasError, match="already holds a search"):
+        run_search(_search_cfg(model_dir), out, progress=False, loaded=loaded)
+    with pytest.raises(PosbiasError, match="overlap"):  # searched on examples 100..103
+        run_compare(_cfg(model_dir, skip=98), ["none", f"lpes:{out}/factors.json"], tmp_path / "c", progress=False)
+    sweep = run_sweep(_cfg(model_dir, method=f"lpes:{out}"), tmp_path / "w", loaded=loaded, progress=False)
+    assert sweep.record["method"]["factors"] == res["factors"]
+
+
+def test_lpes_search_resumes_to_the_same_result(model_dir, loaded, tmp_path, monkeypatch):
+    full = run_search(_search_cfg(model_dir), tmp_path / "full", progress=False, loaded=loaded)
+    real = GeneticSearch.step
+    calls = {"n": 0}
+
+    def killed_in_generation_two(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(GeneticSearch, "step", killed_in_generation_two)
+    with pytest.raises(KeyboardInterrupt):
+        run_search(_search_cfg(model_dir), tmp_path / "cut", progress=False, loaded=loaded)
+    assert not (tmp_path / "cut" / "factors.json").exists()
+    monkeypatch.setattr(GeneticSearch, "step", real)
+    resumed = run_search(_search_cfg(model_dir), tmp_path / "cut", resume=True, progress=False, loaded=loaded)
+    drop = ("seconds_this_call", "history")
+    assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in full.items() if k not in drop}
+    strip = [{k: v for k, v in h.items() if k != "wall_s"} for h in full["history"]]
+    assert [{k: v for k, v in h.items() if k != "wall_s"} for h in resumed["history"]] == strip
+
+
+def test_search_refuses_bad_config(model_dir, loaded, tmp_path):
+    with pytest.raises(PosbiasError, match="weights"):
+        run_search(_search_cfg(model_dir, weights=(0.5, 0.5, 0.5)), tmp_path / "b", progress=False, loaded=loaded)
+    with pytest.raises(PosbiasError, match="search space"):
+        run_search(_search_cfg(model_dir, space="grid"), tmp_path / "b", progress=False, loaded=loaded)
