@@ -94,8 +94,10 @@ def test_compare_runs_every_method_on_the_same_examples(model_dir, tmp_path):
     rec = run_compare(_cfg(model_dir), ["none", "pi:1.5", "buckets:10000,30000"], tmp_path / "c", progress=False)
     assert [m["method"] for m in rec["methods"]] == ["none", "pi:1.5", "buckets:10000,30000"]
     assert (tmp_path / "c" / "compare.json").exists() and (tmp_path / "c" / "compare.png").stat().st_size > 1000
-    ids = {m["dir"]: [json.loads(x)["example_id"] for x in (tmp_path / "c" / m["dir"] / "examples.jsonl").read_text().splitlines()]
-           for m in rec["methods"]}
+    ids = {}
+    for m in rec["methods"]:
+        lines = (tmp_path / "c" / m["dir"] / "examples.jsonl").read_text().splitlines()
+        ids[m["dir"]] = [json.loads(x)["example_id"] for x in lines]
     assert len({tuple(sorted(v)) for v in ids.values()}) == 1
     assert "buckets" in format_compare(rec)
     again = run_compare(_cfg(model_dir), ["none", "pi:1.5", "buckets:10000,30000"], tmp_path / "c", resume=True,
