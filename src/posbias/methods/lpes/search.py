@@ -122,12 +122,24 @@ class Fitness:
 
     def __call__(self, inds: list) -> list[float]:
         fresh = [i for i in inds if json.dumps(list(i)) not in self.seen]
-        for rec in _distributed_map(self.record, fresh):
-            self.seen[rec["key"]] = rec
-            if self.log is not None and _is_main():
-                with self.log.open("a") as f:
-                    f.write(json.dumps(rec) + "\n")
+        st = _state()
+        if st is None or st.num_processes == 1:
+            for i in fresh:  # one line per individual as soon as it is scored: a kill loses at most one
+                self._append(self.record(i))
+        else:  # split across accelerate processes; every rank gets every result
+            from accelerate.utils import gather_object
+
+            with st.split_between_processes(fresh) as mine:
+                local = [self.record(i) for i in mine]
+            for rec in gather_object(local):
+                self.seen[rec["key"]] = rec
+                self._append(rec)
         return [self.seen[json.dumps(list(i))]["fitness"] for i in inds]
+
+    def _append(self, rec: dict) -> None:
+        if self.log is not None and _is_main():
+            with self.log.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
 
 
 def _state():
@@ -141,18 +153,6 @@ def _state():
 def _is_main() -> bool:
     st = _state()
     return st is None or st.is_main_process
-
-
-def _distributed_map(fn, items: list) -> list:
-    """fn over items; split across accelerate processes when more than one runs."""
-    st = _state()
-    if st is None or st.num_processes == 1:
-        return [fn(x) for x in items]
-    from accelerate.utils import gather_object
-
-    with st.split_between_processes(items) as mine:
-        local = [fn(x) for x in mine]
-    return gather_object(local)
 
 
 def make_space(cfg: SearchConfig, n_layers: int):

@@ -1,0 +1,111 @@
+"""LPES benchmarks: (a) per-example inference time of every method on the same prompts, as ratios
+to the unmodified model (LPES paper, Table 5: LPES 1.00x, Ms-PoE 1.45x, MoICE 2.42x, Buckets 4.8x;
+target here LPES <= 1.02x); (b) the search's cost: fitness evaluations per minute, cache hit rate
+and wall time of a finished search (read from its factors.json), and one fitness evaluation timed.
+
+    python benchmarks/lpes_speed.py [--factors runs/lpes/factors.json] [--search-dir runs/lpes]
+                                    [--n 16] [--rounds 3] [--max-new-tokens 8]
+
+Per-example time = greedy generation of one prompt at a time (batch 1, KV cache, up to
+--max-new-tokens tokens; no early stop so every method decodes the same number of tokens), the
+setting of the paper's Table 5. Methods run interleaved round by round (none, lpes, pi, mspoe,
+buckets, none, ...) so machine noise hits all alike; the median over rounds is reported.
+Entering a method (precomputing its cos/sin tables) happens once per sweep and is timed apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from posbias.eval.runner import build_rows, use_chat
+from posbias.methods import get_method
+from posbias.models.load import load_model
+from posbias.tasks import get_task
+
+
+def generate_each(model, rows, max_new: int) -> float:
+    """Seconds per example: batch-1 greedy generation of exactly max_new tokens."""
+    t0 = time.perf_counter()
+    for r in rows:
+        ids = torch.tensor([r.prompt_ids])
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                       min_new_tokens=max_new, do_sample=False, pad_token_id=0)
+    return (time.perf_counter() - t0) / len(rows)
+
+
+def inference(a, loaded) -> None:
+    task = get_task(a.task)
+    rows = build_rows(loaded, task, task.examples(a.n, 0, 5000), [task.n_slots // 2], use_chat(loaded, "auto"))
+    n_layers = loaded.model.config.num_hidden_layers
+    ramp = ",".join(f"{1 + 0.3 * h / (n_layers - 1):.4f}" for h in range(n_layers))
+    lpes = f"lpes:{a.factors}" if a.factors else f"layers:{ramp}"
+    specs = {"none": "none", "lpes": lpes, "pi": f"pi:{a.factors}" if a.factors else "pi:1.15", "mspoe": "mspoe",
+             "buckets": "buckets"}
+    methods = {k: get_method(v) for k, v in specs.items()}
+    times: dict[str, list[float]] = {k: [] for k in specs}
+    enter: dict[str, float] = {}
+    with torch.inference_mode():
+        generate_each(loaded.model, rows[:2], a.max_new_tokens)  # warm-up
+        for _ in range(a.rounds):
+            for k, m in methods.items():
+                t0 = time.perf_counter()
+                with m.apply(loaded):
+                    enter[k] = time.perf_counter() - t0
+                    times[k].append(generate_each(loaded.model, rows, a.max_new_tokens))
+    base = statistics.median(times["none"])
+    mean_len = sum(len(r.prompt_ids) for r in rows) / len(rows)
+    print(f"(a) per-example inference, {a.n} {a.task} prompts (~{mean_len:.0f} tokens), batch 1, "
+          f"{a.max_new_tokens} new tokens, median of {a.rounds} interleaved rounds, {torch.get_num_threads()} threads")
+    print(f"    {'method':<9} {'s/example':>10} {'ratio':>7} {'enter s':>8}   spec")
+    for k in specs:
+        med = statistics.median(times[k])
+        print(f"    {k:<9} {med:>10.4f} {med / base:>6.3f}x {enter[k]:>8.4f}   {specs[k][:60]}")
+    print("    paper (Table 5, Vicuna-7B, H100): LPES 1.00x, Ms-PoE 1.45x, MoICE 2.42x, Buckets 4.76x; target LPES <= 1.02x")
+
+
+def search_cost(a, loaded) -> None:
+    from posbias.core.ga import CurveSpace, GAConfig
+    from posbias.methods.lpes.search import Fitness, SearchConfig
+
+    cfg = SearchConfig(task=a.task, n=24, ga=GAConfig(y_min=1.0, y_max=1.5, y_step=0.05, y_init=1.1, my=0.1))
+    space = CurveSpace(loaded.model.config.num_hidden_layers, cfg.ga)
+    fit = Fitness(cfg, loaded, space, None)
+    t0 = time.perf_counter()
+    fit([space.initial()])
+    one = time.perf_counter() - t0
+    print(f"(b) one fitness evaluation (cpu preset: {cfg.n} examples x 3 positions = {len(fit.rows)} rows): {one:.1f} s")
+    if a.search_dir:
+        rec = json.loads((Path(a.search_dir) / "factors.json").read_text())
+        h = rec["history"][-1]
+        asked = h["evaluations"] + h["cache_hits"]
+        wall = sum(e["wall_s"] for e in rec["history"])
+        print(f"    finished search {a.search_dir}: {rec['evaluations']} evaluations, {h['cache_hits']} cache hits "
+              f"({h['cache_hits'] / max(asked, 1):.1%} of {asked} asked), wall {wall / 60:.1f} min in the GA "
+              f"({rec['seconds_this_call'] / 60:.1f} min this call), {rec['evaluations'] / (wall / 60):.1f} evaluations/min")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--task", default="kv-lookup")
+    ap.add_argument("--factors", help="a factors.json for LPES and PI (default: a synthetic 1.0 -> 1.3 ramp)")
+    ap.add_argument("--search-dir", help="a finished `posbias lpes search` directory to report the cost of")
+    ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--skip-search", action="store_true")
+    a = ap.parse_args()
+    loaded = load_model(a.model, "bf16", "cpu")
+    inference(a, loaded)
+    if not a.skip_search:
+        search_cost(a, loaded)
+
+
+if __name__ == "__main__":
+    main()
