@@ -159,3 +159,22 @@ def test_search_refuses_bad_config(model_dir, loaded, tmp_path):
         run_search(_search_cfg(model_dir, weights=(0.5, 0.5, 0.5)), tmp_path / "b", progress=False, loaded=loaded)
     with pytest.raises(PosbiasError, match="search space"):
         run_search(_search_cfg(model_dir, space="grid"), tmp_path / "b", progress=False, loaded=loaded)
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "posbias.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_bad_input_names_the_fix(model_dir, tmp_path):
+    r = _cli("sweep", "--model", str(model_dir), "--method", "warp:2", "--out", str(tmp_path / "s"))
+    assert r.returncode == 2 and "unknown method 'warp:2'" in r.stderr and "use one of" in r.stderr
+    assert not (tmp_path / "s").exists()
+    r = _cli("compare", "--model", str(model_dir), "--methods", "none,none", "--out", str(tmp_path / "c"))
+    assert r.returncode == 2 and "listed twice" in r.stderr
+    r = _cli("lpes", "search", "--model", str(model_dir), "--weights", "0.5,0.5", "--out", str(tmp_path / "l"))
+    assert r.returncode == 2 and "expected 3 numbers" in r.stderr
+    r = _cli("lpes", "search", "--model", str(model_dir), "--y-init", "3", "--out", str(tmp_path / "l"))
+    assert r.returncode == 2 and "posbias: error:" in r.stderr and not (tmp_path / "l" / "factors.json").exists()
