@@ -13,7 +13,7 @@ lpes_app = typer.Typer(no_args_is_help=True, help="LPES: search per-layer RoPE s
 # (docs/lpes.md); its factor range is narrower because SmolLM2 collapses under uniform scaling >= 1.25.
 PRESETS = {
     "paper": {"n": 200, "generations": 20, "y_min": 1.0, "y_max": 2.0, "y_step": 0.1, "y_init": 1.5, "my": 0.2},
-    "cpu": {"n": 24, "generations": 10, "y_min": 1.0, "y_max": 1.5, "y_step": 0.05, "y_init": 1.1, "my": 0.1},
+    "cpu": {"n": 24, "generations": 5, "y_min": 1.0, "y_max": 1.5, "y_step": 0.05, "y_init": 1.1, "my": 0.1},
 }
 
 
