@@ -122,14 +122,16 @@ def plot_sinks(configs, path: Path) -> str:
 
 def plot_curves(configs, path: Path) -> str:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), dpi=110)
-    for c in configs:
+    styles = ["-", "--", ":", "-."]  # colours cycle every 10 lines; the line style changes with them
+    for i, c in enumerate(configs):
         cur = c["summary"].get("curve")
         if not cur:
             continue
         f = c["factors"]
         label = f"L{f['depth']} {f['mask']} {f['pe']} {'res' if f['residual'] else 'nores'} {f['bias']}"
-        axes[0].plot(cur["step"], cur["novel_acc"]["mean"], lw=1, label=label)
-        axes[1].plot(cur["step"], cur["gap/first_vs_last"]["mean"], lw=1)
+        ls = styles[(i // 10) % len(styles)]
+        axes[0].plot(cur["step"], cur["novel_acc"]["mean"], lw=1, ls=ls, label=label)
+        axes[1].plot(cur["step"], cur["gap/first_vs_last"]["mean"], lw=1, ls=ls)
     axes[0].set_ylabel("novel-class accuracy", fontsize=8)
     axes[1].set_ylabel("gap first vs last", fontsize=8)
     for ax in axes:
