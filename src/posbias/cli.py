@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from .cli_distill import distill_app
 from .cli_lpes import lpes_app
 from .cli_synth import synth_app
 from .errors import PosbiasError
@@ -20,6 +21,7 @@ app = typer.Typer(
 
 app.add_typer(synth_app, name="synth")
 app.add_typer(lpes_app, name="lpes")
+app.add_typer(distill_app, name="distill")
 
 
 @app.callback()
