@@ -105,3 +105,18 @@ def summarize_curve(
         std=float(acc.std()),
         gap_ci=(float(lo), float(hi)),
     )
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Average accuracy of b minus a on the same examples, with a paired bootstrap 95% interval.
+
+    a, b: bool arrays [n_examples, n_positions], rows the same examples in the same order.
+    Resamples examples (whole rows), so the interval respects the paired design.
+    """
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"paired arrays differ in shape: {a.shape} vs {b.shape}")
+    d = (b - a).mean(axis=1)  # per-example difference, averaged over positions
+    idx = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))
+    lo, hi = np.quantile(d[idx].mean(axis=1), [0.025, 0.975])
+    return {"difference": float(d.mean()), "ci": [float(lo), float(hi)]}

@@ -6,6 +6,7 @@ compare.png (accuracy against position, one line per method).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -64,6 +65,7 @@ def run_compare(cfg: SweepConfig, methods: list[str], out: str | Path, resume: b
                         loaded=loaded, progress=progress)
         results.append({"method": m, "label": get_method(m).label, "dir": d.name, "method_config": res.record["method"],
                         "per_position": res.per_position, "summary": res.summary})
+    _add_paired_differences(results, out)
     record = {"config": {**res.config, "method": None}, "model": loaded.info, "methods": results}
     from ..report.plots import plot_compare
 
@@ -72,16 +74,39 @@ def run_compare(cfg: SweepConfig, methods: list[str], out: str | Path, resume: b
     return record
 
 
+def _matrix(path: Path) -> dict:
+    return {(r["example_id"], r["position"]): bool(r["correct"]) for r in map(json.loads, path.read_text().splitlines())}
+
+
+def _add_paired_differences(results: list[dict], out: Path) -> None:
+    """Each method's average minus the first method's, paired over the same examples (bootstrap CI)."""
+    import numpy as np
+
+    from ..core.metrics import paired_difference
+
+    base = _matrix(out / results[0]["dir"] / "examples.jsonl")
+    examples = sorted({k[0] for k in base})
+    positions = [p["position"] for p in results[0]["per_position"]]
+    grid = lambda m: np.array([[m[(e, p)] for p in positions] for e in examples])  # noqa: E731
+    a = grid(base)
+    for r in results:
+        r["vs_first"] = paired_difference(a, grid(_matrix(out / r["dir"] / "examples.jsonl")))
+
+
 def format_compare(record: dict) -> str:
     """Accuracy per position, one row per method, then average and gap (paired-bootstrap 95% CI)."""
     rows = record["methods"]
     positions = [p["position"] for p in rows[0]["per_position"]]
     w = max(12, *(len(r["label"]) for r in rows))
-    head = f"{'method':<{w}} " + " ".join(f"{p:>6}" for p in positions) + f" {'avg':>6} {'gap':>6}  gap 95% CI"
+    first = rows[0]["label"]
+    head = (f"{'method':<{w}} " + " ".join(f"{p:>6}" for p in positions) + f" {'avg':>6} {'gap':>6}  gap 95% CI"
+            + f"        avg - {first} (paired 95% CI)")
     lines = [head]
     for r in rows:
         s = r["summary"]
         accs = " ".join(f"{p['accuracy']:>6.3f}" for p in r["per_position"])
         ci = f"[{s['gap_ci'][0]:.3f}, {s['gap_ci'][1]:.3f}]"
-        lines.append(f"{r['label']:<{w}} {accs} {s['average']:>6.3f} {s['gap']:>6.3f}  {ci}")
+        v = r.get("vs_first")
+        vs = f"{v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" if v else ""
+        lines.append(f"{r['label']:<{w}} {accs} {s['average']:>6.3f} {s['gap']:>6.3f}  {ci:<16}  {vs}")
     return "\n".join(lines)

@@ -82,6 +82,9 @@ def model_dtype(model) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
+_GATHER_ALL_LIMIT = 1 << 18  # groups x position ids gathered at once (e.g. 30 layers x 8k ids)
+
+
 class RopeTables:
     """cos/sin tables for G (inv_freq, position scale) pairs: cos[g, p] = cos((p / scale_g) * inv_freq_g) (eq. 2).
 
@@ -95,6 +98,8 @@ class RopeTables:
         self.scales = torch.tensor([float(s) for s in scales], dtype=torch.float32, device=device)  # (G,)
         self.attention_scaling, self.dtype, self.device = attention_scaling, dtype, device
         self._last: torch.Tensor | None = None
+        self._gathered_ids: torch.Tensor | None = None
+        self._gathered: tuple[torch.Tensor, torch.Tensor] | None = None
         self._build(max(int(size), 1))
 
     @property
@@ -121,17 +126,27 @@ class RopeTables:
             raise PosbiasError(f"negative position id {lo} reached a RoPE table", "pass position_ids = cumsum(mask) - 1, clamped")
         if hi >= self.size:
             self._build(max(hi + 1, 2 * self.size))
+            self._gathered_ids = self._gathered = None
         self._last = position_ids
 
     def lookup(self, position_ids: torch.Tensor, group: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """position_ids (R or 1, T) -> cos, sin (R or 1, T, D); group: one table index or (R, 1) per-row indices."""
+        """position_ids (R or 1, T) -> cos, sin (R or 1, T, D); group: one table index or (R, 1) per-row indices.
+
+        For one table index, the rows of every group are gathered together once per forward (the same
+        position_ids tensor reaches every layer) and each layer takes a view: one gather per forward
+        instead of one per layer, which is what keeps LPES at the cost of the plain model."""
         self.ensure(position_ids)
-        if isinstance(group, int):
+        if not isinstance(group, int):
+            return self.cos[group, position_ids], self.sin[group, position_ids]
+        if self.groups * position_ids.numel() > _GATHER_ALL_LIMIT:  # long prefill: per-layer gathers, less memory
             return self.cos[group][position_ids], self.sin[group][position_ids]
-        return self.cos[group, position_ids], self.sin[group, position_ids]
+        if position_ids is not self._gathered_ids:
+            self._gathered = (self.cos[:, position_ids], self.sin[:, position_ids])  # (G, R, T, D)
+            self._gathered_ids = position_ids
+        return self._gathered[0][group], self._gathered[1][group]
 
     def release(self) -> None:
-        self._last = None
+        self._last = self._gathered_ids = self._gathered = None
 
 
 def replace_position_embeddings(kwargs: dict, cos: torch.Tensor, sin: torch.Tensor) -> dict:
@@ -141,7 +156,9 @@ def replace_position_embeddings(kwargs: dict, cos: torch.Tensor, sin: torch.Tens
         raise PosbiasError(
             "self_attn was called without position_embeddings as a keyword argument", f"use {_FAMILIES}"
         )
-    kwargs["position_embeddings"] = (cos.to(old[0].dtype), sin.to(old[1].dtype))
+    if cos.dtype != old[0].dtype:
+        cos, sin = cos.to(old[0].dtype), sin.to(old[1].dtype)
+    kwargs["position_embeddings"] = (cos, sin)
     return kwargs
 
 
