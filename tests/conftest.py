@@ -58,6 +58,36 @@ def tiny_model(arch: str, vocab: int, max_pos: int = 2048, seed: int = 0):
     return model
 
 
+ROPE_ARCHS = ("llama", "qwen2", "mistral")
+
+
+def position_sensitive(model, q_scale=None):
+    """Random init gives near-uniform attention, where RoPE barely matters; sharpen q.k (and v) so it does.
+
+    q_scale: optional per-layer tensors of per-head extra q factors (heads then differ in sharpness)."""
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            q = layer.self_attn.q_proj.weight
+            extra = 1.0 if q_scale is None else q_scale[i].repeat_interleave(q.shape[0] // len(q_scale[i]))[:, None]
+            q.mul_(4.0 * extra)
+            layer.self_attn.k_proj.weight.mul_(4.0)
+            layer.self_attn.v_proj.weight.mul_(2.0)
+    return model
+
+
+def same_weights_with_rope(model, **rope):
+    """The same weights under a different config.rope_parameters."""
+    cfg = model.config.__class__.from_dict({**model.config.to_dict(), "rope_parameters": rope})
+    other = type(model)(cfg).eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+def random_seqs(lengths, vocab: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
 def tiny_loaded(arch: str = "llama", chat: bool = True, max_pos: int = 2048):
     from posbias.models.load import Loaded
 

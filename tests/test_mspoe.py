@@ -3,12 +3,11 @@
 import pytest
 import torch
 
-from conftest import char_tokenizer, tiny_model
+from conftest import ROPE_ARCHS, char_tokenizer, position_sensitive, random_seqs, same_weights_with_rope, tiny_model
 from posbias.errors import PosbiasError
 from posbias.eval.encode import left_pad
 from posbias.models.mspoe import mspoe, outlier_scores, rank_groups, ratio_ladder
 
-ROPE_ARCHS = ("llama", "qwen2", "mistral")
 VOCAB = len(char_tokenizer(chat=False))
 PAD = 0
 ALL = (0, 1)  # the tiny models have two layers; the default would skip both
@@ -20,25 +19,13 @@ ALL = (0, 1)  # the tiny models have two layers; the default would skip both
 HEAD_SHARPNESS = (torch.tensor([2.0, 2.0, 12.0, 12.0]), torch.tensor([12.0, 2.0, 6.0, 6.0]))
 
 
-def _position_sensitive(model):
-    """Sharpen q.k (and v) so that RoPE, and hence the ratios, visibly matter on a random model."""
-    with torch.no_grad():
-        for layer, sharp in zip(model.model.layers, HEAD_SHARPNESS):
-            q = layer.self_attn.q_proj.weight
-            q.mul_(4.0 * sharp.repeat_interleave(q.shape[0] // len(sharp))[:, None])
-            layer.self_attn.k_proj.weight.mul_(4.0)
-            layer.self_attn.v_proj.weight.mul_(2.0)
-    return model
 
 
 @pytest.fixture(scope="module", params=ROPE_ARCHS)
 def model(request, one_thread):
-    return _position_sensitive(tiny_model(request.param, VOCAB))
+    return position_sensitive(tiny_model(request.param, VOCAB), HEAD_SHARPNESS)
 
 
-def _seqs(lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
 @torch.inference_mode()
@@ -46,11 +33,6 @@ def _logits(model, batch):
     return model(**batch, use_cache=False).logits
 
 
-def _same_model(model, **rope):
-    cfg = model.config.__class__.from_dict({**model.config.to_dict(), "rope_parameters": rope})
-    other = type(model)(cfg).eval()
-    other.load_state_dict(model.state_dict())
-    return other
 
 
 # ----------------------------------------------------------------------------- the math
@@ -82,7 +64,7 @@ def test_outlier_scores_count_sharp_heads():
 
 
 def test_unit_ratios_are_bit_identical(model):
-    batch = left_pad(_seqs([9, 6, 12]), PAD)
+    batch = left_pad(random_seqs([9, 6, 12], VOCAB), PAD)
     base = _logits(model, batch)
     with mspoe(model, 1.0, 1.0, layers=ALL):
         same = _logits(model, batch)
@@ -94,9 +76,9 @@ def test_unit_ratios_are_bit_identical(model):
 
 def test_uniform_ratio_is_linear_interpolation(model):
     r = 1.5
-    batch = left_pad(_seqs([9, 6, 12]), PAD)
+    batch = left_pad(random_seqs([9, 6, 12], VOCAB), PAD)
     theta = model.config.rope_parameters["rope_theta"]
-    pi = _logits(_same_model(model, rope_type="linear", factor=r, rope_theta=theta), batch)
+    pi = _logits(same_weights_with_rope(model, rope_type="linear", factor=r, rope_theta=theta), batch)
     with mspoe(model, r, r, layers=ALL):
         ours = _logits(model, batch)
     real = batch["attention_mask"].bool()
@@ -105,7 +87,7 @@ def test_uniform_ratio_is_linear_interpolation(model):
 
 @torch.inference_mode()
 def test_generation_with_cache_matches_teacher_forcing(model):
-    prompts = left_pad(_seqs([10, 7, 13], seed=1), PAD)
+    prompts = left_pad(random_seqs([10, 7, 13], seed=1, vocab=VOCAB), PAD)
     b, width, n = len(prompts["input_ids"]), prompts["input_ids"].shape[1], 6
     with mspoe(model, 1.2, 1.8, layers=ALL) as ms:
         gen = model.generate(
@@ -126,7 +108,7 @@ def test_generation_with_cache_matches_teacher_forcing(model):
 
 
 def test_gqa_groups_share_one_ratio_and_keep_relative_positions(model):
-    batch = left_pad(_seqs([12, 9], seed=2), PAD)
+    batch = left_pad(random_seqs([12, 9], seed=2, vocab=VOCAB), PAD)
     shifted = {**batch, "position_ids": batch["position_ids"] + 5}
     with mspoe(model, 1.2, 1.8, layers=ALL) as ms:
         out = _logits(model, batch)
@@ -144,7 +126,7 @@ def test_gqa_groups_share_one_ratio_and_keep_relative_positions(model):
 
 
 def test_left_padded_batch_equals_single_rows(model):
-    seqs = _seqs([11, 5, 8], seed=3)
+    seqs = random_seqs([11, 5, 8], seed=3, vocab=VOCAB)
     batch = left_pad(seqs, PAD)
     width = batch["input_ids"].shape[1]
     with mspoe(model, 1.2, 1.8, layers=ALL) as ms:
@@ -157,7 +139,7 @@ def test_left_padded_batch_equals_single_rows(model):
 
 
 def test_eager_backend_reads_the_padding_mask_too(model):
-    batch = left_pad(_seqs([10, 4], seed=4), PAD)
+    batch = left_pad(random_seqs([10, 4], seed=4, vocab=VOCAB), PAD)
     with mspoe(model, 1.2, 1.8, layers=ALL) as ms:
         sdpa, ranks = _logits(model, batch), ms.ranks(1).clone()
     model.set_attn_implementation("eager")
@@ -172,7 +154,7 @@ def test_eager_backend_reads_the_padding_mask_too(model):
 
 
 def test_model_is_restored_on_exit(model):
-    batch = left_pad(_seqs([8, 5], seed=5), PAD)
+    batch = left_pad(random_seqs([8, 5], seed=5, vocab=VOCAB), PAD)
     base = _logits(model, batch)
     impl = model.config._attn_implementation
     with pytest.raises(RuntimeError):

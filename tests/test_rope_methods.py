@@ -3,40 +3,25 @@
 import pytest
 import torch
 
-from conftest import char_tokenizer, tiny_model
+from conftest import ROPE_ARCHS, char_tokenizer, position_sensitive, random_seqs, same_weights_with_rope, tiny_model
 from posbias.errors import PosbiasError
 from posbias.eval.encode import Encoded, left_pad
 from posbias.eval.teacher_forced import score_teacher_forced
 from posbias.models.buckets import TOOLBENCH_BASES, attention_buckets, combine_bucket_logits, default_bases
 from posbias.models.rope import layer_rope_scaling, rope_info, uniform_rope_scaling
 
-ROPE_ARCHS = ("llama", "qwen2", "mistral")
 TOKENIZER = char_tokenizer(chat=False)
 VOCAB = len(TOKENIZER)
 PAD = 0
 
 
-def _position_sensitive(model):
-    """Random init gives near-uniform attention, where RoPE barely matters; sharpen q.k (and v) so it does.
-
-    Without this, generation stays consistent with teacher forcing even when decoding steps get wrong positions.
-    """
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(4.0)
-            layer.self_attn.k_proj.weight.mul_(4.0)
-            layer.self_attn.v_proj.weight.mul_(2.0)
-    return model
 
 
 @pytest.fixture(scope="module", params=ROPE_ARCHS)
 def model(request, one_thread):
-    return _position_sensitive(tiny_model(request.param, VOCAB))
+    return position_sensitive(tiny_model(request.param, VOCAB))
 
 
-def _seqs(lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
 @torch.inference_mode()
@@ -45,12 +30,6 @@ def _logits(model, seqs):
     return model(**left_pad(seqs, PAD), use_cache=False).logits
 
 
-def _same_model(model, **rope):
-    """The same weights under a different config.rope_parameters."""
-    cfg = model.config.__class__.from_dict({**model.config.to_dict(), "rope_parameters": rope})
-    other = type(model)(cfg).eval()
-    other.load_state_dict(model.state_dict())
-    return other
 
 
 def _no_hooks(model):
@@ -105,15 +84,15 @@ def test_factor_checks(model):
 
 
 def test_all_ones_is_bit_identical(model):
-    seqs = _seqs([7, 11])
+    seqs = random_seqs([7, 11], VOCAB)
     base = _logits(model, seqs)
     with layer_rope_scaling(model, [1.0, 1.0]):
         assert torch.equal(_logits(model, seqs), base)
 
 
 def test_uniform_factor_is_linear_rope(model):
-    seqs = _seqs([9, 30])
-    linear = _same_model(model, rope_type="linear", factor=2.5, rope_theta=10000.0)
+    seqs = random_seqs([9, 30], VOCAB)
+    linear = same_weights_with_rope(model, rope_type="linear", factor=2.5, rope_theta=10000.0)
     want = _logits(linear, seqs)
     with uniform_rope_scaling(model, 2.5):
         got = _logits(model, seqs)
@@ -122,7 +101,7 @@ def test_uniform_factor_is_linear_rope(model):
 
 
 def test_left_padding_matches_single_rows(model):
-    seqs = _seqs([5, 9, 13], seed=1)
+    seqs = random_seqs([5, 9, 13], seed=1, vocab=VOCAB)
     with layer_rope_scaling(model, [2.0, 0.5]):
         batch = _logits(model, seqs)
         for i, s in enumerate(seqs):
@@ -130,7 +109,7 @@ def test_left_padding_matches_single_rows(model):
 
 
 def test_generation_with_cache_agrees_with_teacher_forcing(model):
-    prompts = _seqs([6, 10, 3], seed=2)
+    prompts = random_seqs([6, 10, 3], seed=2, vocab=VOCAB)
     with layer_rope_scaling(model, [0.5, 4.0]):
         new = _greedy(model, prompts)
         assert _agrees_with_teacher_forcing(model, prompts, new)
@@ -138,7 +117,7 @@ def test_generation_with_cache_agrees_with_teacher_forcing(model):
 
 
 def test_tables_grow_past_max_positions(model):
-    seqs = _seqs([20], seed=3)
+    seqs = random_seqs([20], seed=3, vocab=VOCAB)
     with layer_rope_scaling(model, [3.0, 1.5]):
         want = _logits(model, seqs)
     with layer_rope_scaling(model, [3.0, 1.5], max_positions=4):
@@ -146,7 +125,7 @@ def test_tables_grow_past_max_positions(model):
 
 
 def test_model_restored_after_exit(model):
-    seqs = _seqs([8, 12], seed=4)
+    seqs = random_seqs([8, 12], seed=4, vocab=VOCAB)
     before = _logits(model, seqs)
     with pytest.raises(RuntimeError, match="boom"):
         with layer_rope_scaling(model, [2.0, 3.0]):
@@ -179,7 +158,7 @@ def test_default_bases_follow_the_original(model):
 
 
 def test_own_base_reduces_to_baseline(model):
-    seqs = _seqs([7, 12], seed=5)
+    seqs = random_seqs([7, 12], seed=5, vocab=VOCAB)
     base = _logits(model, seqs)
     with attention_buckets(model, bases=[10000.0]):
         assert torch.equal(_logits(model, seqs), base)
@@ -188,8 +167,8 @@ def test_own_base_reduces_to_baseline(model):
 
 
 def test_copies_use_their_own_base(model):
-    seqs = _seqs([6, 15], seed=6)
-    other = _same_model(model, rope_type="default", rope_theta=30000.0)
+    seqs = random_seqs([6, 15], seed=6, vocab=VOCAB)
+    other = same_weights_with_rope(model, rope_type="default", rope_theta=30000.0)
     l_own, l_other = _logits(model, seqs), _logits(other, seqs)
     with attention_buckets(model, bases=[30000.0]):
         assert torch.allclose(_logits(model, seqs), l_other, atol=1e-5)
@@ -200,7 +179,7 @@ def test_copies_use_their_own_base(model):
 
 
 def test_buckets_left_padding_matches_single_rows(model):
-    seqs = _seqs([4, 11, 8], seed=7)
+    seqs = random_seqs([4, 11, 8], seed=7, vocab=VOCAB)
     with attention_buckets(model, bases=[10000.0, 18000.0, 25000.0]):
         batch = _logits(model, seqs)
         for i, s in enumerate(seqs):
@@ -208,7 +187,7 @@ def test_buckets_left_padding_matches_single_rows(model):
 
 
 def test_buckets_generation_agrees_with_teacher_forcing(model):
-    prompts = _seqs([5, 9], seed=8)
+    prompts = random_seqs([5, 9], seed=8, vocab=VOCAB)
     with attention_buckets(model, bases=[10000.0, 17500.0, 25000.0]):
         new = _greedy(model, prompts)
         assert new.shape == (2, 6)
@@ -216,7 +195,7 @@ def test_buckets_generation_agrees_with_teacher_forcing(model):
 
 
 def test_buckets_restore_the_model(model):
-    seqs = _seqs([9, 5], seed=9)
+    seqs = random_seqs([9, 5], seed=9, vocab=VOCAB)
     before = _logits(model, seqs)
     with attention_buckets(model):
         _logits(model, seqs)

@@ -31,14 +31,19 @@ def plot_curve(per_position: list[dict], title: str, path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     ax.fill_between(x, lo, hi, alpha=0.25, label="95% CI (Wilson)")
     ax.plot(x, y, marker="o", label="accuracy")
+    _position_axes(ax, x, title, legend_size=8)
+    save_figure(fig, path)
+
+
+def _position_axes(ax, x: list[int], title: str, legend_size: int) -> None:
+    """Accuracy (0-1) against gold position, ticks at the positions swept."""
     ax.set_xlabel("position of the gold item (0 = first)")
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xticks(x)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    save_figure(fig, path)
+    ax.legend(fontsize=legend_size, loc="best")
 
 
 def plot_compare(results: list[dict], title: str, path: str | Path) -> None:
@@ -49,11 +54,5 @@ def plot_compare(results: list[dict], title: str, path: str | Path) -> None:
         x = [p["position"] for p in per]
         line, = ax.plot(x, [p["accuracy"] for p in per], marker="o", label=f"{r['label']} (avg {r['summary']['average']:.2f})")
         ax.fill_between(x, [p["ci_low"] for p in per], [p["ci_high"] for p in per], alpha=0.12, color=line.get_color())
-    ax.set_xlabel("position of the gold item (0 = first)")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_xticks(x)
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    _position_axes(ax, x, title, legend_size=7)
     save_figure(fig, path)
