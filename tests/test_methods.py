@@ -181,3 +181,17 @@ def test_cli_bad_input_names_the_fix(model_dir, tmp_path):
     assert r.returncode == 2 and "expected 3 numbers" in r.stderr
     r = _cli("lpes", "search", "--model", str(model_dir), "--y-init", "3", "--out", str(tmp_path / "l"))
     assert r.returncode == 2 and "posbias: error:" in r.stderr and not (tmp_path / "l" / "factors.json").exists()
+
+
+def test_evals_are_reused_only_under_the_same_fitness(model_dir, loaded, tmp_path):
+    from dataclasses import replace
+
+    from posbias.methods.lpes.search import Fitness, make_space
+
+    cfg = _search_cfg(model_dir)
+    run_search(cfg, tmp_path / "a", progress=False, loaded=loaded)
+    space = make_space(cfg, 2)
+    more_generations = replace(cfg, ga=replace(cfg.ga, generations=7))
+    assert len(Fitness(more_generations, loaded, space, tmp_path / "a").seen) > 0  # the GA budget does not change fitness
+    assert len(Fitness(replace(cfg, n=3), loaded, space, tmp_path / "a").seen) == 0  # another search split does
+    assert len(Fitness(replace(cfg, weights=(0.5, 0.25, 0.25)), loaded, space, tmp_path / "a").seen) == 0

@@ -88,6 +88,7 @@ class Fitness:
         examples = task.examples(cfg.n, cfg.seed, cfg.skip)
         self.rows = build_rows(loaded, task, examples, self.positions, use_chat(loaded, cfg.chat))
         check_window(self.rows, loaded.context_window, self.engine, self.max_new)
+        self.fit_key = fitness_key(cfg, loaded)
         self.seen: dict[str, dict] = {}
         self.log = out / "evals.jsonl" if out is not None else None
         if self.log is not None and self.log.exists():
@@ -96,7 +97,8 @@ class Fitness:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
                     break  # a torn last line from a kill
-                self.seen[rec["key"]] = rec
+                if rec.get("fit_key") == self.fit_key:  # scored under the same data, model and curve
+                    self.seen[rec["key"]] = rec
 
     def accuracies(self, factors: list[float]) -> list[float]:
         """Accuracy at the beginning, middle and end positions under these per-layer factors."""
@@ -117,7 +119,8 @@ class Fitness:
             factors = [float(f) for f in self.space.factors(ind)]
             acc = self.accuracies(factors)
             fit = sum(w * a for w, a in zip(self.cfg.weights, acc))  # Sec. 3.2
-            self.seen[key] = {"key": key, "individual": list(ind), "factors": factors, "acc": acc, "fitness": fit}
+            self.seen[key] = {"key": key, "individual": list(ind), "factors": factors, "acc": acc, "fitness": fit,
+                              "fit_key": self.fit_key}
         return self.seen[key]
 
     def __call__(self, inds: list) -> list[float]:
@@ -153,6 +156,18 @@ def _state():
 def _is_main() -> bool:
     st = _state()
     return st is None or st.is_main_process
+
+
+def fitness_key(cfg: SearchConfig, loaded: Loaded) -> str:
+    """What an individual's fitness depends on: model, data split, weights, scoring and the genes -> factors
+    map (curve, points, y grid), but not the GA's budget, so evals.jsonl stays valid when only that changes."""
+    import hashlib
+
+    d = cfg.to_dict()
+    ga = {k: d["ga"][k] for k in ("curve", "n_points", "y_min", "y_max", "y_step")}
+    keep = {k: v for k, v in d.items() if k not in ("ga", "budget")}
+    blob = json.dumps({"cfg": keep, "ga": ga, "model": loaded.info}, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
 def make_space(cfg: SearchConfig, n_layers: int):
