@@ -44,6 +44,11 @@ class LayerScaling(Method):
         self.factors = _positive([float(f) for f in factors], "per-layer factors")
         self.name, self.source, self.extra = name, source, extra or {}
 
+    @property
+    def label(self) -> str:
+        curve = self.extra.get("curve")
+        return f"{self.name} ({curve})" if curve and curve != "bezier" else self.name
+
     def config(self) -> dict:
         return {"name": self.name, "factors": self.factors, "source": self.source, **self.extra}
 
