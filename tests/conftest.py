@@ -88,6 +88,18 @@ def random_seqs(lengths, vocab: int, seed: int = 0):
     return [torch.randint(4, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
+def save_tiny_llama(d):
+    """A tiny Llama with q.k sharpened x16 (so the gold position changes the output), saved as an HF dir."""
+    lo = tiny_loaded("llama")
+    with torch.no_grad():
+        for layer in lo.model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(4)
+            layer.self_attn.k_proj.weight.mul_(4)
+    lo.model.save_pretrained(d)
+    lo.tokenizer.save_pretrained(d)
+    return d
+
+
 def tiny_loaded(arch: str = "llama", chat: bool = True, max_pos: int = 2048):
     from posbias.models.load import Loaded
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from conftest import tiny_loaded
+from conftest import save_tiny_llama
 from posbias.core.ga import GAConfig, GeneticSearch
 from posbias.errors import PosbiasError
 from posbias.eval.compare import format_compare, run_compare
@@ -21,15 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-llama-methods")
-    lo = tiny_loaded("llama")
-    with torch.no_grad():  # sharpen attention so RoPE changes matter (random init is near uniform)
-        for layer in lo.model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(4)
-            layer.self_attn.k_proj.weight.mul_(4)
-    lo.model.save_pretrained(d)
-    lo.tokenizer.save_pretrained(d)
-    return d
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-methods"))
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from conftest import tiny_loaded
+from conftest import save_tiny_llama, tiny_loaded
 from posbias.core.losses import alignment_weights, ce_loss, pos2distill_loss, token_kl
 from posbias.errors import PosbiasError
 from posbias.methods.pos2distill import DistillConfig, build_trainer, run_distill
@@ -28,15 +28,7 @@ TASK_OPTS = {"facts": 4, "digits": 3}
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-llama-distill")
-    lo = tiny_loaded("llama")
-    with torch.no_grad():  # sharpen attention so the gold position changes the output
-        for layer in lo.model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(4)
-            layer.self_attn.k_proj.weight.mul_(4)
-    lo.model.save_pretrained(d)
-    lo.tokenizer.save_pretrained(d)
-    return d
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-distill"))
 
 
 def _cfg(**kw) -> DistillConfig:
