@@ -5,6 +5,7 @@ one real SmolLM2 test (marked `real`)."""
 import ast
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -273,6 +274,18 @@ def test_cli_writes_a_model_dir_that_load_model_reads(model_dir, tmp_path):
     base = load_model(str(model_dir), "fp32")
     ids = torch.tensor([[5, 6, 7, 8]])
     assert not torch.equal(new.model(input_ids=ids).logits, base.model(input_ids=ids).logits)
+    # posbias compare reads the model directory beside the base model, on the same held-out examples ...
+    from posbias.eval.compare import run_compare
+    from posbias.eval.sweep import SweepConfig
+
+    sweep = SweepConfig(task="kv-lookup", task_options=TASK_OPTS, positions="0,3", n=3, dtype="fp32", max_batch=8)
+    rec = run_compare(sweep, ["none"], tmp_path / "cmp", progress=False, models=[str(model_dir), str(out / "model")])
+    assert [m["label"] for m in rec["methods"]] == [str(model_dir), "run"]
+    assert rec["methods"][1]["vs_first"] is not None and (tmp_path / "cmp" / "compare.png").exists()
+    # ... and refuses examples it was trained on (2000, 2001)
+    with pytest.raises(PosbiasError, match="trained on examples 2000..2001") as e:
+        run_compare(replace(sweep, skip=1999), ["none"], tmp_path / "c2", progress=False, models=[str(out / "model")])
+    assert "--skip 2002" in e.value.fix
 
 
 def test_lora_run_saves_a_merged_plain_model(model_dir, tmp_path):

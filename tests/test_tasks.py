@@ -117,6 +117,20 @@ def test_jsonl_task_roundtrip(tmp_path):
     assert "Document [3](Title: ) gold A" in pr.user and pr.answers == ("A",)
 
 
+def test_answers_first_keeps_only_the_canonical_answer(tmp_path):
+    rec = {"question": "q?", "answers": ["A", "a.", "Ay"], "documents": ["x", "gold A"], "gold": 1}
+    p = _write(tmp_path / "d.jsonl", [rec])
+    every, first = get_task(f"jsonl:{p}"), get_task(f"jsonl:{p}", answers="first")
+    assert every.build(every._example(0), 0).answers == ("A", "a.", "Ay")
+    assert first.build(first._example(0), 0).answers == ("A",)
+    assert first.config()["answers"] == "first" and every.config()["answers"] == "all"  # part of the fitness key
+    with pytest.raises(PosbiasError, match="unknown answers mode") as e:
+        get_task(f"jsonl:{p}", answers="canonical")
+    assert "all, first" in e.value.fix
+    with pytest.raises(PosbiasError, match="does not take --answers"):
+        get_task("kv-lookup", answers="first")
+
+
 @pytest.mark.parametrize(
     "bad, message",
     [

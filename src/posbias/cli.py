@@ -42,6 +42,7 @@ def sweep(
     digits: Optional[int] = typer.Option(None, help="kv-lookup: digits per key/value (default 6)"),
     docs: Optional[int] = typer.Option(None, help="nq: 10 or 20 documents (default 10)"),
     pairs: Optional[int] = typer.Option(None, help="kv-uuid: key-value pairs (75/140 from files; default 75)"),
+    answers: Optional[str] = typer.Option(None, help="nq/jsonl: all | first (only the 1st gold answer counts)"),
     skip: int = typer.Option(0, help="skip the first SKIP examples of the order (disjoint splits)"),
     max_new_tokens: Optional[int] = typer.Option(None, help="generate: token limit (default: the task's)"),
     chat: str = typer.Option("auto", help="use the chat template: auto | on | off"),
@@ -58,7 +59,7 @@ def sweep(
     """Put the gold item at each position in turn, score the model, report the curve."""
     from .eval.sweep import SweepConfig, format_table, run_sweep
 
-    opts = {"facts": facts, "digits": digits, "docs": docs, "pairs": pairs}
+    opts = {"facts": facts, "digits": digits, "docs": docs, "pairs": pairs, "answers": answers}
     cfg = SweepConfig(
         model=model, task=task, task_options={k: v for k, v in opts.items() if v is not None},
         positions=positions, n=n, seed=seed, skip=skip, engine=engine, max_new_tokens=max_new_tokens,
@@ -74,8 +75,10 @@ def sweep(
 
 @app.command()
 def compare(
-    methods: str = typer.Option(..., help="comma list of method specs, e.g. none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json"),
+    methods: str = typer.Option("none", help="comma list of method specs, e.g. none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json"),
     model: str = typer.Option("smollm2-135m", help="registered name, HF model dir or hub id, or a .gguf file"),
+    models: Optional[str] = typer.Option(None, help="comma list of models (e.g. smollm2-135m,runs/p2d/model): "
+                                                   "every model with every method; overrides --model"),
     task: str = typer.Option("kv-lookup", help="kv-lookup | kv-uuid | nq | jsonl:PATH"),
     positions: str = typer.Option("all", help="all | 0,4,9 | 0%,50%,100%"),
     n: int = typer.Option(100, help="examples per position"),
@@ -86,6 +89,7 @@ def compare(
     facts: Optional[int] = typer.Option(None, help="kv-lookup: number of facts (default 10)"),
     docs: Optional[int] = typer.Option(None, help="nq: 10 or 20 documents (default 10)"),
     pairs: Optional[int] = typer.Option(None, help="kv-uuid: key-value pairs"),
+    answers: Optional[str] = typer.Option(None, help="nq/jsonl: all | first (only the 1st gold answer counts)"),
     chat: str = typer.Option("auto", help="use the chat template: auto | on | off"),
     dtype: str = typer.Option("bf16", help="bf16 | fp32"),
     device: str = typer.Option("cpu", help="cpu | cuda | auto"),
@@ -94,16 +98,19 @@ def compare(
     overwrite: bool = typer.Option(False, "--overwrite", help="discard what OUT holds and start again"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bars"),
 ) -> None:
-    """Run several methods on the same examples; one table (per position, average, gap) and one plot."""
+    """Run several methods (and models) on the same examples; one table (per position, average, gap) and one plot."""
     from .eval.compare import format_compare, run_compare
     from .eval.sweep import SweepConfig
 
-    opts = {"facts": facts, "docs": docs, "pairs": pairs}
+    opts = {"facts": facts, "docs": docs, "pairs": pairs, "answers": answers}
     cfg = SweepConfig(model=model, task=task, task_options={k: v for k, v in opts.items() if v is not None},
                       positions=positions, n=n, seed=seed, skip=skip, engine=engine, chat=chat, dtype=dtype,
                       device=device, data_dir=str(data_dir) if data_dir else None)
+    model_list = [m.strip() for m in models.split(",") if m.strip()] if models else None
+    if model_list:
+        cfg.model = model_list[0]
     rec = run_compare(cfg, [m.strip() for m in methods.split(",") if m.strip()], out, resume=resume,
-                      overwrite=overwrite, progress=not quiet)
+                      overwrite=overwrite, progress=not quiet, models=model_list)
     typer.echo(format_compare(rec))
     typer.echo(f"wrote {out}/compare.json, compare.png and one sweep directory per method")
 

@@ -60,6 +60,7 @@ def search(
     facts: Optional[int] = typer.Option(None, help="kv-lookup: facts (default 10)"),
     docs: Optional[int] = typer.Option(None, help="nq: 10 or 20 documents"),
     pairs: Optional[int] = typer.Option(None, help="kv-uuid: pairs"),
+    answers: Optional[str] = typer.Option(None, help="nq/jsonl: all | first (only the 1st gold answer counts)"),
     engine: Optional[str] = typer.Option(None, help="teacher-forced | generate (default: the task's)"),
     chat: str = typer.Option("auto", help="auto | on | off"),
     dtype: str = typer.Option("bf16", help="bf16 | fp32"),
@@ -81,7 +82,7 @@ def search(
     ga = GAConfig(pop_size=pop_size, n_parents=parents, n_crossover=crossovers, n_mutation=mutations,
                   generations=p["generations"], mx=mx, my=p["my"], n_points=points, y_min=p["y_min"], y_max=p["y_max"],
                   y_step=p["y_step"], y_init=p["y_init"], curve=curve, seed=seed)
-    opts = {"facts": facts, "docs": docs, "pairs": pairs}
+    opts = {"facts": facts, "docs": docs, "pairs": pairs, "answers": answers}
     pos = _floats(positions, 3)
     cfg = SearchConfig(model=model, task=task, task_options={k: v for k, v in opts.items() if v is not None}, n=p["n"],
                        seed=seed, skip=skip, positions=tuple(int(x) for x in pos) if pos else None,

@@ -1,7 +1,9 @@
-"""Several methods on the same examples: one sweep per method (each resumable), one table, one plot.
+"""Several methods (and models) on the same examples: one sweep per entry (each resumable), one table, one plot.
 
-Files in OUT: <slug>/ per method (a normal sweep directory), compare.json (atomic, last),
-compare.png (accuracy against position, one line per method).
+An entry is a method spec applied to a model; `models` (e.g. the base model and the model
+directories `posbias distill` writes) gives one entry per model and method. Files in OUT:
+<slug>/ per entry (a normal sweep directory), compare.json (atomic, last), compare.png
+(accuracy against position, one line per entry).
 """
 
 from __future__ import annotations
@@ -40,36 +42,77 @@ def check_disjoint(cfg: SweepConfig, methods: list[str]) -> None:
                 " asked for here", f"report on held-out examples, e.g. --skip {hi}, or --n {max(lo - cfg.skip, 0)}")
 
 
+def _distill_record(model: str) -> dict | None:
+    """distill.json beside a model directory that `posbias distill` wrote (OUT/model), else None."""
+    p = Path(model).parent / "distill.json"
+    return json.loads(p.read_text()) if Path(model).is_dir() and p.exists() else None
+
+
+def model_label(model: str) -> str:
+    """`runs/p2d/full/model` (a distill output) -> `full`; anything else unchanged."""
+    return Path(model).parent.name if _distill_record(model) else model
+
+
+def check_disjoint_training(cfg: SweepConfig, models: list[str]) -> None:
+    """Refuse to report a distilled model on the examples it was trained on."""
+    for mo in models:
+        rec = _distill_record(mo)
+        split = (rec or {}).get("data", {}).get("train_split")
+        if not split or split.get("task") != cfg.task or split.get("seed") != cfg.seed:
+            continue
+        lo, hi = split["skip"], split["skip"] + split["n"]
+        if lo < cfg.skip + cfg.n and cfg.skip < hi:
+            raise PosbiasError(
+                f"{mo} was trained on examples {lo}..{hi - 1} of {cfg.task}, which overlap the "
+                f"{cfg.skip}..{cfg.skip + cfg.n - 1} asked for here",
+                f"report on held-out examples, e.g. --skip {hi}, or --n {max(lo - cfg.skip, 0)}")
+
+
 def run_compare(cfg: SweepConfig, methods: list[str], out: str | Path, resume: bool = False,
-                overwrite: bool = False, progress: bool = True) -> dict:
-    """Run `cfg` once per method spec (model loaded once); write compare.json last."""
+                overwrite: bool = False, progress: bool = True, models: list[str] | None = None) -> dict:
+    """Run `cfg` once per (model, method) entry (each model loaded once); write compare.json last.
+
+    models: None = cfg.model only (entries are named by method); several = every model with every method."""
     from ..methods import get_method
 
     if not methods:
         raise PosbiasError("no methods given", "pass --methods none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json")
     if len(set(methods)) != len(methods):
         raise PosbiasError(f"a method is listed twice in {','.join(methods)}", "list each method once")
+    if models is not None and (not models or len(set(models)) != len(models)):
+        raise PosbiasError(f"--models must list distinct models, got {','.join(models)}", "list each model once")
     for m in methods:
         get_method(m)  # fail on a bad spec before any work
     check_disjoint(cfg, methods)
+    check_disjoint_training(cfg, models or [cfg.model])
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise PosbiasError(f"--out {out} is a file", "pass a directory path")
     (out / "compare.json").unlink(missing_ok=True)
-    loaded = load_model(cfg.model, cfg.dtype, cfg.device)
-    results = []
-    for m in methods:
-        d = out / slug(m)
-        started = (d / "sweep.json").exists() or (d / "sweep.partial.json").exists()
-        res = run_sweep(replace(cfg, method=m), d, resume=resume and started, overwrite=overwrite,
-                        loaded=loaded, progress=progress)
-        results.append({"method": m, "label": get_method(m).label, "dir": d.name, "method_config": res.record["method"],
-                        "per_position": res.per_position, "summary": res.summary})
+    named = models is not None
+    results, infos = [], {}
+    for mo in models or [cfg.model]:
+        loaded = load_model(mo, cfg.dtype, cfg.device)
+        infos[mo] = loaded.info
+        for m in methods:
+            label = get_method(m).label
+            if named:
+                label = model_label(mo) if m == "none" else f"{model_label(mo)} + {label}"
+            d = out / (slug(f"{model_label(mo)}@{m}") if named else slug(m))
+            started = (d / "sweep.json").exists() or (d / "sweep.partial.json").exists()
+            res = run_sweep(replace(cfg, model=mo, method=m), d, resume=resume and started, overwrite=overwrite,
+                            loaded=loaded, progress=progress)
+            results.append({"model": mo, "method": m, "label": label, "dir": d.name,
+                            "method_config": res.record["method"], "per_position": res.per_position,
+                            "summary": res.summary})
+        del loaded
     _add_paired_differences(results, out)
-    record = {"config": {**res.config, "method": None}, "model": loaded.info, "methods": results}
+    record = {"config": {**res.config, "method": None, "model": None if named else cfg.model},
+              "model": infos[cfg.model] if not named else None, "models": infos, "methods": results}
     from ..report.plots import plot_compare
 
-    plot_compare(results, f"{cfg.task} on {cfg.model} (n={cfg.n}, {res.config['engine']})", out / "compare.png")
+    what = ", ".join(model_label(mo) for mo in models) if named else cfg.model
+    plot_compare(results, f"{cfg.task} on {what} (n={cfg.n}, {res.config['engine']})", out / "compare.png")
     write_json_atomic(out / "compare.json", record, indent=2)  # last: its presence means "complete"
     return record
 

@@ -11,12 +11,12 @@ from .kv_uuid import KVUUID
 TASKS = {
     "kv-lookup": "N facts 'The code for 482913 is 771204.' and a question about one (options: facts, digits)",
     "kv-uuid": "Lost in the Middle JSON UUID key-value retrieval (option: pairs; 75/140 read the shared files)",
-    "nq": "Lost in the Middle NQ-open multi-document QA (option: docs = 10 or 20)",
-    "jsonl:PATH": "your own multi-document QA data (see the schema with `posbias tasks`)",
+    "nq": "Lost in the Middle NQ-open multi-document QA (options: docs = 10 or 20; answers = all | first)",
+    "jsonl:PATH": "your own multi-document QA data (see the schema with `posbias tasks`; option: answers)",
 }
 
 # which option each task accepts (CLI name -> constructor keyword)
-_OPTIONS = {"kv-lookup": {"facts", "digits"}, "kv-uuid": {"pairs"}, "nq": {"docs"}, "jsonl": set()}
+_OPTIONS = {"kv-lookup": {"facts", "digits"}, "kv-uuid": {"pairs"}, "nq": {"docs", "answers"}, "jsonl": {"answers"}}
 
 
 def get_task(spec: str, data_dir: str | None = None, **options) -> Task:
@@ -40,7 +40,7 @@ def get_task(spec: str, data_dir: str | None = None, **options) -> Task:
     path = spec[len("jsonl:") :]
     if not path:
         raise PosbiasError("jsonl: needs a path", "use --task jsonl:path/to/data.jsonl")
-    return jsonl_task(path)
+    return jsonl_task(path, **options)
 
 
 __all__ = [
