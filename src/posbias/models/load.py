@@ -139,6 +139,13 @@ def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "c
                 "pass a registered name, a model directory, or a .gguf path (this machine may be offline)",
             ) from e
         raise PosbiasError(f"could not load model '{name}': {e}", "check that the files are complete") from e
+    if gguf:
+        # transformers de-quantizes GGUF weights into plain float Linear layers but keeps the quantizer
+        # marker (hf_quantizer / is_quantized), so Trainer would refuse to train the model and
+        # save_pretrained would write a quantization_config; the quantizer's own method clears it.
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:
+            quantizer.remove_quantization_config(model)
     model.to(dev).eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

@@ -172,27 +172,17 @@ def make_student(model, lora: dict | None, copy_base: bool):
     copy when copy_base, so a caller's model stays untouched), adapters in float32; teacher None.
     """
     if lora is None:
-        student = _float_weights(copy.deepcopy(model).to(torch.float32))
+        student = copy.deepcopy(model).to(torch.float32)
         student.train()
         return student, model.eval()
     from peft import LoraConfig, get_peft_model
 
-    base = _float_weights(copy.deepcopy(model) if copy_base else model)
+    base = copy.deepcopy(model) if copy_base else model
     cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                      target_modules=lora["targets"], task_type="CAUSAL_LM")
     student = get_peft_model(base, cfg, autocast_adapter_dtype=True)
     student.train()
     return student, None
-
-
-def _float_weights(model):
-    """Drop the quantizer marker of a GGUF-loaded model: transformers de-quantizes GGUF weights into plain
-    float Linear layers but keeps `hf_quantizer`/`is_quantized`, so Trainer would refuse to train it and
-    save_pretrained would write a quantization_config. The quantizer's own remove_quantization_config clears it."""
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:
-        quantizer.remove_quantization_config(model)
-    return model
 
 
 def step_plan(batch_size: int, rows_per_question: int, micro_batch: int, world: int = 1) -> dict:
