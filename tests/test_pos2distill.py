@@ -288,6 +288,17 @@ def test_cli_writes_a_model_dir_that_load_model_reads(model_dir, tmp_path):
     assert "--skip 2002" in e.value.fix
 
 
+def test_cli_rejects_an_unknown_preset(tmp_path):
+    from typer.testing import CliRunner
+
+    from posbias.cli_distill import distill_app
+
+    res = CliRunner().invoke(distill_app, ["r1", "--preset", "fast", "--out", str(tmp_path / "x")])
+    assert isinstance(res.exception, PosbiasError) and "unknown preset 'fast'" in str(res.exception)
+    assert "cpu, paper" in res.exception.fix or "paper, cpu" in res.exception.fix
+    assert not (tmp_path / "x").exists()
+
+
 def test_lora_run_saves_a_merged_plain_model(model_dir, tmp_path):
     r = run_distill(_cfg(lora=True, lora_r=4, lr=1e-2, max_steps=2), tmp_path, progress=False,
                     loaded=load_model(str(model_dir), "fp32"))

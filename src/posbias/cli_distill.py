@@ -8,6 +8,11 @@ from typing import Optional
 
 import typer
 
+# Presets. paper: Appendix C (300 questions, lr 3e-6, batch 32, 2 epochs). cpu: SmolLM2 on 2 cores, sized by
+# measurement (docs/pos2distill.md): a 30-row step of kv-lookup costs ~25 s at one thread, so 64 questions x 2 epochs
+# = 26 steps take ~12 min; at the paper's lr 26 steps barely move a 135M model, so the cpu preset uses 1e-4.
+PRESETS = {"paper": {"n": 300, "lr": 3e-6}, "cpu": {"n": 64, "lr": 1e-4}}
+
 distill_app = typer.Typer(no_args_is_help=True, help="Train a model to lose its position bias (Pos2Distill, SFT, SeqKD).")
 
 
@@ -23,13 +28,14 @@ def r1(
     out: Path = typer.Option(Path("runs/distill"), help="output directory (data, checkpoints, model/, distill.json)"),
     method: str = typer.Option("pos2distill", help="pos2distill | sft (gold answers) | seqkd (teacher responses, CE)"),
     ablation: str = typer.Option("full", help="pos2distill: kl | kl+align | full (= kl + align + anchoring)"),
-    n: int = typer.Option(300, help="training questions (Appendix C: 300)"),
+    preset: str = typer.Option("cpu", help="cpu (64 questions, lr 1e-4; docs/pos2distill.md) | paper (300, lr 3e-6)"),
+    n: Optional[int] = typer.Option(None, help="training questions (default: the preset's; Appendix C: 300)"),
     k: int = typer.Option(5, help="trivial positions per question (Sec. 5.2.2: 4-6)"),
     anchor: str = typer.Option("0", help="advantageous slot: a number, or auto:PATH (best slot of a sweep.json)"),
     correct_only: bool = typer.Option(True, "--correct-only/--keep-all",
                                       help="keep only questions answered correctly at the anchor (released code)"),
     lora: bool = typer.Option(False, "--lora/--full", help="LoRA adapters (merged at the end) or full fine-tuning (paper)"),
-    lr: Optional[float] = typer.Option(None, help="learning rate (default 3e-6 full, as the paper; 1e-4 LoRA)"),
+    lr: Optional[float] = typer.Option(None, help="learning rate (default: the preset's for full fine-tuning; 1e-4 LoRA)"),
     batch_size: int = typer.Option(32, help="training sequences per optimizer step (paper 32); whole questions kept"),
     micro_batch: int = typer.Option(0, help="questions per forward (0: a whole step); smaller saves memory"),
     epochs: float = typer.Option(2.0, help="epochs (paper 2)"),
@@ -52,8 +58,14 @@ def r1(
     quiet: bool = typer.Option(False, "--quiet", help="no progress bars"),
 ) -> None:
     """Distil the anchor slot's behaviour into the other slots; write OUT/model (load it with --model OUT/model)."""
+    from .errors import PosbiasError
     from .methods.pos2distill import DistillConfig, run_distill
 
+    if preset not in PRESETS:
+        raise PosbiasError(f"unknown preset {preset!r}", f"use one of {', '.join(PRESETS)}")
+    n = n if n is not None else PRESETS[preset]["n"]
+    if lr is None and not lora:
+        lr = PRESETS[preset]["lr"]
     opts = {"facts": facts, "digits": digits, "docs": docs, "pairs": pairs}
     cfg = DistillConfig(
         model=model, task=task, task_options={a: v for a, v in opts.items() if v is not None},
