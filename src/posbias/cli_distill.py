@@ -38,6 +38,8 @@ def r1(
     lr: Optional[float] = typer.Option(None, help="learning rate (default: the preset's for full fine-tuning; 1e-4 LoRA)"),
     batch_size: int = typer.Option(32, help="training sequences per optimizer step (paper 32); whole questions kept"),
     micro_batch: int = typer.Option(0, help="questions per forward (0: a whole step); smaller saves memory"),
+    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing",
+                                                help="recompute activations in the backward pass (less memory, ~30% slower)"),
     epochs: float = typer.Option(2.0, help="epochs (paper 2)"),
     max_steps: int = typer.Option(0, help="stop after this many optimizer steps (0: use --epochs)"),
     lam: float = typer.Option(1.0, help="lambda, the weight of the anchoring loss (paper 1)"),
@@ -72,7 +74,7 @@ def r1(
         data_dir=str(data_dir) if data_dir else None, method=method, ablation=ablation, n=n, k=k, anchor=anchor,
         correct_only=correct_only, skip=skip, seed=seed, chat=chat, max_new_tokens=max_new_tokens, lora=lora, lr=lr,
         batch_size=batch_size, micro_batch=micro_batch, epochs=epochs, max_steps=max_steps, lam=lam, dtype=dtype,
-        device=device, save_steps=save_steps,
+        device=device, save_steps=save_steps, gradient_checkpointing=gradient_checkpointing,
     )
     typer.echo(f"loading {model} ({dtype}, {device}) ...", err=True)
     res = run_distill(cfg, out, resume=resume, overwrite=overwrite, progress=not quiet)
