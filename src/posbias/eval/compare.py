@@ -142,7 +142,8 @@ def format_compare(record: dict) -> str:
     positions = [p["position"] for p in rows[0]["per_position"]]
     w = max(12, *(len(r["label"]) for r in rows))
     first = rows[0]["label"]
-    head = (f"{'method':<{w}} " + " ".join(f"{p:>6}" for p in positions) + f" {'avg':>6} {'gap':>6}  gap 95% CI"
+    what = "method" if record["config"].get("model") else "model"  # compare --models: entries are models
+    head = (f"{what:<{w}} " + " ".join(f"{p:>6}" for p in positions) + f" {'avg':>6} {'gap':>6}  gap 95% CI"
             + f"        avg - {first} (paired 95% CI)")
     lines = [head]
     for r in rows:
