@@ -254,6 +254,24 @@ def test_gradient_accumulation_matches_one_big_batch(model_dir, tmp_path):
     assert logs[1]["loss"] == pytest.approx(logs[0]["loss"], rel=1e-4)
 
 
+def test_gradient_checkpointing_changes_memory_not_the_step(model_dir, tmp_path):
+    """--gradient-checkpointing recomputes activations: same loss and gradient norm as a plain step."""
+    cfg = dict(n=2, batch_size=4, epochs=1, lr=1e-3)
+    run_distill(_cfg(**cfg), tmp_path / "plain", progress=False, loaded=load_model(str(model_dir), "fp32"))
+    seen = []
+
+    class Probe(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kw):
+            seen.append(model.is_activation_checkpointing)
+
+    run_distill(_cfg(gradient_checkpointing=True, **cfg), tmp_path / "gc", progress=False,
+                loaded=load_model(str(model_dir), "fp32"), callbacks=[Probe()])
+    assert seen and all(seen)
+    logs = [json.loads((tmp_path / d / "train_log.json").read_text())[0] for d in ("plain", "gc")]
+    assert logs[1]["loss"] == pytest.approx(logs[0]["loss"], rel=1e-5)
+    assert logs[1]["grad_norm"] == pytest.approx(logs[0]["grad_norm"], rel=1e-4)
+
+
 def test_cli_writes_a_model_dir_that_load_model_reads(model_dir, tmp_path):
     from typer.testing import CliRunner
 
