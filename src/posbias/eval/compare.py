@@ -24,22 +24,25 @@ def slug(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", spec).strip("-") or "none"
 
 
+def _refuse_overlap(cfg: SweepConfig, split: dict | None, what: str) -> None:
+    """Raise if `split` (task, seed, skip, n: examples a search or training used) overlaps cfg's examples."""
+    if not split or split.get("task") != cfg.task or split.get("seed") != cfg.seed:
+        return
+    lo, hi = split["skip"], split["skip"] + split["n"]
+    if lo < cfg.skip + cfg.n and cfg.skip < hi:
+        raise PosbiasError(
+            f"{what} on examples {lo}..{hi - 1} of {cfg.task}, which overlap the {cfg.skip}..{cfg.skip + cfg.n - 1}"
+            " asked for here", f"report on held-out examples, e.g. --skip {hi}, or --n {max(lo - cfg.skip, 0)}")
+
+
 def check_disjoint(cfg: SweepConfig, methods: list[str]) -> None:
     """Refuse to report LPES on the examples its factors were searched on."""
     from ..methods.scaling import read_factors
 
     for m in methods:
         name, _, arg = m.partition(":")
-        if name not in ("lpes", "pi") or not arg or not (Path(arg).exists()):
-            continue
-        split = read_factors(arg).get("search_split")
-        if not split or split.get("task") != cfg.task or split.get("seed") != cfg.seed:
-            continue
-        lo, hi = split["skip"], split["skip"] + split["n"]
-        if lo < cfg.skip + cfg.n and cfg.skip < hi:
-            raise PosbiasError(
-                f"{m} was searched on examples {lo}..{hi - 1} of {cfg.task}, which overlap the {cfg.skip}..{cfg.skip + cfg.n - 1}"
-                " asked for here", f"report on held-out examples, e.g. --skip {hi}, or --n {max(lo - cfg.skip, 0)}")
+        if name in ("lpes", "pi") and arg and Path(arg).exists():
+            _refuse_overlap(cfg, read_factors(arg).get("search_split"), f"{m} was searched")
 
 
 def _distill_record(model: str) -> dict | None:
@@ -56,16 +59,7 @@ def model_label(model: str) -> str:
 def check_disjoint_training(cfg: SweepConfig, models: list[str]) -> None:
     """Refuse to report a distilled model on the examples it was trained on."""
     for mo in models:
-        rec = _distill_record(mo)
-        split = (rec or {}).get("data", {}).get("train_split")
-        if not split or split.get("task") != cfg.task or split.get("seed") != cfg.seed:
-            continue
-        lo, hi = split["skip"], split["skip"] + split["n"]
-        if lo < cfg.skip + cfg.n and cfg.skip < hi:
-            raise PosbiasError(
-                f"{mo} was trained on examples {lo}..{hi - 1} of {cfg.task}, which overlap the "
-                f"{cfg.skip}..{cfg.skip + cfg.n - 1} asked for here",
-                f"report on held-out examples, e.g. --skip {hi}, or --n {max(lo - cfg.skip, 0)}")
+        _refuse_overlap(cfg, (_distill_record(mo) or {}).get("data", {}).get("train_split"), f"{mo} was trained")
 
 
 def run_compare(cfg: SweepConfig, methods: list[str], out: str | Path, resume: bool = False,
