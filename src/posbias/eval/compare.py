@@ -46,9 +46,9 @@ def check_disjoint(cfg: SweepConfig, methods: list[str]) -> None:
 
 
 def _distill_record(model: str) -> dict | None:
-    """distill.json beside a model directory that `posbias distill` wrote (OUT/model), else None."""
-    p = Path(model).parent / "distill.json"
-    return json.loads(p.read_text()) if Path(model).is_dir() and p.exists() else None
+    """posbias_distill.json inside a model directory that `posbias distill` wrote (it travels with the model)."""
+    p = Path(model) / "posbias_distill.json"
+    return json.loads(p.read_text()) if p.exists() else None
 
 
 def model_label(model: str) -> str:
@@ -59,7 +59,7 @@ def model_label(model: str) -> str:
 def check_disjoint_training(cfg: SweepConfig, models: list[str]) -> None:
     """Refuse to report a distilled model on the examples it was trained on."""
     for mo in models:
-        _refuse_overlap(cfg, (_distill_record(mo) or {}).get("data", {}).get("train_split"), f"{mo} was trained")
+        _refuse_overlap(cfg, (_distill_record(mo) or {}).get("train_split"), f"{mo} was trained")
 
 
 def run_compare(cfg: SweepConfig, methods: list[str], out: str | Path, resume: bool = False,
@@ -85,14 +85,15 @@ def run_compare(cfg: SweepConfig, methods: list[str], out: str | Path, resume: b
     (out / "compare.json").unlink(missing_ok=True)
     named = models is not None
     results, infos = [], {}
-    for mo in models or [cfg.model]:
+    names = {mo: model_label(mo) for mo in models or [cfg.model]}
+    for mo, name in names.items():
         loaded = load_model(mo, cfg.dtype, cfg.device)
         infos[mo] = loaded.info
         for m in methods:
             label = get_method(m).label
             if named:
-                label = model_label(mo) if m == "none" else f"{model_label(mo)} + {label}"
-            d = out / (slug(f"{model_label(mo)}@{m}") if named else slug(m))
+                label = name if m == "none" else f"{name} + {label}"
+            d = out / (slug(f"{name}@{m}") if named else slug(m))
             started = (d / "sweep.json").exists() or (d / "sweep.partial.json").exists()
             res = run_sweep(replace(cfg, model=mo, method=m), d, resume=resume and started, overwrite=overwrite,
                             loaded=loaded, progress=progress)
@@ -105,7 +106,7 @@ def run_compare(cfg: SweepConfig, methods: list[str], out: str | Path, resume: b
               "model": infos[cfg.model] if not named else None, "models": infos, "methods": results}
     from ..report.plots import plot_compare
 
-    what = ", ".join(model_label(mo) for mo in models) if named else cfg.model
+    what = ", ".join(names.values()) if named else cfg.model
     plot_compare(results, f"{cfg.task} on {what} (n={cfg.n}, {res.config['engine']})", out / "compare.png")
     write_json_atomic(out / "compare.json", record, indent=2)  # last: its presence means "complete"
     return record
