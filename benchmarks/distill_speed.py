@@ -31,11 +31,10 @@ import torch
 
 
 def setup(a, lora: bool):
-    from posbias.eval.runner import use_chat
-    from posbias.methods.pos2distill import DistillConfig, build_trainer
-    from posbias.methods.pos2distill.data import build_records
-    from posbias.models.load import load_model
-    from posbias.tasks import get_task
+    from posbias import DistillConfig, get_task, load_model
+    from posbias.eval.scorer import use_chat
+    from posbias.mitigate.pos2distill import build_trainer
+    from posbias.mitigate.pos2distill.data import build_records
 
     loaded = load_model(a.model, "bf16", a.device)
     task = get_task(a.task)
@@ -57,7 +56,7 @@ def tokens(batch) -> int:
 def raw_step(model, batch, autocast) -> None:
     """Student forward (response logits only) + CE + backward: the floor of any training step."""
     from posbias.core.losses import ce_loss
-    from posbias.methods.pos2distill.trainer import logits_of
+    from posbias.mitigate.pos2distill.trainer import logits_of
 
     with autocast():
         logits = logits_of(model, batch, "s_")
@@ -155,7 +154,7 @@ def main() -> None:
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--skip", default="", help="comma list of parts to skip: a,b")
     a = p.parse_args()
-    from posbias.models.load import set_threads
+    from posbias import set_threads
 
     set_threads()
     if a.child:

@@ -23,10 +23,7 @@ from pathlib import Path
 
 import torch
 
-from posbias.eval.runner import build_rows, use_chat
-from posbias.methods import get_method
-from posbias.models.load import load_model
-from posbias.tasks import get_task
+from posbias import Scorer, get_method, get_task, load_model
 
 
 def generate_each(model, rows, max_new: int) -> float:
@@ -41,7 +38,7 @@ def generate_each(model, rows, max_new: int) -> float:
 
 def inference(a, loaded) -> None:
     task = get_task(a.task)
-    rows = build_rows(loaded, task, task.examples(a.n, 0, 5000), [task.n_slots // 2], use_chat(loaded, "auto"))
+    rows = Scorer(loaded, task).rows(task.examples(a.n, 0, 5000), [task.n_slots // 2])
     n_layers = loaded.model.config.num_hidden_layers
     ramp = ",".join(f"{1 + 0.3 * h / (n_layers - 1):.4f}" for h in range(n_layers))
     lpes = f"lpes:{a.factors}" if a.factors else f"layers:{ramp}"
@@ -70,12 +67,12 @@ def inference(a, loaded) -> None:
 
 
 def search_cost(a, loaded) -> None:
-    from posbias.core.ga import CurveSpace, GAConfig
-    from posbias.methods.lpes.search import Fitness, SearchConfig
+    from posbias import SearchConfig
+    from posbias.mitigate.lpes import build_fitness, make_space
 
-    cfg = SearchConfig(task=a.task, n=24, ga=GAConfig(y_min=1.0, y_max=1.5, y_step=0.05, y_init=1.1, my=0.1))
-    space = CurveSpace(loaded.model.config.num_hidden_layers, cfg.ga)
-    fit = Fitness(cfg, loaded, space, None)
+    cfg = SearchConfig.from_preset("cpu", task=a.task)
+    space = make_space(cfg, loaded.model.config.num_hidden_layers)
+    fit = build_fitness(cfg, loaded, get_task(a.task), space)
     t0 = time.perf_counter()
     fit([space.initial()])
     one = time.perf_counter() - t0

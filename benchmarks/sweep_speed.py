@@ -18,12 +18,10 @@ import time
 
 import torch
 
+from posbias import Scorer, get_task, load_model
 from posbias.core.metrics import METRICS
 from posbias.eval.encode import left_pad, plan_batches
 from posbias.eval.generate import _newline_ids, _StopAtNewline, eos_ids
-from posbias.eval.runner import build_rows, score_rows, use_chat
-from posbias.models.load import load_model
-from posbias.tasks import get_task
 
 
 def main() -> None:
@@ -41,13 +39,13 @@ def main() -> None:
     task = get_task("kv-lookup", facts=10)
     positions = [int(p) for p in a.positions.split(",")]
     examples = task.examples(a.n, seed=0)
-    chat = use_chat(loaded, "auto")
+    scorer = Scorer(loaded, task, "teacher-forced")
     print(f"model {a.model} ({a.dtype}), threads {torch.get_num_threads()}, "
           f"{len(examples)} examples x {len(positions)} positions")
 
     def harness():
-        rows = build_rows(loaded, task, examples, positions, chat)
-        return rows, score_rows(loaded, rows, "teacher-forced", task.metric, task.max_new_tokens)
+        rows = scorer.rows(examples, positions)
+        return rows, scorer.score(rows)
 
     rows, _ = harness()  # warm-up (also gives the rows for the raw baseline)
     lengths = [len(r.prompt_ids) + len(r.answer_ids[0]) for r in rows]
@@ -73,7 +71,8 @@ def main() -> None:
     t_harness, (_, tf_rows) = best_of(harness)
 
     # the harness's batched generate engine
-    t_gen, gen_rows = best_of(lambda: score_rows(loaded, rows, "generate", task.metric, task.max_new_tokens))
+    generate = Scorer(loaded, task, "generate")
+    t_gen, gen_rows = best_of(lambda: generate.score(rows))
 
     # naive loop: one example at a time through model.generate
     from transformers import GenerationConfig, StoppingCriteriaList

@@ -136,7 +136,7 @@ def test_gaconfig_defaults_are_table12_and_roundtrip():
     ({"y_init": 1.55}, "not on the y grid"),
     ({"y_init": 2.5}, "outside"),
     ({"y_step": 0.3}, "whole number"),
-    ({"curve": "spline"}, "unknown curve"),
+    ({"curve": "spline"}, "unknown `curve`"),
     ({"mx": 1.5}, "integer"),
     ({"y_min": 0.0, "y_init": 1.0}, "y_min"),
     ({"max_crossover_try": 0}, "max_crossover_try"),

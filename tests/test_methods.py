@@ -7,13 +7,11 @@ import pytest
 import torch
 
 from conftest import save_tiny_llama
+from posbias import SearchConfig, SweepConfig, format_compare, run_compare, run_search, run_sweep
 from posbias.core.ga import GAConfig, GeneticSearch
 from posbias.errors import PosbiasError
-from posbias.eval.compare import format_compare, run_compare
-from posbias.eval.sweep import SweepConfig, run_sweep
 from posbias.methods import Baseline, LayerScaling, UniformScaling, get_method
 from posbias.methods.buckets import Buckets
-from posbias.methods.lpes import SearchConfig, run_search
 from posbias.methods.mspoe import MsPoE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -83,7 +81,7 @@ def test_sweep_records_the_method(model_dir, loaded, tmp_path, engine):
 
 
 def test_compare_runs_every_method_on_the_same_examples(model_dir, tmp_path):
-    rec = run_compare(_cfg(model_dir), ["none", "pi:1.5", "buckets:10000,30000"], tmp_path / "c", progress=False)
+    rec = run_compare(_cfg(model_dir), ["none", "pi:1.5", "buckets:10000,30000"], tmp_path / "c", progress=False).record
     assert [m["method"] for m in rec["methods"]] == ["none", "pi:1.5", "buckets:10000,30000"]
     assert (tmp_path / "c" / "compare.json").exists() and (tmp_path / "c" / "compare.png").stat().st_size > 1000
     ids = {}
@@ -97,7 +95,7 @@ def test_compare_runs_every_method_on_the_same_examples(model_dir, tmp_path):
                for m in rec["methods"])
     again = run_compare(_cfg(model_dir), ["none", "pi:1.5", "buckets:10000,30000"], tmp_path / "c", resume=True,
                         progress=False)
-    assert again["methods"] == rec["methods"]
+    assert again.entries == rec["methods"]
 
 
 def _search_cfg(model_dir, **kw):
@@ -109,7 +107,7 @@ def _search_cfg(model_dir, **kw):
 
 
 def test_lpes_search_files_and_held_out_check(model_dir, loaded, tmp_path):
-    res = run_search(_search_cfg(model_dir), tmp_path / "s", progress=False, loaded=loaded)
+    res = run_search(_search_cfg(model_dir), tmp_path / "s", progress=False, loaded=loaded).record
     out = tmp_path / "s"
     saved = json.loads((out / "factors.json").read_text())
     assert saved["factors"] == res["factors"] and len(res["factors"]) == 2
@@ -127,7 +125,7 @@ def test_lpes_search_files_and_held_out_check(model_dir, loaded, tmp_path):
 
 
 def test_lpes_search_resumes_to_the_same_result(model_dir, loaded, tmp_path, monkeypatch):
-    full = run_search(_search_cfg(model_dir), tmp_path / "full", progress=False, loaded=loaded)
+    full = run_search(_search_cfg(model_dir), tmp_path / "full", progress=False, loaded=loaded).record
     real = GeneticSearch.step
     calls = {"n": 0}
 
@@ -142,7 +140,7 @@ def test_lpes_search_resumes_to_the_same_result(model_dir, loaded, tmp_path, mon
         run_search(_search_cfg(model_dir), tmp_path / "cut", progress=False, loaded=loaded)
     assert not (tmp_path / "cut" / "factors.json").exists()
     monkeypatch.setattr(GeneticSearch, "step", real)
-    resumed = run_search(_search_cfg(model_dir), tmp_path / "cut", resume=True, progress=False, loaded=loaded)
+    resumed = run_search(_search_cfg(model_dir), tmp_path / "cut", resume=True, progress=False, loaded=loaded).record
     drop = ("seconds_this_call", "history")
     assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in full.items() if k not in drop}
     strip = [{k: v for k, v in h.items() if k != "wall_s"} for h in full["history"]]
@@ -152,7 +150,7 @@ def test_lpes_search_resumes_to_the_same_result(model_dir, loaded, tmp_path, mon
 def test_search_refuses_bad_config(model_dir, loaded, tmp_path):
     with pytest.raises(PosbiasError, match="weights"):
         run_search(_search_cfg(model_dir, weights=(0.5, 0.5, 0.5)), tmp_path / "b", progress=False, loaded=loaded)
-    with pytest.raises(PosbiasError, match="search space"):
+    with pytest.raises(PosbiasError, match="search `space`"):
         run_search(_search_cfg(model_dir, space="grid"), tmp_path / "b", progress=False, loaded=loaded)
 
 
@@ -178,12 +176,47 @@ def test_cli_bad_input_names_the_fix(model_dir, tmp_path):
 def test_evals_are_reused_only_under_the_same_fitness(model_dir, loaded, tmp_path):
     from dataclasses import replace
 
-    from posbias.methods.lpes.search import Fitness, make_space
+    from posbias import get_task
+    from posbias.mitigate.lpes import build_fitness, make_space
 
     cfg = _search_cfg(model_dir)
     run_search(cfg, tmp_path / "a", progress=False, loaded=loaded)
     space = make_space(cfg, 2)
-    more_generations = replace(cfg, ga=replace(cfg.ga, generations=7))
-    assert len(Fitness(more_generations, loaded, space, tmp_path / "a").seen) > 0  # the GA budget does not change fitness
-    assert len(Fitness(replace(cfg, n=3), loaded, space, tmp_path / "a").seen) == 0  # another search split does
-    assert len(Fitness(replace(cfg, weights=(0.5, 0.25, 0.25)), loaded, space, tmp_path / "a").seen) == 0
+    task = get_task("kv-lookup", facts=4, digits=3)
+
+    def seen(c):
+        return len(build_fitness(c, loaded, task, space).attach(tmp_path / "a" / "evals.jsonl").seen)
+
+    assert seen(replace(cfg, ga=replace(cfg.ga, generations=7))) > 0  # the GA budget does not change fitness
+    assert seen(replace(cfg, n=3)) == 0  # another search split does
+    assert seen(replace(cfg, weights=(0.5, 0.25, 0.25))) == 0
+
+
+class _ToyScorer:
+    """Accuracies by position that depend on the factors, so the fitness formula can be checked by hand."""
+
+    def __init__(self):
+        self.calls = []
+
+    def accuracy(self, rows, method):
+        self.calls.append(method.factors)
+        s = sum(method.factors)
+        return {0: 0.9, 5: 0.2 + 0.01 * s, 9: 0.6}
+
+
+def test_lpes_fitness_is_the_weighted_accuracy_of_begin_middle_end():
+    from posbias.core.ga import CurveSpace
+    from posbias.mitigate.lpes import Fitness
+
+    ga = GAConfig(pop_size=4, n_parents=2, n_crossover=1, n_mutation=1, n_points=2, y_min=1.0, y_max=2.0, y_step=0.5,
+                  y_init=1.5)
+    space = CurveSpace(3, ga)
+    toy = _ToyScorer()
+    fit = Fitness(toy, rows=[], positions=[0, 5, 9], weights=(0.2, 0.3, 0.5), space=space, fit_key="k")
+    ind = space.initial()
+    (value,) = fit([ind])
+    s = sum(space.factors(ind))
+    assert value == pytest.approx(0.2 * 0.9 + 0.3 * (0.2 + 0.01 * s) + 0.5 * 0.6)  # Sec. 3.2 / 4.1
+    assert fit([ind]) == [value] and len(toy.calls) == 1  # cached: never scored twice
+    other = Fitness(toy, rows=[], positions=[0, 5, 9], weights=(1.0, 0.0, 0.0), space=space, fit_key="k")
+    assert other([ind]) == [pytest.approx(0.9)]

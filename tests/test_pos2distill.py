@@ -15,10 +15,10 @@ from transformers import TrainerCallback
 from conftest import save_tiny_llama, tiny_loaded
 from posbias.core.losses import alignment_weights, ce_loss, pos2distill_loss, token_kl
 from posbias.errors import PosbiasError
-from posbias.methods.pos2distill import DistillConfig, build_trainer, run_distill
-from posbias.methods.pos2distill.collator import Collator, QuestionData, prompt_ids
-from posbias.methods.pos2distill.data import build_records, default_skip, record_prompts, resolve_anchor, sample_trivial
-from posbias.methods.pos2distill.trainer import logits_of, step_plan
+from posbias.mitigate.pos2distill import DistillConfig, build_trainer, run_distill
+from posbias.mitigate.pos2distill.collator import Collator, QuestionData, prompt_ids
+from posbias.mitigate.pos2distill.data import build_records, default_skip, record_prompts, resolve_anchor, sample_trivial
+from posbias.mitigate.pos2distill.trainer import logits_of, step_plan
 from posbias.models.load import load_model
 from posbias.tasks import get_task
 
@@ -116,7 +116,7 @@ def test_records_are_paired_jsonable_and_seeded(model_dir):
     with pytest.raises(PosbiasError, match="answered none") as e:  # a random model never answers correctly
         build_records(lo, task, n=2, k=2, anchor=0, seed=0, skip=2000, chat=True, correct_only=True, max_draw=4,
                       max_new_tokens=4)
-    assert "--keep-all" in e.value.fix
+    assert "`correct_only=False`" in e.value.fix
 
 
 def _jsonl(d: Path) -> Path:
@@ -229,16 +229,17 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(model_dir, tmp_pa
     whole = run_distill(cfg, tmp_path / "a", progress=False, loaded=load_model(str(model_dir), "fp32"))
     with pytest.raises(KeyboardInterrupt):
         run_distill(cfg, tmp_path / "b", progress=False, loaded=load_model(str(model_dir), "fp32"), callbacks=[_Stop(3)])
-    assert not (tmp_path / "b" / "model").exists() and (tmp_path / "b" / "distill.partial.json").exists()
+    assert not (tmp_path / "b" / "model").exists() and (tmp_path / "b" / "run.json").exists()
     resumed = run_distill(cfg, tmp_path / "b", resume=True, progress=False, loaded=load_model(str(model_dir), "fp32"))
-    assert resumed["train"]["resumed_from"].endswith("checkpoint-3") and resumed["train"]["steps"] == whole["train"]["steps"] == 8
+    assert resumed.train["resumed_from"].endswith("checkpoint-3") and resumed.train["steps"] == whole.train["steps"] == 8
     wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     la = [h["loss"] for h in json.loads((tmp_path / "a" / "train_log.json").read_text()) if "loss" in h]
     lb = [h["loss"] for h in json.loads((tmp_path / "b" / "train_log.json").read_text()) if "loss" in h]
     assert la == lb and len(la) == 8
-    again = run_distill(cfg, tmp_path / "b", resume=True, progress=False)  # complete: returns before loading a model
-    assert again["train"] == resumed["train"]
+    again = run_distill(cfg, tmp_path / "b", resume=True, progress=False,  # complete: the finished record, no training
+                        loaded=load_model(str(model_dir), "fp32"))
+    assert again.train == resumed.train
 
 
 def test_gradient_accumulation_matches_one_big_batch(model_dir, tmp_path):
@@ -247,7 +248,7 @@ def test_gradient_accumulation_matches_one_big_batch(model_dir, tmp_path):
     cfg = dict(n=2, batch_size=4, ablation="kl", epochs=1, lr=1e-3)  # K = 2 rows a question: 2 questions a step
     run_distill(_cfg(**cfg), tmp_path / "one", progress=False, loaded=load_model(str(model_dir), "fp32"))
     r = run_distill(_cfg(micro_batch=1, **cfg), tmp_path / "acc", progress=False, loaded=load_model(str(model_dir), "fp32"))
-    assert r["train"]["grad_accum"] == 2 and r["train"]["steps"] == 1
+    assert r.train["grad_accum"] == 2 and r.train["steps"] == 1
     # the accumulated gradient (logged before clipping) and loss equal the big batch's: Trainer divides by GA once
     logs = [json.loads((tmp_path / d / "train_log.json").read_text())[0] for d in ("one", "acc")]
     assert logs[1]["grad_norm"] == pytest.approx(logs[0]["grad_norm"], rel=1e-4)
@@ -275,17 +276,17 @@ def test_gradient_checkpointing_changes_memory_not_the_step(model_dir, tmp_path)
 def test_cli_writes_a_model_dir_that_load_model_reads(model_dir, tmp_path):
     from typer.testing import CliRunner
 
-    from posbias.cli_distill import distill_app
+    from posbias.cli import app
 
     out = tmp_path / "run"
-    args = ["r1", "--model", str(model_dir), "--task", "kv-lookup", "--facts", "4", "--digits", "3", "--out", str(out),
+    args = ["distill", "r1", "--model", str(model_dir), "--task", "kv-lookup", "--facts", "4", "--digits", "3", "--out", str(out),
             "--n", "2", "--k", "2", "--keep-all", "--dtype", "fp32", "--max-steps", "2", "--batch-size", "3",
             "--lr", "1e-3", "--quiet"]
-    res = CliRunner().invoke(distill_app, args)
+    res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert {"data.jsonl", "data.json", "checkpoints", "model", "train_log.json", "distill.json"} <= {
         p.name for p in out.iterdir()}
-    assert not (out / "distill.partial.json").exists()
+    assert json.loads((out / "run.json").read_text())["kind"] == "distillation"
     meta = json.loads((out / "model" / "posbias_distill.json").read_text())
     assert meta["config"]["method"] == "pos2distill" and meta["train_split"]["skip"] == 2000
     new = load_model(str(out / "model"), "fp32")
@@ -293,27 +294,26 @@ def test_cli_writes_a_model_dir_that_load_model_reads(model_dir, tmp_path):
     ids = torch.tensor([[5, 6, 7, 8]])
     assert not torch.equal(new.model(input_ids=ids).logits, base.model(input_ids=ids).logits)
     # posbias compare reads the model directory beside the base model, on the same held-out examples ...
-    from posbias.eval.compare import run_compare
-    from posbias.eval.sweep import SweepConfig
+    from posbias import SweepConfig, run_compare
 
     sweep = SweepConfig(task="kv-lookup", task_options=TASK_OPTS, positions="0,3", n=3, dtype="fp32", max_batch=8)
-    rec = run_compare(sweep, ["none"], tmp_path / "cmp", progress=False, models=[str(model_dir), str(out / "model")])
+    rec = run_compare(sweep, ["none"], tmp_path / "cmp", progress=False, models=[str(model_dir), str(out / "model")]).record
     assert [m["label"] for m in rec["methods"]] == [str(model_dir), "run"]
     assert rec["methods"][1]["vs_first"] is not None and (tmp_path / "cmp" / "compare.png").exists()
     # ... and refuses examples it was trained on (2000, 2001)
     with pytest.raises(PosbiasError, match="trained on examples 2000..2001") as e:
         run_compare(replace(sweep, skip=1999), ["none"], tmp_path / "c2", progress=False, models=[str(out / "model")])
-    assert "--skip 2002" in e.value.fix
+    assert "`skip=2002`" in e.value.fix
 
 
 def test_cli_rejects_an_unknown_preset(tmp_path):
     from typer.testing import CliRunner
 
-    from posbias.cli_distill import distill_app
+    from posbias.cli import app
 
-    res = CliRunner().invoke(distill_app, ["r1", "--preset", "fast", "--out", str(tmp_path / "x")])
+    res = CliRunner().invoke(app, ["distill", "r1", "--preset", "fast", "--out", str(tmp_path / "x")])
     assert isinstance(res.exception, PosbiasError) and "unknown preset 'fast'" in str(res.exception)
-    assert "cpu, paper" in res.exception.fix or "paper, cpu" in res.exception.fix
+    assert "paper or cpu" in res.exception.fix or "cpu or paper" in res.exception.fix
     assert not (tmp_path / "x").exists()
 
 
@@ -322,7 +322,7 @@ def test_lora_run_saves_a_merged_plain_model(model_dir, tmp_path):
                     loaded=load_model(str(model_dir), "fp32"))
     files = {p.name for p in (tmp_path / "model").iterdir()}
     assert "config.json" in files and "adapter_config.json" not in files
-    new, base = load_model(r["model_dir"], "fp32"), load_model(str(model_dir), "fp32")
+    new, base = load_model(r.model_dir, "fp32"), load_model(str(model_dir), "fp32")
     assert set(new.model.state_dict()) == set(base.model.state_dict())
     ids = torch.tensor([[5, 6, 7, 8]])
     assert not torch.allclose(new.model(input_ids=ids).logits, base.model(input_ids=ids).logits)
@@ -332,7 +332,7 @@ def test_lora_run_saves_a_merged_plain_model(model_dir, tmp_path):
 def test_ce_baselines_train(model_dir, tmp_path, method):
     r = run_distill(_cfg(method=method, max_steps=1), tmp_path, progress=False, loaded=load_model(str(model_dir), "fp32"))
     log = json.loads((tmp_path / "train_log.json").read_text())
-    assert r["train"]["steps"] == 1 and log[0]["ce"] > 0 and r["train"]["rows_per_question"] == 2
+    assert r.train["steps"] == 1 and log[0]["ce"] > 0 and r.train["rows_per_question"] == 2
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -341,12 +341,12 @@ def test_ce_baselines_train(model_dir, tmp_path, method):
 def test_bad_input_gives_errors_with_a_fix(model_dir, tmp_path):
     task = get_task("kv-lookup", **TASK_OPTS)
     cases = [
-        (lambda: _cfg(method="dpo").check(), "unknown --method"),
-        (lambda: _cfg(ablation="align").check(), "unknown --ablation"),
-        (lambda: _cfg(n=0).check(), "--n must be"),
-        (lambda: sample_trivial(4, 0, 4, 0, "x"), "--k 4"),
+        (lambda: _cfg(method="dpo").validate(), "unknown `method`"),
+        (lambda: _cfg(ablation="align").validate(), "unknown `ablation`"),
+        (lambda: _cfg(n=0).validate(), "`n` must be"),
+        (lambda: sample_trivial(4, 0, 4, 0, "x"), "`k`=4"),
         (lambda: resolve_anchor("7", task, "kv-lookup"), "out of range"),
-        (lambda: resolve_anchor("first", task, "kv-lookup"), "bad --anchor"),
+        (lambda: resolve_anchor("first", task, "kv-lookup"), "bad `anchor`"),
         (lambda: resolve_anchor(f"auto:{tmp_path}/nope", task, "kv-lookup"), "no sweep result"),
         (lambda: run_distill(_cfg(), tmp_path / "empty", resume=True, progress=False), "nothing to resume"),
     ]
@@ -364,7 +364,7 @@ def test_bad_input_gives_errors_with_a_fix(model_dir, tmp_path):
     run_distill(_cfg(n=1, max_steps=1), out, progress=False, loaded=load_model(str(model_dir), "fp32"))
     with pytest.raises(PosbiasError, match="already holds") as e:
         run_distill(_cfg(n=1, max_steps=1), out, progress=False)
-    assert "--resume" in e.value.fix
+    assert "`resume=True`" in e.value.fix
     (out / "distill.json").unlink()
     with pytest.raises(PosbiasError, match="different configuration"):
         run_distill(_cfg(n=1, max_steps=1, lam=0.5), out, resume=True, progress=False,

@@ -2,9 +2,7 @@
 
 import pytest
 
-from posbias.eval.runner import build_rows, score_rows, use_chat
-from posbias.eval.sweep import SweepConfig, run_sweep
-from posbias.tasks import get_task
+from posbias import Scorer, SweepConfig, get_task, run_sweep
 
 pytestmark = pytest.mark.real
 
@@ -21,9 +19,9 @@ def test_smollm2_shows_lost_in_the_middle(smollm2, tmp_path):
 
 def test_smollm2_teacher_forced_agrees_with_generate(smollm2):
     task = get_task("kv-lookup", facts=10)
-    rows = build_rows(smollm2, task, task.examples(8, seed=1), [0, 3, 6, 9], use_chat(smollm2, "auto"))
-    tf = score_rows(smollm2, rows, "teacher-forced", task.metric, task.max_new_tokens)
-    gen = score_rows(smollm2, rows, "generate", task.metric, task.max_new_tokens)
+    rows = Scorer(smollm2, task).rows(task.examples(8, seed=1), [0, 3, 6, 9])
+    tf = Scorer(smollm2, task, "teacher-forced").score(rows)
+    gen = Scorer(smollm2, task, "generate").score(rows)
     key = lambda r: (r["example_id"], r["position"])  # noqa: E731
     a = {key(r): r["correct"] for r in tf}
     b = {key(r): r["correct"] for r in gen}
@@ -33,13 +31,13 @@ def test_smollm2_teacher_forced_agrees_with_generate(smollm2):
 
 def test_smollm2_nq_generate(smollm2):
     task = get_task("nq", docs=10)
-    rows = build_rows(smollm2, task, task.examples(2, seed=0), [0], use_chat(smollm2, "auto"))
-    out = score_rows(smollm2, rows, "generate", task.metric, 24)
+    scorer = Scorer(smollm2, task, "generate", max_new_tokens=24)
+    out = scorer.score(scorer.rows(task.examples(2, seed=0), [0]))
     assert len(out) == 2 and all(r["prediction"].strip() and "\n" not in r["prediction"] for r in out)
 
 
 def test_gemma3_second_architecture(tmp_path):
-    from posbias.models.load import load_model
+    from posbias import load_model
 
     lo = load_model("gemma3-270m", "bf16", "cpu")
     assert lo.info["model_type"].startswith("gemma3") and lo.info["context_window"] == 32768

@@ -6,14 +6,18 @@ import pytest
 import torch
 
 from conftest import ARCHS, tiny_loaded
+from posbias import Scorer, get_task
 from posbias.eval.encode import encode, left_pad, plan_batches, right_pad
-from posbias.eval.runner import build_rows, score_rows, use_chat
-from posbias.tasks import get_task
+from posbias.eval.scorer import use_chat
 
 
 def _rows(loaded, n=8, facts=4, positions=(0, 1, 3)):
     task = get_task("kv-lookup", facts=facts, digits=3)
-    return build_rows(loaded, task, task.examples(n, seed=0), list(positions), use_chat(loaded, "auto")), task
+    return Scorer(loaded, task).rows(task.examples(n, seed=0), list(positions)), task
+
+
+def score_rows(loaded, task, rows, engine, max_new, max_batch=32):
+    return Scorer(loaded, task, engine, max_new, max_batch=max_batch).score(rows)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -34,15 +38,15 @@ def test_encode_appends_answer_after_prefix(loaded):
 
 def test_batch_size_1_and_8_give_identical_results(loaded):
     rows, task = _rows(loaded)
-    one = score_rows(loaded, rows, "teacher-forced", task.metric, 8, max_batch=1)
-    eight = score_rows(loaded, rows, "teacher-forced", task.metric, 8, max_batch=8)
+    one = score_rows(loaded, task, rows, "teacher-forced", 8, max_batch=1)
+    eight = score_rows(loaded, task, rows, "teacher-forced", 8, max_batch=8)
     key = lambda r: (r["example_id"], r["position"])  # noqa: E731
     one, eight = sorted(one, key=key), sorted(eight, key=key)
     assert [r["prediction"] for r in one] == [r["prediction"] for r in eight]
     assert [r["correct"] for r in one] == [r["correct"] for r in eight]
     assert [r["logprob"] for r in one] == pytest.approx([r["logprob"] for r in eight], abs=1e-3)
-    g1 = score_rows(loaded, rows, "generate", task.metric, 6, max_batch=1)
-    g8 = score_rows(loaded, rows, "generate", task.metric, 6, max_batch=8)
+    g1 = score_rows(loaded, task, rows, "generate", 6, max_batch=1)
+    g8 = score_rows(loaded, task, rows, "generate", 6, max_batch=8)
     assert sorted((key(r), r["prediction"]) for r in g1) == sorted((key(r), r["prediction"]) for r in g8)
 
 
@@ -76,7 +80,7 @@ def test_teacher_forced_agrees_with_generate(loaded):
     """Gold := the model's own greedy continuation, so teacher forcing must call it correct;
     a changed last token must make it wrong."""
     rows, task = _rows(loaded)
-    gen = score_rows(loaded, rows, "generate", task.metric, 5)
+    gen = score_rows(loaded, task, rows, "generate", 5)
     by_key = {(r["example_id"], r["position"]): r["prediction"] for r in gen}
     tok = loaded.tokenizer
     own, wrong = [], []
@@ -89,10 +93,10 @@ def test_teacher_forced_agrees_with_generate(loaded):
         alt = ids[:-1] + [ids[-1] + 1 if ids[-1] + 1 < len(tok) else ids[-1] - 1]
         wrong.append(dataclasses.replace(r, answer_ids=[alt]))
     assert len(own) >= len(rows) // 2
-    ok = score_rows(loaded, own, "teacher-forced", task.metric, 5)
+    ok = score_rows(loaded, task, own, "teacher-forced", 5)
     assert all(r["correct"] for r in ok)
     assert [r["prediction"] for r in ok] == [tok.decode(r.answer_ids[0]) for r in own]
-    bad = score_rows(loaded, wrong, "teacher-forced", task.metric, 5)
+    bad = score_rows(loaded, task, wrong, "teacher-forced", 5)
     assert not any(r["correct"] for r in bad)
 
 

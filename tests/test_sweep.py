@@ -10,9 +10,9 @@ import time
 import pytest
 
 from conftest import tiny_loaded
+from posbias import SweepConfig, run_sweep
 from posbias.errors import PosbiasError
-from posbias.eval import runner
-from posbias.eval.sweep import SweepConfig, run_sweep
+from posbias.eval import engines
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_resume_after_interruption_gives_the_same_sweep(model_dir, tmp_path, mon
 
     cut = tmp_path / "cut"
     calls = {"n": 0}
-    real = runner.score_teacher_forced
+    real = engines.score_teacher_forced
 
     def dies_on_third_batch(*a, **k):
         calls["n"] += 1
@@ -62,11 +62,11 @@ def test_resume_after_interruption_gives_the_same_sweep(model_dir, tmp_path, mon
             raise KeyboardInterrupt  # as a kill would, mid-sweep
         return real(*a, **k)
 
-    monkeypatch.setattr(runner, "score_teacher_forced", dies_on_third_batch)
+    monkeypatch.setattr(engines, "score_teacher_forced", dies_on_third_batch)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(_cfg(model_dir), cut, progress=False)
-    monkeypatch.setattr(runner, "score_teacher_forced", real)
-    assert not (cut / "sweep.json").exists() and (cut / "sweep.partial.json").exists()
+    monkeypatch.setattr(engines, "score_teacher_forced", real)
+    assert not (cut / "sweep.json").exists() and (cut / "run.json").exists()
     with (cut / "examples.jsonl").open("a") as f:
         f.write('{"example_id": "torn')  # a line cut by the kill
     calls["n"] = 0

@@ -127,7 +127,7 @@ def test_answers_first_keeps_only_the_canonical_answer(tmp_path):
     with pytest.raises(PosbiasError, match="unknown answers mode") as e:
         get_task(f"jsonl:{p}", answers="canonical")
     assert "all, first" in e.value.fix
-    with pytest.raises(PosbiasError, match="does not take --answers"):
+    with pytest.raises(PosbiasError, match="does not take `answers`"):
         get_task("kv-lookup", answers="first")
 
 
@@ -151,5 +151,5 @@ def test_jsonl_errors_name_the_line(tmp_path, bad, message):
 def test_unknown_task_and_wrong_option():
     with pytest.raises(PosbiasError, match="unknown task"):
         get_task("kv-lookupp")
-    with pytest.raises(PosbiasError, match="does not take --docs"):
+    with pytest.raises(PosbiasError, match="does not take `docs`"):
         get_task("kv-lookup", docs=10)

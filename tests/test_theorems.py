@@ -8,9 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from posbias.analysis import checks as CH
+from posbias.analysis import theorems as TH
+from posbias.analysis import theorems_pe as PE
 from posbias.core import rollout as R
-from posbias.core import theorems as TH
-from posbias.core import theorems_pe as PE
 
 SEEDS = (0, 1, 2)
 
@@ -77,7 +78,7 @@ def test_failures_are_reported_not_hidden():
 
 
 def test_check_all_runs():
-    out = TH.check_all(seed=0)
+    out = CH.check_all(seed=0)
     assert set(out) == {"4.1", "4.2", "4.3", "4.4-4.5", "4.6-4.7"}
     assert all(r["holds"] for r in out.values())
     json.dumps(out)

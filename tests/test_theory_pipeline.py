@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
+from posbias.analysis import theorems_pe as PE
 from posbias.analysis import theory as T
-from posbias.core import theorems_pe as PE
+from posbias.analysis.checks import format_summary
 from posbias.errors import PosbiasError
 from posbias.report.theory_plots import FIGURES
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: one thread 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, one_thread):
     out = tmp_path_factory.mktemp("theory")
-    data = T.run_theory(out, seed=0, n_tokens=N, depth=DEPTH)
+    data = T.run_theory(T.TheoryConfig(seed=0, n_tokens=N, depth=DEPTH), out).record
     return out, data
 
 
@@ -37,7 +38,7 @@ def test_files_written_and_json_complete(run):
     assert set(saved["checks"]) == {"4.1", "4.2", "4.3", "4.4-4.5", "4.6-4.7"}
     assert [s["theorem"] for s in saved["summary"]] == list(saved["checks"])
     assert all(s["holds"] and not s["failed"] for s in saved["summary"])
-    assert len(T.format_summary(saved["summary"]).splitlines()) == 5
+    assert len(format_summary(saved["summary"]).splitlines()) == 5
 
 
 def test_rollouts_are_row_stochastic(run):
@@ -85,9 +86,9 @@ def test_marked_critical_distances_follow_the_formulas(run):
 def test_deterministic_and_stale_json_replaced(run, tmp_path):
     out, _ = run
     (tmp_path / T.THEORY_JSON).write_text("{}")  # a stale result must not survive a new run
-    T.run_theory(tmp_path, seed=0, n_tokens=N, depth=DEPTH)
+    T.run_theory(T.TheoryConfig(seed=0, n_tokens=N, depth=DEPTH), tmp_path)
     assert (tmp_path / T.THEORY_JSON).read_text() == (out / T.THEORY_JSON).read_text()
-    no_files = T.run_theory(None, seed=1, n_tokens=N, depth=DEPTH)
+    no_files = T.run_theory(T.TheoryConfig(seed=1, n_tokens=N, depth=DEPTH)).record
     assert no_files["figures"] == [] and no_files["params"]["seed"] == 1
     assert no_files["rollouts"] != json.loads((out / T.THEORY_JSON).read_text())["rollouts"]
 
@@ -95,4 +96,4 @@ def test_deterministic_and_stale_json_replaced(run, tmp_path):
 @pytest.mark.parametrize("kw", [dict(prefix_k=0), dict(windows=(1,)), dict(n_tokens=3), dict(decay_ms=(0.0,))])
 def test_bad_config_raises(kw):
     with pytest.raises(PosbiasError):
-        T.run_theory(None, **{"n_tokens": N, "depth": DEPTH, **kw})
+        T.run_theory(T.TheoryConfig(**{"n_tokens": N, "depth": DEPTH, **kw}))

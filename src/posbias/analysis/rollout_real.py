@@ -19,12 +19,13 @@ import torch
 
 from ..core.rollout import iter_rollout
 from ..eval.encode import render
-from ..io import write_json_atomic
 from ..models.attention import layer_attentions
 from ..models.load import Loaded
+from ..runs import write_json_atomic
 from ..tasks.kv_lookup import KVLookup
 
 SEGMENTS = ("first", "begin", "middle", "end", "gold", "other")
+FILES = ("real_rollout.json", "real_rollout_depth.png", "real_rollout_gold.png")
 
 
 @dataclass
@@ -102,15 +103,31 @@ def real_rollout(
     return {"meta": meta, **result}
 
 
-def run_real_rollout(loaded: Loaded, out_dir: Path, **kw) -> dict:
-    """real_rollout + figures + real_rollout.json (written atomically, last)."""
+def run_real_rollout(loaded: Loaded, out_dir: Path | None, **kw) -> dict:
+    """real_rollout, and with `out_dir` its figures and real_rollout.json (written atomically, last)."""
+    result = real_rollout(loaded, **kw)
+    if out_dir is None:
+        return result
     from ..report.rollout_plots import plot_gold_by_position, plot_mass_by_depth
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = real_rollout(loaded, **kw)
     middle = str(result["meta"]["positions"][len(result["meta"]["positions"]) // 2])
-    plot_mass_by_depth(result, middle, out_dir / "real_rollout_depth.png")
-    plot_gold_by_position(result, out_dir / "real_rollout_gold.png")
-    write_json_atomic(out_dir / "real_rollout.json", result, indent=1)
+    plot_mass_by_depth(result, middle, out_dir / FILES[1])
+    plot_gold_by_position(result, out_dir / FILES[2])
+    write_json_atomic(out_dir / FILES[0], result, indent=1)
     return result
+
+
+def format_real(result: dict) -> list[str]:
+    """One line per residual and gold position: first-token mass and the gold fact's share, first/last layer."""
+    from ..report.rollout_plots import gold_share
+
+    lines = []
+    model = result["meta"]["model"]
+    for key in (k for k in result if k.startswith("residual=")):
+        for p, m in result[key].items():
+            last = len(m["first"]) - 1
+            lines.append(f"{model} {key} gold@{p}: first-token mass after 1/{last + 1} layers {m['first'][0]:.3f}/"
+                         f"{m['first'][-1]:.3f}; gold share of facts {gold_share(m, 0):.3f}/{gold_share(m, last):.3f}")
+    return lines

@@ -1,6 +1,6 @@
 """Executable theory (Wu et al., 2025, "On the Emergence of Position Bias in Transformers",
 Sec. 3-4): seeded synthetic rollouts over attention masks, decay masks and RoPE, plus every
-theorem check of `core.theorems` / `core.theorems_pe`, as plain-JSON numbers.
+theorem check of `analysis.theorems` / `analysis.theorems_pe`, as plain-JSON numbers.
 
 `compute_theory` returns the numbers; `run_theory` also draws the figures (with
 `report.theory_plots`, from those same numbers, so a report can redraw them from the JSON)
@@ -20,14 +20,14 @@ Sections of the result (all lists/dicts/floats):
 * ``decay`` / ``rope``: distance profiles with the predicted critical distance x* (Thm 4.5 /
   Thm 4.7); decay rows also carry the Theta shape C(t+x, x) e^{-xm} scaled to the profile, RoPE
   rows the envelope maximisers x_tight / x_loose of `check_rope`;
-* ``checks``: `core.theorems.check_all(seed)`; ``summary``: one short row per theorem.
+* ``checks``: `analysis.checks.check_all(seed)`; ``summary``: one short row per theorem.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,8 +40,12 @@ from ..core.rollout import (
     random_attention_layers,
     sliding_window_mask,
 )
-from ..core.theorems import check_all, rollouts
-from ..core.theorems_pe import (
+from ..errors import PosbiasError
+from ..models.load import Loaded, load_model
+from ..runs import RunFolder
+from .checks import check_all, summarize_checks
+from .theorems import rollouts
+from .theorems_pe import (
     decay_critical_distance,
     fit_decay_constant,
     log_binom,
@@ -49,8 +53,6 @@ from ..core.theorems_pe import (
     rope_cone_instance,
     rope_critical_distance,
 )
-from ..errors import PosbiasError
-from ..io import write_json_atomic
 
 THEORY_JSON = "theory.json"
 HEAT_DEPTHS = (0, 2, 8)  # heatmap depths t, plus the final one
@@ -184,49 +186,6 @@ def rope_section(cfg: TheoryConfig) -> list[dict]:
     return out
 
 
-# ---------------------------------------------------------------- theorem checks: compact summary
-
-
-def _deepest(rows: list[dict], key: str) -> list[dict]:
-    t_max = max(r["t"] for r in rows)
-    return [r for r in rows if r["t"] == t_max and key in r]
-
-
-def _key_numbers(theorem: str, r: dict) -> str:
-    """A one-line digest of the numbers behind a check result."""
-    if theorem == "4.1":
-        rate = "none" if r["rate_measured"] is None else f"{r['rate_measured']:.3f}"
-        return f"eps={r['eps']:.3g}, 1-min P[i,0] at T: {r['final_deficit']:.1e}, rate {rate} <= {r['rate_bound']:.4f}"
-    if theorem == "4.2":
-        return "t_conv/hops: " + ", ".join(f"w={w['w']}: {w['t_conv']}/{w['hops']}" for w in r["rows"])
-    if theorem == "4.3":
-        return (f"1-min prefix mass at T: {r['final_deficit']:.1e}, "
-                f"kappa {r['kappa_measured']:.3f} >= {r['kappa_bound']:.3f}")
-    if theorem == "4.4-4.5":
-        return "argmax vs x*: " + ", ".join(f"m={w['m']:g} t={w['t']}: {w['argmax']} vs {w['x_star']:.1f}"
-                                           for w in _deepest(r["rows"], "m"))
-    if theorem == "4.6-4.7":
-        return f"delta={r['delta']:.2f}, sink rows {r['n_sink_rows']}; argmax vs [x_tight, x_loose]: " + ", ".join(
-            f"th={w['theta1']:.3f} t={w['t']}: {'sink' if w['sink_is_max'] else w['argmax']}"
-            f" vs [{w['x_tight']}, {w['x_loose']}]" for w in _deepest(r["rows"], "theta1"))
-    return ""
-
-
-def summarize_checks(checks: dict[str, dict]) -> list[dict]:
-    """One row per theorem: {theorem, holds, failed (check names), key (a short string)}."""
-    return [{"theorem": th, "holds": bool(r["holds"]), "failed": [k for k, ok in r["checks"].items() if not ok],
-             "key": _key_numbers(th, r)} for th, r in checks.items()]
-
-
-def format_summary(summary: list[dict]) -> str:
-    """The summary rows as aligned text lines, for the CLI."""
-    lines = []
-    for s in summary:
-        verdict = "holds" if s["holds"] else "FAILS " + ",".join(s["failed"])
-        lines.append(f"Thm {s['theorem']:<8} {verdict:<6}  {s['key']}")
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------- the pipeline
 
 
@@ -256,28 +215,52 @@ def compute_theory(cfg: TheoryConfig) -> dict:
     return _plain(data)
 
 
-def run_theory(out_dir: Path | None, seed: int = 0, n_tokens: int = 64, depth: int = 16, *,
-               windows: tuple[int, ...] = (4, 8, 16), prefix_k: int = 4,
-               decay_ms: tuple[float, ...] = (0.3, 0.6, 1.2), rope_fractions: tuple[float, ...] = (0.3, 0.6, 0.9),
-               d: int = 8, weight_norm: float = 1.0) -> dict:
-    """Compute the theory numbers; with `out_dir`, draw the figures there, then write theory.json.
+@dataclass(frozen=True)
+class RealRollout:
+    """The same rollout on a real model's kv-lookup prompts (analysis/rollout_real.py)."""
 
-    Returns the same plain dict that goes into theory.json (``figures`` lists the PNG file
-    names, relative to `out_dir`; empty without one). A stale theory.json is removed first, so
-    after a crash none is left claiming completeness.
-    """
-    cfg = TheoryConfig(seed, n_tokens, depth, tuple(windows), prefix_k, tuple(decay_ms), tuple(rope_fractions),
-                       d, weight_norm)
+    model: str = "smollm2-135m"
+    facts: int = 10  # facts per prompt
+    n: int = 8  # examples per gold position
+    dtype: str = "bf16"
+    device: str = "cpu"
+
+    def positions(self) -> list[int]:
+        f = self.facts
+        return [0, f // 4, f // 2, 3 * f // 4, f - 1]
+
+
+@dataclass
+class TheoryResult:
+    summary: list[dict]  # one row per theorem: theorem, holds, failed checks, key numbers
+    checks: dict  # every check's numbers
+    figures: list[str]  # PNG names in the output folder
+    real: dict | None  # the real-model rollout (real_rollout.json), when asked for
+    record: dict = field(repr=False)  # the content of theory.json
+
+
+def run_theory(cfg: TheoryConfig | None = None, out: str | Path | None = None, *, real: RealRollout | None = None,
+               loaded: Loaded | None = None) -> TheoryResult:
+    """Compute the theory numbers; with `out`, draw the figures there, roll out the real model (if `real`)
+    and write theory.json last. A rerun into the same folder recomputes everything (it takes seconds)."""
+    cfg = cfg or TheoryConfig()
     cfg.validate()
-    if out_dir is not None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / THEORY_JSON).unlink(missing_ok=True)
-    data = compute_theory(cfg)
-    data["figures"] = []
-    if out_dir is not None:
-        from ..report.theory_plots import plot_theory  # matplotlib only when drawing
+    from ..report.theory_plots import FIGURES
+    from .rollout_real import FILES as REAL_FILES
+    from .rollout_real import run_real_rollout
 
-        data["figures"] = plot_theory(data, out_dir)
-        write_json_atomic(out_dir / THEORY_JSON, data, allow_nan=False)
-    return data
+    folder = RunFolder(out, "theory run", THEORY_JSON, (*FIGURES, *REAL_FILES))
+    fingerprint = {"config": asdict(cfg), "real": asdict(real) if real else None}
+    with folder.open(fingerprint, resume=False, overwrite=True):
+        data = compute_theory(cfg)
+        data["figures"] = []
+        if folder.path is not None:
+            from ..report.theory_plots import plot_theory  # matplotlib only when drawing
+
+            data["figures"] = plot_theory(data, folder.path)
+        real_res = None
+        if real is not None:
+            lo = loaded or load_model(real.model, real.dtype, real.device)
+            real_res = run_real_rollout(lo, folder.path, facts=real.facts, n=real.n, seed=cfg.seed, positions=real.positions())
+        folder.finish(data, indent=None, allow_nan=False)  # last: its presence means "complete"
+    return TheoryResult(data["summary"], data["checks"], data["figures"], real_res, data)

@@ -1,22 +1,35 @@
 """Several methods (and models) on the same examples: one sweep per entry (each resumable), one table, one plot.
 
-An entry is a method spec applied to a model; `models` (e.g. the base model and the model
-directories `posbias distill` writes) gives one entry per model and method. Files in OUT:
-<slug>/ per entry (a normal sweep directory), compare.json (atomic, last), compare.png
-(accuracy against position, one line per entry).
+An entry is a method applied to a model; `models` (e.g. the base model and the model directories
+a distillation writes) gives one entry per model and method. Files in OUT: <slug>/ per entry (a
+normal sweep folder), compare.json (atomic, last), compare.png (accuracy against position, one
+line per entry).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Sequence
 
+import numpy as np
+
+from ..core.metrics import paired_difference
 from ..errors import PosbiasError
-from ..io import write_json_atomic
-from ..models.load import load_model
+from ..methods import Method, get_method
+from ..models.load import Loaded, load_model
+from ..runs import RunFolder
+from .config import plain
 from .sweep import SweepConfig, run_sweep
+
+
+@dataclass
+class CompareResult:
+    entries: list[dict]  # per (model, method): model, method, label, dir, method_config, per_position, summary, vs_first
+    config: dict
+    record: dict = field(repr=False)  # the content of compare.json
 
 
 def slug(spec: str) -> str:
@@ -24,115 +37,121 @@ def slug(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", spec).strip("-") or "none"
 
 
-def _refuse_overlap(cfg: SweepConfig, split: dict | None, what: str) -> None:
+def refuse_overlap(cfg: SweepConfig, split: dict | None, what: str) -> None:
     """Raise if `split` (task, seed, skip, n: examples a search or training used) overlaps cfg's examples."""
-    if not split or split.get("task") != cfg.task or split.get("seed") != cfg.seed:
+    if not split or split.get("task") != plain(cfg.task) or split.get("seed") != cfg.seed:
         return
     lo, hi = split["skip"], split["skip"] + split["n"]
     if lo < cfg.skip + cfg.n and cfg.skip < hi:
         raise PosbiasError(
-            f"{what} on examples {lo}..{hi - 1} of {cfg.task}, which overlap the {cfg.skip}..{cfg.skip + cfg.n - 1}"
-            " asked for here", f"report on held-out examples, e.g. --skip {hi}, or --n {max(lo - cfg.skip, 0)}")
+            f"{what} on examples {lo}..{hi - 1} of {split['task']}, which overlap the {cfg.skip}..{cfg.skip + cfg.n - 1}"
+            " asked for here", f"report on held-out examples, e.g. `skip={hi}`, or `n={max(lo - cfg.skip, 0)}`")
 
 
-def check_disjoint(cfg: SweepConfig, methods: list[str]) -> None:
-    """Refuse to report LPES on the examples its factors were searched on."""
-    from ..methods.scaling import read_factors
-
-    for m in methods:
-        name, _, arg = m.partition(":")
-        if name in ("lpes", "pi") and arg and Path(arg).exists():
-            _refuse_overlap(cfg, read_factors(arg).get("search_split"), f"{m} was searched")
+def distill_record(model: str | Loaded) -> dict | None:
+    """posbias_distill.json inside a model directory a distillation wrote (it travels with the model)."""
+    where = model.info.get("source", "") if isinstance(model, Loaded) else model
+    p = Path(str(where)) / "posbias_distill.json"
+    return json.loads(p.read_text()) if p.is_file() else None
 
 
-def _distill_record(model: str) -> dict | None:
-    """posbias_distill.json inside a model directory that `posbias distill` wrote (it travels with the model)."""
-    p = Path(model) / "posbias_distill.json"
-    return json.loads(p.read_text()) if p.exists() else None
+def model_name(model: str | Loaded) -> str:
+    return model.info.get("name", "model") if isinstance(model, Loaded) else model
 
 
-def model_label(model: str) -> str:
-    """`runs/p2d/full/model` (a distill output) -> `full`; anything else unchanged."""
-    return Path(model).parent.name if _distill_record(model) else model
+def model_label(model: str | Loaded) -> str:
+    """`runs/p2d/full/model` (a distillation output) -> `full`; anything else its name."""
+    name = model_name(model)
+    return Path(name).parent.name if distill_record(model) else name
 
 
-def check_disjoint_training(cfg: SweepConfig, models: list[str]) -> None:
-    """Refuse to report a distilled model on the examples it was trained on."""
-    for mo in models:
-        _refuse_overlap(cfg, (_distill_record(mo) or {}).get("train_split"), f"{mo} was trained")
-
-
-def run_compare(cfg: SweepConfig, methods: list[str], out: str | Path, resume: bool = False,
-                overwrite: bool = False, progress: bool = True, models: list[str] | None = None) -> dict:
-    """Run `cfg` once per (model, method) entry (each model loaded once); write compare.json last.
-
-    models: None = cfg.model only (entries are named by method); several = every model with every method."""
-    from ..methods import get_method
-
+def _check_entries(cfg: SweepConfig, methods: list[Method], models: list) -> None:
     if not methods:
-        raise PosbiasError("no methods given", "pass --methods none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json")
-    if len(set(methods)) != len(methods):
-        raise PosbiasError(f"a method is listed twice in {','.join(methods)}", "list each method once")
-    if models is not None and (not models or len(set(models)) != len(models)):
-        raise PosbiasError(f"--models must list distinct models, got {','.join(models)}", "list each model once")
-    for m in methods:
-        get_method(m)  # fail on a bad spec before any work
-    check_disjoint(cfg, methods)
-    check_disjoint_training(cfg, models or [cfg.model])
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise PosbiasError(f"--out {out} is a file", "pass a directory path")
-    (out / "compare.json").unlink(missing_ok=True)
+        raise PosbiasError("no methods given", "pass `methods` such as none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json")
+    keys = [m.key for m in methods]
+    if len(set(keys)) != len(keys):
+        raise PosbiasError(f"a method is listed twice in {','.join(keys)}", "list each method once")
+    names = [model_name(m) for m in models]
+    if not names or len(set(names)) != len(names):
+        raise PosbiasError(f"`models` must list distinct models, got {','.join(names)}", "list each model once")
+    for m in methods:  # never report a method on the examples it was fitted on
+        refuse_overlap(cfg, m.fitted_on, f"{m.key} was searched")
+    for mo in models:  # nor a distilled model on its training examples
+        refuse_overlap(cfg, (distill_record(mo) or {}).get("train_split"), f"{model_name(mo)} was trained")
+
+
+def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] = ("none",), out: str | Path | None = None,
+                *, models: Sequence[str | Loaded] | None = None, loaded: Loaded | None = None, resume: bool = False,
+                overwrite: bool = False, progress: bool = True) -> CompareResult:
+    """Run `cfg` once per (model, method) entry, each model loaded once; compare.json is written last.
+
+    models: None = cfg.model only (or `loaded`), entries named by method; several (names, directories or
+    loaded models) = every model with every method, entries named by model."""
+    cfg = (cfg or SweepConfig()).validate()
+    methods = [get_method(m) for m in methods]  # fail on a bad spec before any work
     named = models is not None
-    results, infos = [], {}
-    names = {mo: model_label(mo) for mo in models or [cfg.model]}
-    for mo, name in names.items():
-        loaded = load_model(mo, cfg.dtype, cfg.device)
-        infos[mo] = loaded.info
-        for m in methods:
-            label = get_method(m).label
-            if named:
-                label = name if m == "none" else f"{name} + {label}"
-            d = out / (slug(f"{name}@{m}") if named else slug(m))
-            started = (d / "sweep.json").exists() or (d / "sweep.partial.json").exists()
-            res = run_sweep(replace(cfg, model=mo, method=m), d, resume=resume and started, overwrite=overwrite,
-                            loaded=loaded, progress=progress)
-            results.append({"model": mo, "method": m, "label": label, "dir": d.name,
-                            "method_config": res.record["method"], "per_position": res.per_position,
-                            "summary": res.summary})
-        del loaded
-    _add_paired_differences(results, out)
-    record = {"config": {**res.config, "method": None, "model": None if named else cfg.model},
-              "model": infos[cfg.model] if not named else None, "models": infos, "methods": results}
+    model_list = list(models) if named else [loaded or cfg.model]
+    _check_entries(cfg, methods, model_list)
+    folder = RunFolder(out, "comparison", "compare.json", ("compare.png",))
+    folder.check(resume, overwrite)
+    fingerprint = {"config": {**cfg.to_dict(), "model": None, "method": None}, "methods": [m.key for m in methods],
+                   "models": [model_name(m) for m in model_list]}
+    with folder.open(fingerprint, resume, overwrite):
+        results, infos, res = [], {}, None
+        for mo in model_list:
+            lo = mo if isinstance(mo, Loaded) else load_model(mo, cfg.dtype, cfg.device)
+            infos[model_name(mo)] = lo.info
+            for m in methods:
+                res, entry = _entry(cfg, folder, lo, mo, m, named, resume, overwrite, progress)
+                results.append(entry)
+            del lo
+        _add_paired_differences(results)
+        record = {"config": {**res.config, "method": None, "model": None if named else cfg.model},
+                  "model": None if named else infos[model_name(model_list[0])], "models": infos,
+                  "methods": [{k: v for k, v in r.items() if k != "rows"} for r in results]}
+        if folder.path is not None:
+            _plot(record, cfg, [model_label(m) for m in model_list] if named else [cfg.model], res.config["engine"], folder)
+        folder.finish(record)  # last: its presence means "complete"
+    return CompareResult(record["methods"], record["config"], record)
+
+
+def _entry(cfg, folder: RunFolder, lo: Loaded, mo, m: Method, named: bool, resume: bool, overwrite: bool, progress: bool):
+    """One sweep of the comparison -> (SweepResult, entry dict with the rows for the paired differences)."""
+    name = model_label(mo)
+    label = (name if m.name == "none" else f"{name} + {m.label}") if named else m.label
+    d = slug(f"{name}@{m.key}") if named else slug(m.key)
+    sub = folder.file(d) if folder.path is not None else None
+    started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
+    res = run_sweep(replace(cfg, model=model_name(mo), method=m), sub, loaded=lo, resume=resume and started,
+                    overwrite=overwrite, progress=progress)
+    return res, {"model": model_name(mo), "method": m.key, "label": label, "dir": d, "method_config": res.record["method"],
+                 "per_position": res.per_position, "summary": res.summary, "rows": res.rows}
+
+
+def _plot(record: dict, cfg: SweepConfig, names: list[str], engine: str, folder: RunFolder) -> None:
     from ..report.plots import plot_compare
 
-    what = ", ".join(names.values()) if named else cfg.model
-    plot_compare(results, f"{cfg.task} on {what} (n={cfg.n}, {res.config['engine']})", out / "compare.png")
-    write_json_atomic(out / "compare.json", record, indent=2)  # last: its presence means "complete"
-    return record
+    plot_compare(record["methods"], f"{plain(cfg.task)} on {', '.join(names)} (n={cfg.n}, {engine})",
+                 folder.file("compare.png"))
 
 
-def _matrix(path: Path) -> dict:
-    return {(r["example_id"], r["position"]): bool(r["correct"]) for r in map(json.loads, path.read_text().splitlines())}
+def _correct_matrix(rows: list[dict], examples: list[str], positions: list[int]) -> np.ndarray:
+    by_key = {(r["example_id"], r["position"]): bool(r["correct"]) for r in rows}
+    return np.array([[by_key[(e, p)] for p in positions] for e in examples])
 
 
-def _add_paired_differences(results: list[dict], out: Path) -> None:
-    """Each method's average minus the first method's, paired over the same examples (bootstrap CI)."""
-    import numpy as np
-
-    from ..core.metrics import paired_difference
-
-    base = _matrix(out / results[0]["dir"] / "examples.jsonl")
-    examples = sorted({k[0] for k in base})
+def _add_paired_differences(results: list[dict]) -> None:
+    """Each entry's average minus the first entry's, paired over the same examples (bootstrap CI)."""
+    examples = sorted({r["example_id"] for r in results[0]["rows"]})
     positions = [p["position"] for p in results[0]["per_position"]]
-    grid = lambda m: np.array([[m[(e, p)] for p in positions] for e in examples])  # noqa: E731
-    a = grid(base)
+    a = _correct_matrix(results[0]["rows"], examples, positions)
     for r in results:
-        r["vs_first"] = paired_difference(a, grid(_matrix(out / r["dir"] / "examples.jsonl")))
+        r["vs_first"] = paired_difference(a, _correct_matrix(r["rows"], examples, positions))
 
 
-def format_compare(record: dict) -> str:
-    """Accuracy per position, one row per method, then average and gap (paired-bootstrap 95% CI)."""
+def format_compare(record: dict | CompareResult) -> str:
+    """Accuracy per position, one row per entry, then average and gap (paired-bootstrap 95% CI)."""
+    record = record.record if isinstance(record, CompareResult) else record
     rows = record["methods"]
     positions = [p["position"] for p in rows[0]["per_position"]]
     w = max(12, *(len(r["label"]) for r in rows))

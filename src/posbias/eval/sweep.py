@@ -1,84 +1,59 @@
 """Position sweep: every example at every requested gold position, scored, summarised, saved.
 
-Files in the output directory:
+Files in the output folder (runs.RunFolder protocol):
+  run.json        the run's fingerprint (resume compares it)
   examples.jsonl  one row per example x position, appended batch by batch (resume reads it)
-  sweep.partial.json  the run's fingerprint while it is unfinished
-  sweep.json      written atomically once every row is scored
-  curve.png       accuracy against position with a 95% CI band
+  sweep.json      written atomically once every row is scored: its presence means complete
+  curve.png       accuracy against position with a 95% CI band; timing.json
 """
 
 from __future__ import annotations
 
-import json
-import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..core.metrics import summarize_curve, wilson_ci
-from ..errors import PosbiasError
-from ..io import write_json_atomic
+from ..methods import Method, get_method
 from ..models.load import Loaded, load_model
+from ..runs import JsonlLog, RunFolder, versions
+from ..runs import progress as progress_bar
 from ..tasks import get_task, resolve_positions
-from .runner import build_rows, check_window, score_rows, use_chat
+from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict
+from .scorer import Scorer
+
+ROW_KEYS = ("example_id", "position", "correct")
+SWEEP_FILES = ("examples.jsonl", "curve.png", "timing.json", "sweep.partial.json")
 
 
 @dataclass
-class SweepConfig:
-    model: str = "smollm2-135m"
-    task: str = "kv-lookup"
-    task_options: dict = field(default_factory=dict)  # facts, digits, docs, pairs
-    positions: str = "all"
-    n: int = 100
-    seed: int = 0
+class SweepConfig(Scoring, TaskChoice, ModelChoice):
+    positions: str = "all"  # all | 0,4,9 | 0%,50%,100%
+    n: int = 100  # examples per position
+    seed: int = 0  # example selection / generation seed
     skip: int = 0  # start offset in the example order (disjoint splits)
-    engine: str | None = None  # None: the task's default
-    max_new_tokens: int | None = None  # None: the task's default (generate engine)
-    chat: str = "auto"
-    dtype: str = "bf16"
-    device: str = "cpu"
-    batch_tokens: int = 16384
-    max_batch: int = 32
-    data_dir: str | None = None
-    method: str = "none"  # a methods.get_method spec: none | pi:1.2 | lpes:DIR/factors.json | mspoe | buckets
+    method: str | Method = "none"  # a method spec (none | pi:1.2 | lpes:DIR/factors.json | mspoe | buckets | ...) or object
+
+    def validate(self) -> "SweepConfig":
+        self._validate_model()
+        self._validate_scoring()
+        check_split(self.n, self.skip)
+        return self
+
+    def to_dict(self) -> dict:
+        return config_dict(self)
 
 
 @dataclass
 class SweepResult:
-    config: dict
-    per_position: list[dict]
-    summary: dict
-    rows: list[dict]
-    record: dict  # the content of sweep.json
-
-
-def _versions() -> dict:
-    import torch
-    import transformers
-
-    from .. import __version__
-
-    return {"posbias": __version__, "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "numpy": np.__version__}
-
-
-def _read_rows(path: Path) -> list[dict]:
-    """Rows of examples.jsonl; a torn last line (a kill mid-write) is dropped from the file."""
-    if not path.exists():
-        return []
-    good, keep = [], 0
-    with path.open("rb") as f:
-        for line in f:
-            try:
-                good.append(json.loads(line))
-                keep += len(line)
-            except json.JSONDecodeError:
-                break
-    with path.open("r+b") as f:
-        f.truncate(keep)
-    return good
+    config: dict  # the resolved configuration (engine, answer length, chat use, positions filled in)
+    per_position: list[dict]  # position, n, correct, accuracy, ci_low, ci_high
+    summary: dict  # average, best, worst, gap (+ paired-bootstrap CI), std
+    rows: list[dict] = field(repr=False)  # one per example x position
+    record: dict = field(repr=False)  # the content of sweep.json
+    out: Path | None = None
 
 
 def per_position_stats(rows: list[dict], positions: list[int], example_ids: list[str]) -> tuple[list[dict], dict]:
@@ -92,108 +67,61 @@ def per_position_stats(rows: list[dict], positions: list[int], example_ids: list
     return per, summarize_curve(positions, m).as_dict()
 
 
-def run_sweep(
-    cfg: SweepConfig,
-    out_dir: str | Path | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    loaded: Loaded | None = None,
-    progress: bool = True,
-) -> SweepResult:
-    """Run (or resume) a sweep. With out_dir=None nothing is written (API use)."""
-    from ..methods import get_method
-
+def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | None = None,
+              resume: bool = False, overwrite: bool = False, progress: bool = True) -> SweepResult:
+    """Run (or resume) a sweep. out=None writes nothing; `loaded` reuses an already loaded model."""
+    cfg = (cfg or SweepConfig()).validate()
     method = get_method(cfg.method)  # parse (and read factor files) before loading anything
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
     positions = resolve_positions(cfg.positions, task.n_slots)
-    if cfg.n < 1:
-        raise PosbiasError(f"--n must be at least 1, got {cfg.n}", "use --n 1 or more")
-    engine = cfg.engine or task.default_engine
-    max_new = cfg.max_new_tokens or task.max_new_tokens
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        _check_out_dir(out, resume, overwrite)
-    if loaded is None:
-        loaded = load_model(cfg.model, cfg.dtype, cfg.device)
-    chat = use_chat(loaded, cfg.chat)
-    rows = build_rows(loaded, task, examples, positions, chat)
-    check_window(rows, loaded.context_window, engine, max_new)
-
-    resolved = {**asdict(cfg), "engine": engine, "max_new_tokens": max_new, "chat_used": chat,
-                "positions_resolved": positions}
+    folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)
+    folder.check(resume, overwrite)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device)
+    scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch)
+    rows = scorer.rows(examples, positions)
+    resolved = {**cfg.to_dict(), **scorer.settings(), "positions_resolved": positions}
     fingerprint = {"config": resolved, "task": task.config(), "model": loaded.info, "method": method.config()}
-    done_rows: list[dict] = []
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        partial, final = out / "sweep.partial.json", out / "sweep.json"
-        if resume:
-            old = json.loads((partial if partial.exists() else final).read_text())
-            if {k: old.get(k) for k in fingerprint} != json.loads(json.dumps(fingerprint)):
-                raise PosbiasError(
-                    f"{out} holds a sweep with a different configuration", "rerun it with the same options, or use --overwrite"
-                )
-            done_rows = _read_rows(out / "examples.jsonl")
-        else:
-            (out / "examples.jsonl").unlink(missing_ok=True)
-        final.unlink(missing_ok=True)
-        write_json_atomic(partial, fingerprint, indent=2)
-    done = {(r["example_id"], r["position"]) for r in done_rows}
+    with folder.open(fingerprint, resume, overwrite):
+        log = JsonlLog(folder.file("examples.jsonl")) if out is not None else None
+        done_rows = log.read(ROW_KEYS) if folder.resuming else []
+        t0 = time.perf_counter()
+        new_rows = _score(scorer, rows, method, done_rows, log, progress, f"{task.name} on {cfg.model}")
+        elapsed = time.perf_counter() - t0
+        all_rows = done_rows + new_rows
+        per, summary = per_position_stats(all_rows, positions, [e.id for e in examples])
+        record = {**fingerprint, "versions": versions(), "per_position": per, "summary": summary}
+        if out is not None:
+            _write(folder, record, method, task.name, cfg, elapsed, len(new_rows))
+    return SweepResult(resolved, per, summary, all_rows, record, folder.path)
 
-    bar = _progress(len(rows), len(done), progress, f"{cfg.task} on {cfg.model}")
-    t0 = time.perf_counter()
-    log = (out / "examples.jsonl").open("a", encoding="utf-8") if out is not None else None
+
+def _score(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: JsonlLog | None, show: bool,
+           desc: str) -> list[dict]:
+    done = {(r["example_id"], r["position"]) for r in done_rows}
+    bar = progress_bar(len(rows), desc, "row", initial=len(done), enabled=show)
 
     def on_batch(new: list[dict]) -> None:
         if log is not None:
-            log.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in new))
-            log.flush()
-        if bar is not None:
-            bar.update(len(new))
+            log.append(new)
+        bar.update(len(new))
 
     try:
-        with method.apply(loaded) as handle:
-            new_rows = score_rows(loaded, rows, engine, task.metric, max_new, cfg.batch_tokens, cfg.max_batch,
-                                  done, on_batch, prompt_end=getattr(handle, "set_prompt_end", None))
+        return scorer.score(rows, method, done, on_batch)
     finally:
-        if log is not None:
-            log.close()
-        if bar is not None:
-            bar.close()
-    elapsed = time.perf_counter() - t0
-
-    all_rows = done_rows + new_rows
-    per, summary = per_position_stats(all_rows, positions, [e.id for e in examples])
-    record = {**fingerprint, "versions": _versions(), "per_position": per, "summary": summary}
-    if out is not None:
-        from ..report.plots import plot_curve
-
-        label = "" if method.name == "none" else f", {method.label}"
-        plot_curve(per, f"{task.name} on {cfg.model}{label} (n={cfg.n}, {engine})", out / "curve.png")
-        write_json_atomic(out / "timing.json", {"seconds_this_run": elapsed, "rows_this_run": len(new_rows)}, indent=2)
-        write_json_atomic(out / "sweep.json", record, indent=2)  # last: its presence means "complete"
-        (out / "sweep.partial.json").unlink(missing_ok=True)
-    return SweepResult(resolved, per, summary, all_rows, record)
+        bar.close()
 
 
-def _check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
-    if resume and overwrite:
-        raise PosbiasError("--resume and --overwrite contradict each other", "pass one of them")
-    if out.exists() and not out.is_dir():
-        raise PosbiasError(f"--out {out} is a file", "pass a directory path")
-    started = (out / "examples.jsonl").exists() or (out / "sweep.json").exists()
-    if started and not (resume or overwrite):
-        raise PosbiasError(f"{out} already holds a sweep", "pass --resume to continue it or --overwrite to start again")
-    if resume and not (out / "sweep.partial.json").exists() and not (out / "sweep.json").exists():
-        raise PosbiasError(f"nothing to resume in {out}", "drop --resume to start a new sweep")
+def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg: SweepConfig, seconds: float,
+           n_rows: int) -> None:
+    from ..report.plots import plot_curve
+    from ..runs import write_json_atomic
 
-
-def _progress(total: int, initial: int, enabled: bool, desc: str):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit="row", dynamic_ncols=True)
+    label = "" if method.name == "none" else f", {method.label}"
+    engine = record["config"]["engine"]
+    plot_curve(record["per_position"], f"{task_name} on {cfg.model}{label} (n={cfg.n}, {engine})", folder.file("curve.png"))
+    write_json_atomic(folder.file("timing.json"), {"seconds_this_run": seconds, "rows_this_run": n_rows}, indent=2)
+    folder.finish(record)  # last: its presence means "complete"
 
 
 def format_table(per: list[dict], summary: dict) -> str:

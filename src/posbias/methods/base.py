@@ -1,42 +1,86 @@
 """The one interface every training-free mitigation shares.
 
-A Method is parsed from a spec string (`none`, `pi:1.2`, `lpes:DIR/factors.json`, `mspoe`,
-`buckets`, `layers:1,1.1,...`), describes itself as JSON (it enters the sweep fingerprint, so a
-resumed sweep cannot silently mix methods) and is applied to a loaded model as a reversible
-context manager: inside it the model is mitigated, after it the model is exactly as before.
+A Method describes itself as JSON (`config`, part of a sweep's fingerprint, so a resumed sweep
+cannot silently mix methods) and is applied to a loaded model as a reversible context manager:
+inside `with method.apply(loaded) as active:` the model is mitigated, after it the model is
+exactly as before. `active` (an `Active`) carries the callbacks the scoring engines make while
+the method is on; a method that needs none yields the default, which does nothing.
+
+Methods are registered by name (methods/registry.py) and built from spec strings such as
+`pi:1.2` through their `from_spec` class method; a user's own subclass can be registered, or
+passed to `run_sweep` / `run_compare` as an object.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager
+from typing import ClassVar, Iterator
 
+from ..errors import PosbiasError
 from ..models.load import Loaded
 
 
+class Active:
+    """Yielded by `Method.apply` while the method is on; the engines call these hooks (no-ops here)."""
+
+    def set_prompt_end(self, cols) -> None:
+        """Before a teacher-forced forward of prompt + answer: cols[i] is the column of row i's last
+        prompt token (an input-dependent method such as Ms-PoE measures there, as generation would)."""
+
+
 class Method(ABC):
-    name: str
+    """A training-free mitigation. Subclasses set `name` and `usage`, implement `config` and `apply`,
+    and parse their spec argument in `from_spec` (the part after `name:`)."""
+
+    name: ClassVar[str]
+    usage: ClassVar[str] = ""  # the spec forms, e.g. "pi:FACTOR|pi:FACTORS.json"
+    spec: str | None = None  # the spec string it was built from (set by get_method)
+    # the examples it was fitted on ({"task", "seed", "skip", "n"}, e.g. an LPES search split):
+    # compare refuses to report it on those examples
+    fitted_on: dict | None = None
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "Method":
+        """The method for `name:arg` (arg may be empty)."""
+        if arg:
+            raise PosbiasError(f"method {cls.name} takes no argument, got {arg!r}", f"write it as {cls.usage or cls.name}")
+        return cls()
 
     @abstractmethod
     def config(self) -> dict:
         """JSON-able description (name and every parameter)."""
 
     @abstractmethod
-    def apply(self, loaded: Loaded) -> AbstractContextManager:
-        """Context manager: the model is mitigated inside, restored exactly on exit."""
+    def apply(self, loaded: Loaded) -> AbstractContextManager[Active]:
+        """Context manager: the model is mitigated inside, restored exactly on exit; yields an Active."""
 
     @property
     def label(self) -> str:
         return self.name
+
+    @property
+    def key(self) -> str:
+        """A stable short name: the spec it came from, else its label."""
+        return self.spec or self.label
+
+
+@contextmanager
+def active_while(cm: AbstractContextManager) -> Iterator[Active]:
+    """Run a model-side context manager (models/) and yield a plain Active for its duration."""
+    with cm:
+        yield Active()
 
 
 class Baseline(Method):
     """The unmodified model."""
 
     name = "none"
+    usage = "none"
 
     def config(self) -> dict:
         return {"name": "none"}
 
-    def apply(self, loaded: Loaded) -> AbstractContextManager:
-        return nullcontext()
+    @contextmanager
+    def apply(self, loaded: Loaded) -> Iterator[Active]:
+        yield Active()

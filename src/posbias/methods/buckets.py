@@ -7,32 +7,35 @@ from contextlib import AbstractContextManager
 
 from ..errors import PosbiasError
 from ..models.load import Loaded
-from .base import Method
+from .base import Active, Method, active_while
+from .registry import register_method
 
 
+@register_method
 class Buckets(Method):
     name = "buckets"
+    usage = "buckets[:B1,B2,...]"
 
     def __init__(self, bases: tuple[float, ...] | None = None):
-        if bases is not None and (not bases or any(b <= 1 for b in bases)):
+        if bases is not None and (not bases or any(not b > 1 for b in bases)):
             raise PosbiasError(f"RoPE bases must be numbers > 1, got {bases}", "e.g. buckets:10000,17500,20000")
         self.bases = bases
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "Buckets":
+        if not arg:
+            return cls()
+        try:
+            return cls(tuple(float(x) for x in arg.split(",")))
+        except ValueError:
+            raise PosbiasError(f"bad bucket bases {arg!r}", "write them as buckets:B1,B2,..., e.g. buckets:10000,20000") from None
 
     def config(self) -> dict:
         return {"name": "buckets", "bases": list(self.bases) if self.bases else "default"}
 
-    def apply(self, loaded: Loaded) -> AbstractContextManager:
+    def apply(self, loaded: Loaded) -> AbstractContextManager[Active]:
         from ..models.buckets import attention_buckets
 
         if self.bases is None:
-            return attention_buckets(loaded.model)
-        return attention_buckets(loaded.model, bases=self.bases)
-
-
-def parse(arg: str | None) -> Buckets:
-    if not arg:
-        return Buckets()
-    try:
-        return Buckets(tuple(float(x) for x in arg.split(",")))
-    except ValueError:
-        raise PosbiasError(f"bad bucket bases {arg!r}", "write them as buckets:B1,B2,..., e.g. buckets:10000,20000") from None
+            return active_while(attention_buckets(loaded.model))
+        return active_while(attention_buckets(loaded.model, bases=self.bases))

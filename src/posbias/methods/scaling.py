@@ -8,41 +8,54 @@ The LPES paper's PI baseline uses the mean of the searched per-layer factors (Se
 from __future__ import annotations
 
 import json
+import math
 from contextlib import AbstractContextManager
 from pathlib import Path
 
 from ..errors import PosbiasError
 from ..models.load import Loaded
-from .base import Method
+from .base import Active, Method, active_while
+from .registry import register_method
 
 
 def read_factors(path: str | Path) -> dict:
-    """A factors.json written by `posbias lpes search` (a directory means DIR/factors.json)."""
+    """A factors.json written by an LPES search (a directory means DIR/factors.json)."""
     p = Path(path)
     if p.is_dir():
         p = p / "factors.json"
     if not p.exists():
-        raise PosbiasError(f"no factors file at {p}", "run `posbias lpes search --out DIR` first, then pass DIR/factors.json")
+        raise PosbiasError(f"no factors file at {p}", "run an LPES search first, then pass its DIR/factors.json")
     try:
         rec = json.loads(p.read_text())
         factors = [float(x) for x in rec["factors"]]
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise PosbiasError(f"{p} is not a factors.json ({e})", "pass the factors.json that `posbias lpes search` wrote") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
+        raise PosbiasError(f"{p} is not a factors.json ({e})", "pass the factors.json an LPES search wrote") from None
     return {**rec, "factors": factors, "path": str(p)}
 
 
 def _positive(values: list[float], what: str) -> list[float]:
-    if not values or any(not v > 0 for v in values):
-        raise PosbiasError(f"{what} must be positive numbers, got {values}", "e.g. pi:1.2 or layers:1,1.1,1.2")
+    if not values or any(not (math.isfinite(v) and v > 0) for v in values):
+        raise PosbiasError(f"{what} must be finite positive numbers, got {values[:8]}", "e.g. pi:1.2 or layers:1,1.1,1.2")
     return values
 
 
+@register_method
 class LayerScaling(Method):
-    """Per-layer factors s_h (LPES when they come from a search)."""
+    """Per-layer factors s_h, layer h sees positions i / s_h (LPES eq. 2)."""
 
-    def __init__(self, factors: list[float], name: str = "layers", source: str | None = None, extra: dict | None = None):
+    name = "layers"
+    usage = "layers:F1,F2,..."
+
+    def __init__(self, factors: list[float], source: str | None = None, extra: dict | None = None):
         self.factors = _positive([float(f) for f in factors], "per-layer factors")
-        self.name, self.source, self.extra = name, source, extra or {}
+        self.source, self.extra = source, extra or {}
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "LayerScaling":
+        try:
+            return cls([float(x) for x in arg.split(",")])
+        except ValueError:
+            raise PosbiasError(f"bad per-layer factors {arg!r}", "write them as layers:1,1.1,1.2,... (one per layer)") from None
 
     @property
     def label(self) -> str:
@@ -52,20 +65,52 @@ class LayerScaling(Method):
     def config(self) -> dict:
         return {"name": self.name, "factors": self.factors, "source": self.source, **self.extra}
 
-    def apply(self, loaded: Loaded) -> AbstractContextManager:
+    def apply(self, loaded: Loaded) -> AbstractContextManager[Active]:
         from ..models.rope import layer_rope_scaling
 
-        return layer_rope_scaling(loaded.model, self.factors)
+        return active_while(layer_rope_scaling(loaded.model, self.factors))
 
 
+@register_method
+class LPES(LayerScaling):
+    """The per-layer factors an LPES search found (its factors.json)."""
+
+    name = "lpes"
+    usage = "lpes:FACTORS.json"
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "LPES":
+        if not arg:
+            raise PosbiasError("lpes needs the factors of a search", f"write it as {cls.usage}")
+        rec = read_factors(arg)
+        extra = {k: rec[k] for k in ("control_points", "curve", "space") if k in rec}
+        method = cls(rec["factors"], source=rec["path"], extra=extra)
+        method.fitted_on = rec.get("search_split")
+        return method
+
+
+@register_method
 class UniformScaling(Method):
     """Positional Interpolation: the same factor on every layer."""
 
     name = "pi"
+    usage = "pi:FACTOR|pi:FACTORS.json"
 
     def __init__(self, factor: float, source: str | None = None):
         self.factor = _positive([float(factor)], "the PI factor")[0]
         self.source = source
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "UniformScaling":
+        if not arg:
+            raise PosbiasError("pi needs a factor", f"write it as {cls.usage}")
+        try:
+            return cls(float(arg))
+        except ValueError:
+            rec = read_factors(arg)
+            method = cls(sum(rec["factors"]) / len(rec["factors"]), source=rec["path"])
+            method.fitted_on = rec.get("search_split")
+            return method
 
     @property
     def label(self) -> str:
@@ -74,21 +119,7 @@ class UniformScaling(Method):
     def config(self) -> dict:
         return {"name": "pi", "factor": self.factor, "source": self.source}
 
-    def apply(self, loaded: Loaded) -> AbstractContextManager:
+    def apply(self, loaded: Loaded) -> AbstractContextManager[Active]:
         from ..models.rope import uniform_rope_scaling
 
-        return uniform_rope_scaling(loaded.model, self.factor)
-
-
-def lpes_method(path: str) -> LayerScaling:
-    rec = read_factors(path)
-    extra = {k: rec[k] for k in ("control_points", "curve", "space") if k in rec}
-    return LayerScaling(rec["factors"], name="lpes", source=rec["path"], extra=extra)
-
-
-def pi_method(arg: str) -> UniformScaling:
-    try:
-        return UniformScaling(float(arg))
-    except ValueError:
-        rec = read_factors(arg)
-        return UniformScaling(sum(rec["factors"]) / len(rec["factors"]), source=rec["path"])
+        return active_while(uniform_rope_scaling(loaded.model, self.factor))

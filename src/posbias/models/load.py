@@ -17,6 +17,7 @@ import torch
 from ..errors import PosbiasError
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DEVICES = ("cpu", "cuda", "auto")
 
 
 @dataclass
@@ -83,9 +84,9 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise PosbiasError("--device cuda was asked for but no CUDA device is visible", "use --device cpu or auto")
+        raise PosbiasError("`device=cuda` was asked for but no CUDA device is visible", "use `device=cpu` or `device=auto`")
     if device not in ("cpu", "cuda"):
-        raise PosbiasError(f"unknown device '{device}'", "use --device cpu, cuda or auto")
+        raise PosbiasError(f"unknown device '{device}'", "use `device` cpu, cuda or auto")
     return torch.device(device)
 
 
@@ -119,7 +120,7 @@ def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "c
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if dtype not in DTYPES:
-        raise PosbiasError(f"unknown dtype '{dtype}'", "use --dtype bf16 or fp32")
+        raise PosbiasError(f"unknown dtype '{dtype}'", "use `dtype` bf16 or fp32")
     dev = resolve_device(device)
     src, gguf, kind = _locate(name)
     kw = {"gguf_file": gguf} if gguf else {}

@@ -3,11 +3,23 @@ Reddy (2024)'s in-context classification task, attention-only networks, swap tes
 
 from .data import BIASES, DataConfig, SynthTask
 from .evaluate import PAIRS, EvalConfig, evaluate
-from .experiments import GRIDS, PRESETS, grid_runs, run_grid, run_one
+from .experiments import (
+    GRIDS,
+    PRESETS,
+    format_run,
+    format_summary,
+    grid_runs,
+    one_run_config,
+    one_run_path,
+    parse_mask,
+    run_grid,
+    run_one,
+)
 from .model import MASKS, PES, AttentionOnlyNet, ModelConfig
 from .train import RunConfig, TrainConfig, train
 
 __all__ = [
     "BIASES", "GRIDS", "MASKS", "PAIRS", "PES", "PRESETS", "AttentionOnlyNet", "DataConfig", "EvalConfig",
-    "ModelConfig", "RunConfig", "SynthTask", "TrainConfig", "evaluate", "grid_runs", "run_grid", "run_one", "train",
+    "ModelConfig", "RunConfig", "SynthTask", "TrainConfig", "evaluate", "format_run", "format_summary", "grid_runs",
+    "one_run_config", "one_run_path", "parse_mask", "run_grid", "run_one", "train",
 ]

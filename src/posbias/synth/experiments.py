@@ -21,7 +21,6 @@ residual connections (pure attention, as the theory and the public code's defaul
 from __future__ import annotations
 
 import json
-import platform
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
@@ -31,7 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PosbiasError
-from ..io import write_json_atomic
+from ..runs import RunFolder, cached_record, write_json_atomic
+from ..runs import progress as progress_bar
+from ..runs import versions as library_versions
 from .data import DataConfig
 from .evaluate import EvalConfig
 from .model import ModelConfig
@@ -111,10 +112,7 @@ def grid_runs(grid: str, preset: str = "quick", **over) -> list[Run]:
 def versions() -> dict:
     import torch
 
-    from .. import __version__
-
-    return {"posbias": __version__, "python": platform.python_version(), "torch": torch.__version__,
-            "threads": torch.get_num_threads()}
+    return {**library_versions(), "threads": torch.get_num_threads()}
 
 
 def run_one(cfg: RunConfig, out_json: str | Path, ckpt: str | Path | None = None, progress: bool = True,
@@ -130,11 +128,9 @@ def run_one(cfg: RunConfig, out_json: str | Path, ckpt: str | Path | None = None
     from .train import train
 
     out_json = Path(out_json)
-    if out_json.exists():
-        old = json.loads(out_json.read_text())
-        if old.get("config") == cfg.to_dict():
-            return old
-        raise PosbiasError(f"{out_json} holds another configuration", "use another --out or --overwrite")
+    old = cached_record(out_json, cfg.to_dict())
+    if old is not None:
+        return old
     cfg.validate()
     out_json.parent.mkdir(parents=True, exist_ok=True)
     ckpt = Path(ckpt) if ckpt else out_json.with_suffix(".ckpt")
@@ -160,62 +156,46 @@ def _worker(cfg_dict: dict, out_json: str) -> dict:
 
 def run_grid(grid: str, runs: list[Run], out: str | Path, workers: int = 1, progress: bool = True,
              overwrite: bool = False) -> dict:
-    """Run (or resume) every run; aggregate over seeds into OUT/<grid>.json (last) and figures."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise PosbiasError(f"--out {out} is a file", "pass a directory path")
-    if workers < 1:
-        raise PosbiasError(f"--workers must be >= 1, got {workers}")
-    rundir = out / "runs"
-    if overwrite and rundir.exists():
-        for f in rundir.iterdir():
-            f.unlink()
-    rundir.mkdir(parents=True, exist_ok=True)
-    (out / f"{grid}.json").unlink(missing_ok=True)
-    records: dict[str, dict] = {}
-    todo = []
-    for r in runs:
-        path = rundir / f"{r.name}.json"
-        if path.exists():
-            records[r.name] = run_one(r.cfg, path)
-        else:
-            todo.append(r)
-    bar = _bar(progress, len(runs), len(records), f"synth {grid}")
-    t0 = time.perf_counter()
-    try:
-        if workers == 1:
-            for r in todo:
-                records[r.name] = run_one(r.cfg, rundir / f"{r.name}.json", progress=progress)
-                _tick(bar)
-        else:
-            with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as ex:
-                futs = {ex.submit(_worker, r.cfg.to_dict(), str(rundir / f"{r.name}.json")): r for r in todo}
-                for f in as_completed(futs):
-                    records[futs[f].name] = f.result()
-                    _tick(bar)
-    finally:
-        if bar is not None:
-            bar.close()
-    result = aggregate(grid, runs, records)
-    result["wall_seconds_this_call"] = time.perf_counter() - t0
-    from ..report.synth_plots import plot_grid
+    """Run (or continue) every run; aggregate over seeds into OUT/<grid>.json (last) and figures.
 
-    result["figures"] = plot_grid(grid, result, out)
-    write_json_atomic(out / f"{grid}.json", result, indent=1)  # last: its presence means "complete"
+    A rerun into the same folder continues: runs/ caches one JSON per finished run, named by its
+    configuration's hash, so only missing runs are trained."""
+    if workers < 1:
+        raise PosbiasError(f"`workers` must be >= 1, got {workers}", "pass `workers=1` or more")
+    folder = RunFolder(out, f"synth {grid} grid", f"{grid}.json", ("runs",))
+    resume = folder.started() and not overwrite
+    with folder.open({"grid": grid}, resume, overwrite):
+        folder.file(f"{grid}.json").unlink(missing_ok=True)  # this call's runs may differ from the last one's
+        rundir = folder.file("runs")
+        rundir.mkdir(parents=True, exist_ok=True)
+        records = {r.name: run_one(r.cfg, rundir / f"{r.name}.json") for r in runs if (rundir / f"{r.name}.json").exists()}
+        todo = [r for r in runs if r.name not in records]
+        bar = progress_bar(len(runs), f"synth {grid}", "run", initial=len(records), enabled=progress, position=0)
+        t0 = time.perf_counter()
+        try:
+            _train_all(todo, rundir, workers, progress, records, bar)
+        finally:
+            bar.close()
+        result = aggregate(grid, runs, records)
+        result["wall_seconds_this_call"] = time.perf_counter() - t0
+        from ..report.synth_plots import plot_grid
+
+        result["figures"] = plot_grid(grid, result, folder.path)
+        folder.finish(result, indent=1)  # last: its presence means "complete"
     return result
 
 
-def _tick(bar) -> None:
-    if bar is not None:
-        bar.update(1)
-
-
-def _bar(enabled: bool, total: int, initial: int, desc: str):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit="run", dynamic_ncols=True, position=0)
+def _train_all(todo: list[Run], rundir: Path, workers: int, progress: bool, records: dict, bar) -> None:
+    if workers == 1:
+        for r in todo:
+            records[r.name] = run_one(r.cfg, rundir / f"{r.name}.json", progress=progress)
+            bar.update(1)
+        return
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as ex:
+        futs = {ex.submit(_worker, r.cfg.to_dict(), str(rundir / f"{r.name}.json")): r for r in todo}
+        for f in as_completed(futs):
+            records[futs[f].name] = f.result()
+            bar.update(1)
 
 
 def _stats(values: list) -> dict:
@@ -268,6 +248,34 @@ def format_summary(result: dict) -> str:
         gaps = "  ".join(f"{k[4:]} {s[k]['mean']:+.3f}±{s[k]['std']:.3f}" for k in s if k.startswith("gap/"))
         lines.append(f"L{f['depth']} {f['mask']:>8} {f['pe']:>5} {'res' if f['residual'] else 'nores':>5} "
                      f"{f['bias']:>10} | {gaps} | novel {s['novel_accuracy']['mean']:.3f}")
+    return "\n".join(lines)
+
+
+def one_run_config(*, mask: str = "causal", seed: int = 0, iters: int = 4000, lr: float = 1e-3, eval_seqs: int = 5000,
+                   data: dict | None = None, **model) -> RunConfig:
+    """One configuration (`posbias synth train`): the paper's data (DataConfig fields in `data`), model
+    (ModelConfig fields in `model`, mask as 'causal' | 'windowN' | 'prefixN' | 'none') and lr (App. J),
+    with a short default run: 4,000 steps (the paper: 100,000) and 5,000 test sequences per swap-test set."""
+    model_cfg = ModelConfig(**{**model, **parse_mask(mask)})
+    ecfg = EvalConfig(n_seqs=eval_seqs, sink_seqs=eval_seqs, position_seqs=max(1, eval_seqs // 4))
+    return RunConfig(DataConfig(**(data or {})), model_cfg, TrainConfig(iters=iters, lr=lr), ecfg, seed).validate()
+
+
+def one_run_path(out: str | Path, cfg: RunConfig) -> Path:
+    """Where `posbias synth train` keeps a configuration's result in OUT (a rerun resumes or returns it)."""
+    return Path(out) / f"{cfg.model.label}-{cfg.data.bias}-seed{cfg.seed}-{cfg.key()}.json"
+
+
+def format_run(rec: dict) -> str:
+    """The metrics of one run_one record as text lines."""
+    cfg, m = rec["config"], rec["metrics"]
+    lines = [f"{ModelConfig(**cfg['model']).label} bias={cfg['data']['bias']} seed={cfg['seed']} "
+             f"iters={cfg['train']['iters']}: train {rec['seconds']['train']:.0f}s",
+             f"novel-class accuracy {m['novel_accuracy']:.3f} | training-distribution accuracy {m['train_accuracy']:.3f}"]
+    lines += [f"{k:16s} acc[a,b] {v['acc_ab']:.3f}  acc[b,a] {v['acc_ba']:.3f}  gap {v['gap']:+.3f}"
+              for k, v in m["swap"].items()]
+    lines.append("accuracy by answer item: " + " ".join(f"{a:.3f}" for a in m["accuracy_by_position"]))
+    lines.append("sink metric per token:   " + " ".join(f"{a:.2f}" for a in m["sinks"]["per_token"]))
     return "\n".join(lines)
 
 

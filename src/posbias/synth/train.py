@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import PosbiasError
+from ..runs import progress as progress_bar
 from .data import DataConfig, SynthTask, generator
 from .evaluate import EvalConfig, novel_accuracy, swap_tests
 from .model import AttentionOnlyNet, ModelConfig
@@ -124,12 +125,12 @@ def train(cfg: RunConfig, ckpt: str | Path | None = None, progress: bool = True,
     if path is not None and path.exists():
         saved = torch.load(path, weights_only=False)
         if saved["config"] != cfg.to_dict():
-            raise PosbiasError(f"checkpoint {path} belongs to another configuration", "delete it or use another --out")
+            raise PosbiasError(f"checkpoint {path} belongs to another configuration", "delete it or pass another `out`")
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
         st = saved["state"]
     logs, end = _log_steps(t), min(t.iters, stop_at or t.iters)
-    bar = _bar(progress, t.iters, st["step"], cfg.model.label)
+    bar = progress_bar(t.iters, cfg.model.label, "step", initial=st["step"], enabled=progress, mininterval=1.0, leave=False)
     t0 = time.perf_counter()
     model.train()
     for step in range(st["step"], end):
@@ -151,20 +152,10 @@ def train(cfg: RunConfig, ckpt: str | Path | None = None, progress: bool = True,
             st["seconds"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             _save(path, {"config": cfg.to_dict(), "model": model.state_dict(), "opt": opt.state_dict(), "state": st})
-        if bar is not None:
-            bar.update(1)
-            if st["history"]:
-                h = st["history"][-1]
-                bar.set_postfix(loss=f"{h['train_loss']:.3f}", novel=f"{h['novel_acc']:.3f}", refresh=False)
-    if bar is not None:
-        bar.close()
+        bar.update(1)
+        if st["history"]:
+            h = st["history"][-1]
+            bar.set_postfix(loss=f"{h['train_loss']:.3f}", novel=f"{h['novel_acc']:.3f}", refresh=False)
+    bar.close()
     st["seconds"] += time.perf_counter() - t0
     return TrainResult(model, task, st["history"], st["seconds"], st["step"])
-
-
-def _bar(enabled: bool, total: int, initial: int, desc: str):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True, mininterval=1.0, leave=False)

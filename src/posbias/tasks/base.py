@@ -68,7 +68,7 @@ class Task(ABC):
             return [self._example(i) for i in range(skip, skip + n)]
         if skip + n > pool:
             raise PosbiasError(
-                f"task {self.name} has {pool} examples but {skip + n} were asked for", f"use --n {max(pool - skip, 0)} or fewer"
+                f"task {self.name} has {pool} examples but {skip + n} were asked for", f"use `n={max(pool - skip, 0)}` or fewer"
             )
         order = list(range(pool))
         random.Random(seed).shuffle(order)
@@ -99,7 +99,7 @@ def resolve_positions(spec: str, n_slots: int) -> list[int]:
                 out.append(int(part))
         except ValueError:
             raise PosbiasError(
-                f"bad position '{part}' in --positions {spec}", "use all, a list like 0,4,9, or percents like 0%,50%,100%"
+                f"bad position '{part}' in `positions` {spec}", "use all, a list like 0,4,9, or percents like 0%,50%,100%"
             ) from None
         if not 0 <= out[-1] < n_slots:
             raise PosbiasError(

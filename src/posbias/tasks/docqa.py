@@ -80,7 +80,7 @@ class DocQA(Task):
 def nq_task(docs: int = 10, data_dir: str | Path | None = None, answers: str = "all") -> DocQA:
     """NQ-open, 10 or 20 documents: gold (ctxs[0]) plus the first docs-1 distractors."""
     if docs not in (10, 20):
-        raise PosbiasError(f"nq has 10 or 20 documents, not {docs}", "use --docs 10 or --docs 20")
+        raise PosbiasError(f"nq has 10 or 20 documents, not {docs}", "use `docs=10` or `docs=20`")
     path = Path(data_dir or shared_data_dir()) / "nq" / "nq-open-20docs-gold_at_0.jsonl.gz"
     records = []
     for lineno, r in read_jsonl(path):

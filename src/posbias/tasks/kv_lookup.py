@@ -31,11 +31,11 @@ class KVLookup(Task):
 
     def __init__(self, facts: int = 10, digits: int = 6):
         if facts < 2:
-            raise PosbiasError(f"kv-lookup needs at least 2 facts, got {facts}", "use --facts 2 or more")
+            raise PosbiasError(f"kv-lookup needs at least 2 facts, got {facts}", "use `facts=2` or more")
         if not 2 <= digits <= 12:
-            raise PosbiasError(f"kv-lookup digits must be 2..12, got {digits}", "use --digits between 2 and 12")
+            raise PosbiasError(f"kv-lookup digits must be 2..12, got {digits}", "use `digits` between 2 and 12")
         if facts > 9 * 10 ** (digits - 1) // 2:
-            raise PosbiasError(f"{facts} facts cannot have distinct {digits}-digit codes", "use more --digits")
+            raise PosbiasError(f"{facts} facts cannot have distinct {digits}-digit codes", "use more `digits`")
         self.facts, self.digits = facts, digits
 
     @property

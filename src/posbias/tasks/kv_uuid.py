@@ -47,11 +47,11 @@ class KVUUID(Task):
 
     def __init__(self, pairs: int = 75, source: str = "auto", data_dir: str | Path | None = None):
         if pairs < 2:
-            raise PosbiasError(f"kv-uuid needs at least 2 pairs, got {pairs}", "use --pairs 2 or more")
+            raise PosbiasError(f"kv-uuid needs at least 2 pairs, got {pairs}", "use `pairs=2` or more")
         if source == "auto":
             source = "file" if pairs in SHARED_PAIRS else "generate"
         if source == "file" and pairs not in SHARED_PAIRS:
-            raise PosbiasError(f"the shared kv files have 75 or 140 pairs, not {pairs}", "use --pairs 75/140")
+            raise PosbiasError(f"the shared kv files have 75 or 140 pairs, not {pairs}", "use `pairs=75` or `pairs=140`")
         self.pairs, self.source = pairs, source
         self._records: list[KVRecords] | None = None
         if source == "file":

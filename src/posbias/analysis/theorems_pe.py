@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.rollout import attention, attention_scores, causal_mask, random_inputs, random_weights, san_forward
 from ..errors import PosbiasError
-from .rollout import attention, attention_scores, causal_mask, random_inputs, random_weights, san_forward
 from .theorems import leq, result, rollouts
 
 # ---------------------------------------------------------------- predictions

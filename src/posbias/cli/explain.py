@@ -1,4 +1,4 @@
-"""`posbias synth ...`: the controlled synthetic experiments (a thin shell over posbias.synth)."""
+"""`posbias theory` and `posbias synth ...`: explain position bias (rollout, theorem checks, synthetic experiments)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,24 @@ from typing import Optional
 
 import typer
 
-from .errors import PosbiasError
+from .. import (
+    PosbiasError,
+    RealRollout,
+    TheoryConfig,
+    format_real_rollout,
+    format_synth_run,
+    format_synth_summary,
+    format_theory_summary,
+    run_synth_grid,
+    run_synth_one,
+    run_theory,
+    synth_grid_runs,
+    synth_run_config,
+    synth_run_path,
+)
+from .options import ints, words
 
 synth_app = typer.Typer(no_args_is_help=True, help="Controlled synthetic experiments (Wu et al. 2025, Sec. 5).")
-
-
-def _ints(s: Optional[str]) -> Optional[list[int]]:
-    return None if s is None else [int(x) for x in s.split(",") if x]
-
-
-def _strs(s: Optional[str]) -> Optional[list[str]]:
-    return None if s is None else [x for x in s.split(",") if x]
 
 
 def _bools(s: Optional[str]) -> Optional[list[bool]]:
@@ -26,7 +33,7 @@ def _bools(s: Optional[str]) -> Optional[list[bool]]:
     m = {"on": True, "off": False}
     bad = [x for x in s.split(",") if x not in m]
     if bad:
-        raise PosbiasError(f"--residual takes on,off values, got {bad}", "e.g. --residual off,on")
+        raise PosbiasError(f"`residual` takes on,off values, got {bad}", "e.g. `residual=off,on`")
     return [m[x] for x in s.split(",")]
 
 
@@ -47,13 +54,11 @@ Quiet = typer.Option(False, "--quiet", help="no progress bars")
 
 
 def _grid(grid, preset, out, workers, overwrite, quiet, **over) -> None:
-    from .synth.experiments import format_summary, grid_runs, run_grid
-
-    runs = grid_runs(grid, preset, **over)
+    runs = synth_grid_runs(grid, preset, **over)
     out = out or Path(f"runs/synth-{grid}-{preset}")
     typer.echo(f"synth {grid} ({preset}): {len(runs)} runs -> {out}", err=True)
-    res = run_grid(grid, runs, out, workers=workers, progress=not quiet, overwrite=overwrite)
-    typer.echo(format_summary(res))
+    res = run_synth_grid(grid, runs, out, workers=workers, progress=not quiet, overwrite=overwrite)
+    typer.echo(format_synth_summary(res))
     typer.echo(f"wrote {out}/{grid}.json, {', '.join(res['figures'])}")
 
 
@@ -65,7 +70,7 @@ def depth(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] 
           quiet: bool = Quiet) -> None:
     """Unbiased data, causal mask: depth x PE x residual (Fig. 2, 4, 5)."""
     _grid("depth", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
-          depths=_ints(depths), pes=_strs(pes), residuals=_bools(residual), kind=kind, twin=twin)
+          depths=ints(depths), pes=words(pes), residuals=_bools(residual), kind=kind, twin=twin)
 
 
 @synth_app.command()
@@ -78,7 +83,7 @@ def bias(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] =
          overwrite: bool = Overwrite, quiet: bool = Quiet) -> None:
     """Biased training data, residual 2-layer nets: mask x PE x data bias (Fig. 3, 6)."""
     _grid("bias", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
-          masks=_strs(masks), pes=_strs(pes), biases=_strs(biases), depths=_ints(depths), kind=kind, twin=twin)
+          masks=words(masks), pes=words(pes), biases=words(biases), depths=ints(depths), kind=kind, twin=twin)
 
 
 @synth_app.command()
@@ -90,7 +95,7 @@ def sinks(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] 
           overwrite: bool = Overwrite, quiet: bool = Quiet) -> None:
     """Attention sinks under causal, sliding-window and prefix masks (App. K.4, Fig. 8)."""
     _grid("sinks", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
-          masks=_strs(masks), sink_seqs=sink_seqs, residuals=_bools(residual), kind=kind)
+          masks=words(masks), sink_seqs=sink_seqs, residuals=_bools(residual), kind=kind)
 
 
 @synth_app.command()
@@ -114,22 +119,31 @@ def train(
     quiet: bool = Quiet,
 ) -> None:
     """Train and evaluate one configuration; print its metrics."""
-    from .synth.data import DataConfig
-    from .synth.evaluate import EvalConfig
-    from .synth.experiments import parse_mask, run_one
-    from .synth.model import ModelConfig
-    from .synth.train import RunConfig, TrainConfig
+    data = dict(n_classes=classes, n_labels=labels, burstiness=burstiness, eps=eps, n_items=items, dim=dim, bias=bias,
+                kind=kind, lam=lam, component_std=std)
+    cfg = synth_run_config(depth=depth, mask=mask, pe=pe, residual=residual, iters=iters, lr=lr, seed=seed,
+                           eval_seqs=eval_seqs, data=data)
+    rec = run_synth_one(cfg, synth_run_path(out, cfg), progress=not quiet)
+    typer.echo(format_synth_run(rec))
 
-    data = DataConfig(classes, labels, burstiness, eps, items, dim, bias, kind, lam, std)
-    model = ModelConfig(depth=depth, pe=pe, residual=residual, **parse_mask(mask))
-    cfg = RunConfig(data, model, TrainConfig(iters=iters, lr=lr),
-                    EvalConfig(n_seqs=eval_seqs, sink_seqs=eval_seqs, position_seqs=max(1, eval_seqs // 4)), seed)
-    cfg.validate()
-    rec = run_one(cfg, out / f"{model.label}-{bias}-seed{seed}-{cfg.key()}.json", progress=not quiet)
-    m = rec["metrics"]
-    typer.echo(f"{model.label} bias={bias} seed={seed} iters={iters}: train {rec['seconds']['train']:.0f}s")
-    typer.echo(f"novel-class accuracy {m['novel_accuracy']:.3f} | training-distribution accuracy {m['train_accuracy']:.3f}")
-    for k, v in m["swap"].items():
-        typer.echo(f"{k:16s} acc[a,b] {v['acc_ab']:.3f}  acc[b,a] {v['acc_ba']:.3f}  gap {v['gap']:+.3f}")
-    typer.echo("accuracy by answer item: " + " ".join(f"{a:.3f}" for a in m["accuracy_by_position"]))
-    typer.echo("sink metric per token:   " + " ".join(f"{a:.2f}" for a in m["sinks"]["per_token"]))
+
+def theory(
+    out: Path = typer.Option(Path("runs/theory"), help="output directory (a rerun recomputes it: it takes seconds)"),
+    seed: int = typer.Option(0, help="seed of the random instances"),
+    tokens: int = typer.Option(64, help="sequence length N of the synthetic instances"),
+    depth: int = typer.Option(16, help="layers of the synthetic instances"),
+    real: bool = typer.Option(True, "--real/--no-real", help="also roll out a real model on kv-lookup prompts"),
+    model: str = typer.Option("smollm2-135m", help="the real model"),
+    n: int = typer.Option(8, help="real model: kv-lookup examples per gold position"),
+    facts: int = typer.Option(10, help="real model: facts per prompt"),
+    dtype: str = typer.Option("bf16", help="real model: bf16 | fp32"),
+) -> None:
+    """Attention rollout over masks, decay masks and RoPE: figures, theorem checks, real-model rollout."""
+    rollout = RealRollout(model=model, facts=facts, n=n, dtype=dtype) if real else None
+    if real:
+        typer.echo(f"loading {model} ...", err=True)
+    res = run_theory(TheoryConfig(seed=seed, n_tokens=tokens, depth=depth), out, real=rollout)
+    typer.echo(format_theory_summary(res.summary))
+    for line in format_real_rollout(res.real) if res.real else []:
+        typer.echo(line)
+    typer.echo(f"wrote {out}/theory.json and figures")

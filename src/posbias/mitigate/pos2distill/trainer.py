@@ -32,6 +32,7 @@ import copy
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -97,72 +98,77 @@ def eval_mode(model):
         model.train(was)
 
 
+class DistillLoss:
+    """The Pos2Distill / SeqKD / SFT loss as a mixin for transformers.Trainer (see `_trainer_class`);
+    `teacher` is None for LoRA."""
+
+    loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean: Trainer divides by GA
+
+    def __init__(self, *args, spec: LossSpec, teacher=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.spec, self.teacher = spec, teacher
+        self._sums: dict[str, float] = {}
+        self._count = 0
+
+    def teacher_logits(self, model, inputs: dict) -> torch.Tensor:
+        with torch.no_grad():
+            if self.teacher is not None:
+                dev = inputs["t_input_ids"].device
+                if next(self.teacher.parameters()).device != dev:
+                    self.teacher.to(dev)
+                return logits_of(self.teacher, inputs, "t_")
+            base = self.accelerator.unwrap_model(model)
+            with eval_mode(base), base.disable_adapter():
+                return logits_of(base, inputs, "t_")
+
+    def row_kl(self, model, inputs: dict, s_logits: torch.Tensor) -> torch.Tensor:
+        """Per student row KL(teacher on the anchor prompt || student on its prompt), [S]."""
+        t_logits = self.teacher_logits(model, inputs)[inputs["s_teacher"]]  # [S, R, V]
+        return token_kl(t_logits, s_logits, inputs["s_mask"])
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        s_logits = logits_of(model, inputs, "s_")  # [S, R, V]
+        if self.spec.method in ("seqkd", "sft"):
+            loss = ce_loss(s_logits, inputs["s_targets"], inputs["s_mask"])
+            parts = {"ce": float(loss.detach())}
+        else:
+            kl = self.row_kl(model, inputs, s_logits)
+            anc = inputs["s_anchor"]
+            loss, parts = pos2distill_loss(kl[~anc], inputs["s_position"][~anc], kl[anc], self.spec.lam_used,
+                                           self.spec.align, self.spec.count_factor)
+        if model.training:
+            self._note(parts)
+        return (loss, {"logits": s_logits}) if return_outputs else loss
+
+    @torch.no_grad()
+    def measure(self, inputs: dict) -> dict[str, torch.Tensor]:
+        """Per-row KL and CE of the current student on a collated batch (no update)."""
+        model = self.model
+        inputs = self._prepare_inputs(inputs)
+        with eval_mode(model), self.accelerator.autocast():  # the training precision
+            s_logits = logits_of(model, inputs, "s_")
+            kl = self.row_kl(model, inputs, s_logits)
+        return {"kl": kl.cpu(), "anchor": inputs["s_anchor"].cpu()}
+
+    def _note(self, parts: dict[str, float]) -> None:
+        for k, v in parts.items():
+            self._sums[k] = self._sums.get(k, 0.0) + v
+        self._count += 1
+
+    def log(self, logs: dict, start_time=None) -> None:
+        if "loss" in logs and self._count:
+            logs.update({k: round(v / self._count, 6) for k, v in self._sums.items()})
+            self._sums, self._count = {}, 0
+        super().log(logs, start_time)
+
+
+
+@lru_cache(maxsize=1)
 def _trainer_class():
+    """DistillLoss on top of transformers.Trainer (imported only when a distillation runs)."""
     from transformers import Trainer
 
-    class DistillTrainer(Trainer):
-        """Trainer with the Pos2Distill / SeqKD / SFT loss; `teacher` is None for LoRA."""
-
-        loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean: Trainer divides by GA
-
-        def __init__(self, *args, spec: LossSpec, teacher=None, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.spec, self.teacher = spec, teacher
-            self._sums: dict[str, float] = {}
-            self._count = 0
-
-        def teacher_logits(self, model, inputs: dict) -> torch.Tensor:
-            with torch.no_grad():
-                if self.teacher is not None:
-                    dev = inputs["t_input_ids"].device
-                    if next(self.teacher.parameters()).device != dev:
-                        self.teacher.to(dev)
-                    return logits_of(self.teacher, inputs, "t_")
-                base = self.accelerator.unwrap_model(model)
-                with eval_mode(base), base.disable_adapter():
-                    return logits_of(base, inputs, "t_")
-
-        def row_kl(self, model, inputs: dict, s_logits: torch.Tensor) -> torch.Tensor:
-            """Per student row KL(teacher on the anchor prompt || student on its prompt), [S]."""
-            t_logits = self.teacher_logits(model, inputs)[inputs["s_teacher"]]  # [S, R, V]
-            return token_kl(t_logits, s_logits, inputs["s_mask"])
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            s_logits = logits_of(model, inputs, "s_")  # [S, R, V]
-            if self.spec.method in ("seqkd", "sft"):
-                loss = ce_loss(s_logits, inputs["s_targets"], inputs["s_mask"])
-                parts = {"ce": float(loss.detach())}
-            else:
-                kl = self.row_kl(model, inputs, s_logits)
-                anc = inputs["s_anchor"]
-                loss, parts = pos2distill_loss(kl[~anc], inputs["s_position"][~anc], kl[anc], self.spec.lam_used,
-                                               self.spec.align, self.spec.count_factor)
-            if model.training:
-                self._note(parts)
-            return (loss, {"logits": s_logits}) if return_outputs else loss
-
-        @torch.no_grad()
-        def measure(self, inputs: dict) -> dict[str, torch.Tensor]:
-            """Per-row KL and CE of the current student on a collated batch (no update)."""
-            model = self.model
-            inputs = self._prepare_inputs(inputs)
-            with eval_mode(model), self.accelerator.autocast():  # the training precision
-                s_logits = logits_of(model, inputs, "s_")
-                kl = self.row_kl(model, inputs, s_logits)
-            return {"kl": kl.cpu(), "anchor": inputs["s_anchor"].cpu()}
-
-        def _note(self, parts: dict[str, float]) -> None:
-            for k, v in parts.items():
-                self._sums[k] = self._sums.get(k, 0.0) + v
-            self._count += 1
-
-        def log(self, logs: dict, start_time=None) -> None:
-            if "loss" in logs and self._count:
-                logs.update({k: round(v / self._count, 6) for k, v in self._sums.items()})
-                self._sums, self._count = {}, 0
-            super().log(logs, start_time)
-
-    return DistillTrainer
+    return type("DistillTrainer", (DistillLoss, Trainer), {})
 
 
 def make_student(model, lora: dict | None, copy_base: bool):
@@ -212,7 +218,7 @@ def training_args(cfg, out: Path, plan: dict, lr: float, progress: bool):
 
 
 def make_trainer(student, teacher, spec: LossSpec, args, dataset, collator, callbacks=None):
-    from transformers.trainer_callback import PrinterCallback
+    from transformers import PrinterCallback
 
     cls = _trainer_class()
     trainer = cls(model=student, args=args, train_dataset=dataset, data_collator=collator, spec=spec, teacher=teacher,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def plot_search(result: dict, path: str | Path) -> None:
-    from ...report.plots import plt, save_figure
+    from .plots import plt, save_figure
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=120)
     f = result["factors"]

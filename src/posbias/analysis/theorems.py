@@ -1,5 +1,6 @@
 """Sec. 4.1 of Wu et al. (2025) as executable checks: Thm 4.1 (causal), 4.2 (sliding
-window), 4.3 (prefix). Decay mask and RoPE (Lemma 4.4 - Thm 4.7) are in `theorems_pe`.
+window), 4.3 (prefix). Decay mask and RoPE (Lemma 4.4 - Thm 4.7) are in `theorems_pe`;
+`theory.check_all` runs them all.
 
 Every check builds seeded random single-head SANs that satisfy A1-A2 (see
 `rollout.random_attention_layers`), computes the measured quantity and the paper's
@@ -22,7 +23,7 @@ import math
 
 import torch
 
-from .rollout import (
+from ..core.rollout import (
     as_mask,
     causal_mask,
     center_nodes,
@@ -227,16 +228,3 @@ def check_prefix(n: int = 32, k: int = 4, n_layers: int = 40, d: int = 8, weight
                   final_deficit=float(1 - mass[-1].min()), kappa_measured=float(ps[-1, :, :k].min()),
                   kappa_bound=rho * float(mass[-1].min()) / k,
                   final_shares=ps[-1, -1, :k].tolist())
-
-
-def check_all(seed: int = 0) -> dict[str, dict]:
-    """Every check with its defaults (a few seconds on one core)."""
-    from .theorems_pe import check_decay_mask, check_rope
-
-    return {
-        "4.1": check_causal(seed=seed),
-        "4.2": check_sliding_window(seed=seed),
-        "4.3": check_prefix(seed=seed),
-        "4.4-4.5": check_decay_mask(seed=seed),
-        "4.6-4.7": check_rope(seed=seed),
-    }

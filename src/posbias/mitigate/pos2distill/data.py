@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PosbiasError
-from ...eval.runner import build_rows, check_window, score_rows
-from ...io import write_json_atomic
+from ...eval.scorer import Scorer
 from ...models.load import Loaded
+from ...runs import progress as progress_bar
+from ...runs import read_json, write_json_atomic, write_jsonl_atomic
 from ...tasks.base import Prompt, Task
 
 
@@ -53,16 +54,16 @@ def resolve_anchor(spec: str | int, task: Task, task_name: str) -> tuple[int, di
     try:
         pos = int(spec)
     except ValueError:
-        raise PosbiasError(f"bad --anchor {spec!r}", "use a slot number like 0, or auto:PATH/sweep.json") from None
+        raise PosbiasError(f"bad `anchor` {spec!r}", "use a slot number like 0, or auto:PATH/sweep.json") from None
     if not 0 <= pos < task.n_slots:
-        raise PosbiasError(f"--anchor {pos} is out of range for {task.n_slots} slots", f"use 0..{task.n_slots - 1}")
+        raise PosbiasError(f"`anchor` {pos} is out of range for {task.n_slots} slots", f"use 0..{task.n_slots - 1}")
     return pos, {"anchor": pos, "source": "given"}
 
 
 def _anchor_from_sweep(path: Path, task: Task, task_name: str) -> tuple[int, dict]:
     path = path / "sweep.json" if path.is_dir() else path
     if not path.is_file():
-        raise PosbiasError(f"no sweep result at {path}", "run `posbias sweep --out DIR` first and pass --anchor auto:DIR")
+        raise PosbiasError(f"no sweep result at {path}", "run a sweep into DIR first and pass `anchor=auto:DIR`")
     try:
         rec = json.loads(path.read_text())
         pos = int(rec["summary"]["best_position"])
@@ -73,7 +74,7 @@ def _anchor_from_sweep(path: Path, task: Task, task_name: str) -> tuple[int, dic
     if swept != task_name or slots != task.n_slots:
         raise PosbiasError(
             f"{path} is a sweep of {swept} with {slots} slots, not of {task_name} with {task.n_slots}",
-            "sweep the same task (and --facts/--docs/--pairs) you distil on",
+            "sweep the same task (and `facts`/`docs`/`pairs`) you distil on",
         )
     best = rec["summary"].get("best", None)
     return pos, {"anchor": pos, "source": str(path), "sweep_accuracy": best, "sweep_model": rec["config"].get("model")}
@@ -83,8 +84,8 @@ def sample_trivial(n_slots: int, anchor: int, k: int, seed: int, example_id: str
     """K distinct trivial slots for one question, seeded by (seed, example id)."""
     others = [p for p in range(n_slots) if p != anchor]
     if not 1 <= k <= len(others):
-        raise PosbiasError(f"--k {k} trivial positions, but this task has {len(others)} slots besides the anchor",
-                           f"use --k between 1 and {len(others)}")
+        raise PosbiasError(f"`k`={k} trivial positions, but this task has {len(others)} slots besides the anchor",
+                           f"use `k` between 1 and {len(others)}")
     return random.Random(f"pos2distill/{seed}/{example_id}").sample(others, k)
 
 
@@ -121,48 +122,35 @@ def build_records(loaded: Loaded, task: Task, *, n: int, k: int, anchor: int, se
     pool = task.pool_size
     limit = max_draw if pool is None else min(max_draw, pool - skip)
     if limit < 1:
-        raise PosbiasError(f"task {task.name} has {pool} examples, none after --skip {skip}", f"use --skip below {pool}")
+        raise PosbiasError(f"task {task.name} has {pool} examples, none after `skip={skip}`", f"use `skip` below {pool}")
+    scorer = Scorer(loaded, task, "generate", max_new_tokens, chat, batch_tokens, max_batch)
     records: list[dict] = []
     drawn = n_correct = 0
-    bar = _bar(n, progress)
+    bar = progress_bar(n, "anchor responses", "question", enabled=progress)
     while len(records) < n and drawn < limit:
         size = _draw_sizes(n, len(records), drawn, limit) if correct_only else min(n - len(records), limit - drawn)
         examples = task.examples(size, seed, skip + drawn)
-        rows = build_rows(loaded, task, examples, [anchor], chat)
-        check_window(rows, loaded.context_window, "generate", max_new_tokens)
-        gen = {r["example_id"]: r for r in score_rows(loaded, rows, "generate", task.metric, max_new_tokens,
-                                                      batch_tokens, max_batch)}
+        rows = scorer.rows(examples, [anchor])
+        gen = {r["example_id"]: r for r in scorer.score(rows)}
         for i, ex in enumerate(examples):
             g = gen[rows[i].prompt.example_id]
             n_correct += bool(g["correct"])
             if len(records) < n and (g["correct"] or not correct_only):
                 records.append(make_record(task, ex, skip + drawn + i, anchor, k, seed, g))
-                if bar is not None:
-                    bar.update(1)
+                bar.update(1)
         drawn += len(examples)
-    if bar is not None:
-        bar.close()
+    bar.close()
     if not records:
         raise PosbiasError(f"the model answered none of the {drawn} examples correctly at slot {anchor}",
-                           "use --keep-all, another --anchor, or an easier task")
+                           "use `correct_only=False`, another `anchor`, or an easier task")
     summary = {"questions": len(records), "asked": n, "looked_at": drawn, "anchor_accuracy": n_correct / drawn,
                "correct_only": correct_only, "train_split": {"task": task.name, "seed": seed, "skip": skip, "n": drawn}}
     return records, summary
 
 
-def _bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="anchor responses", unit="question", dynamic_ncols=True)
-
-
 def write_records(out: Path, records: list[dict], summary: dict, fingerprint: dict) -> None:
     """data.jsonl, then data.json (its presence means the data is complete)."""
-    tmp = out / "data.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
-    tmp.replace(out / "data.jsonl")
+    write_jsonl_atomic(out / "data.jsonl", records)
     write_json_atomic(out / "data.json", {"fingerprint": fingerprint, "summary": summary}, indent=2)
 
 
@@ -171,8 +159,11 @@ def read_records(out: Path, fingerprint: dict) -> tuple[list[dict], dict] | None
     meta, data = out / "data.json", out / "data.jsonl"
     if not (meta.exists() and data.exists()):
         return None
-    saved = json.loads(meta.read_text())
+    saved = read_json(meta, "training data summary")
     if saved.get("fingerprint") != json.loads(json.dumps(fingerprint)):
         return None
-    records = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        records = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PosbiasError(f"{data} is not readable ({e})", "pass `overwrite=True` to start again") from None
     return records, saved["summary"]

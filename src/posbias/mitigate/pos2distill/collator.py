@@ -87,7 +87,7 @@ class QuestionData(Dataset):
             need = max(len(s) for s in [it["teacher"], *it["students"]]) + len(it["target"])
             if need > window:
                 raise PosbiasError(f"a training sequence needs {need} tokens but the context window is {window}",
-                                   "use fewer facts/documents, a lower --max-new-tokens, or a longer-context model")
+                                   "use fewer facts/documents, a lower `max_new_tokens`, or a longer-context model")
 
     def __len__(self) -> int:
         return len(self.items)

@@ -1,0 +1,5 @@
+"""`python -m posbias.cli ...` (and `accelerate launch -m posbias.cli ...`)."""
+
+from . import main
+
+main()

@@ -1,0 +1,57 @@
+"""`posbias sweep | compare | tasks | models`: measure a model's position bias."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .. import JSONL_SCHEMA, MODELS, TASKS, SweepConfig, format_compare, format_table, run_compare, run_sweep, split_specs
+from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, model_fields, run_kwargs, task_fields, uses
+
+POSITIONS = typer.Option("all", help="all | 0,4,9 | 0%,50%,100% (percent of the last slot)")
+
+
+@uses(MODEL, TASK, SPLIT, SCORING, RUN.defaults(out=Path("runs/sweep")))
+def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positions: str = POSITIONS,
+          method: str = typer.Option("none", help="none | pi:1.2 | lpes:DIR/factors.json | mspoe | buckets | layers:F1,...")
+          ) -> None:
+    """Put the gold item at each position in turn, score the model, report the curve."""
+    cfg = SweepConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring), positions=positions,
+                      method=method)
+    typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
+    res = run_sweep(cfg, run.out, **run_kwargs(run))
+    typer.echo(f"{task.task} on {model.model}: {cfg.n} examples x {len(res.per_position)} positions, "
+               f"engine {res.config['engine']}")
+    typer.echo(format_table(res.per_position, res.summary))
+    typer.echo(f"wrote {run.out}/sweep.json, examples.jsonl, curve.png")
+
+
+@uses(MODEL, TASK, SPLIT, SCORING, RUN.defaults(out=Path("runs/compare")))
+def compare(model: Args, task: Args, split: Args, scoring: Args, run: Args, positions: str = POSITIONS,
+            methods: str = typer.Option("none", help="comma list of method specs, e.g. "
+                                                     "none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json"),
+            models: Optional[str] = typer.Option(None, help="comma list of models (e.g. smollm2-135m,runs/p2d/model): "
+                                                           "every model with every method; overrides --model")) -> None:
+    """Run several methods (and models) on the same examples; one table (per position, average, gap) and one plot."""
+    model_list = [m.strip() for m in models.split(",") if m.strip()] if models else None
+    fields = {**model_fields(model), "model": model_list[0] if model_list else model.model}
+    cfg = SweepConfig(**fields, **task_fields(task), **vars(split), **vars(scoring), positions=positions)
+    res = run_compare(cfg, split_specs(methods), run.out, models=model_list, **run_kwargs(run))
+    typer.echo(format_compare(res))
+    typer.echo(f"wrote {run.out}/compare.json, compare.png and one sweep directory per method")
+
+
+def tasks() -> None:
+    """List the tasks and the JSONL schema for your own data."""
+    for name, entry in TASKS.items():
+        typer.echo(f"{entry.usage(name):12s} {entry.description}")
+    typer.echo("\njsonl:PATH schema\n" + JSONL_SCHEMA)
+
+
+def models() -> None:
+    """List the registered model names."""
+    for name, (_, desc) in MODELS.items():
+        typer.echo(f"{name:14s} {desc}")
+    typer.echo("Also: a Hugging Face model directory or hub id, or a path to a .gguf file.")

@@ -1,0 +1,109 @@
+"""`posbias lpes search` and `posbias distill r1`: mitigations that search or train (the sweep and
+compare commands apply their results). Multi-GPU: `accelerate launch -m posbias.cli distill r1 ...`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .. import DistillConfig, SearchConfig, run_distill, run_search
+from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, floats, model_fields, run_kwargs, task_fields, uses
+
+lpes_app = typer.Typer(no_args_is_help=True, help="LPES: search per-layer RoPE scaling factors (training-free).")
+distill_app = typer.Typer(no_args_is_help=True, help="Train a model to lose its position bias (Pos2Distill, SFT, SeqKD).")
+
+
+@distill_app.callback()
+def _distill_group() -> None:
+    """Train a model to lose its position bias (Pos2Distill, SFT, SeqKD)."""
+
+
+GA = "Genetic algorithm (Table 12)"
+
+
+def _ga(**kw) -> typer.Option:
+    return typer.Option(rich_help_panel=GA, **kw)
+
+
+@lpes_app.command()
+@uses(MODEL, TASK, SPLIT.defaults(n=None, skip=1000), SCORING, RUN.defaults(out=Path("runs/lpes")))
+def search(
+    model: Args, task: Args, split: Args, scoring: Args, run: Args,
+    preset: str = typer.Option("cpu", help="cpu (2-core budget; see docs/lpes.md) | paper (Sec. 4.1, Table 12)"),
+    positions: Optional[str] = typer.Option(None, help="beginning,middle,end slots (default 0, middle, last)"),
+    weights: str = typer.Option("0.2,0.3,0.5", help="lambda_B,lambda_M,lambda_E"),
+    space: str = typer.Option("curve", help="curve (Bezier GA) | layers (GA per layer: brute force) | random"),
+    budget: Optional[int] = typer.Option(None, help="random search: individuals to draw"),
+    curve: str = _ga(default="bezier", help="bezier | linear | step (Table 6)"),
+    points: int = _ga(default=4, help="control points (Table 7: 2-5; 4 = cubic)"),
+    generations: Optional[int] = _ga(default=None, help="GA generations (preset; paper 20)"),
+    pop_size: int = _ga(default=32, help="population size"),
+    parents: int = _ga(default=12, help="parents kept per generation"),
+    crossovers: int = _ga(default=4, help="crossover offspring per generation"),
+    mutations: int = _ga(default=16, help="mutation offspring per generation"),
+    mx: int = _ga(default=2, help="max x change of a control point"),
+    my: Optional[float] = _ga(default=None, help="max y change of a control point (preset; paper 0.2)"),
+    y_min: Optional[float] = _ga(default=None, help="smallest factor (preset; paper 1.0)"),
+    y_max: Optional[float] = _ga(default=None, help="largest factor (preset; paper 2.0)"),
+    y_step: Optional[float] = _ga(default=None, help="factor grid step (preset; paper 0.1)"),
+    y_init: Optional[float] = _ga(default=None, help="factor of the initial individual (preset; eq. 8: 1.5)"),
+) -> None:
+    """Search per-layer RoPE factors (Algorithm 1) on a search split (examples SKIP..); write OUT/factors.json."""
+    pos = floats(positions, 3, "positions")
+    ga = dict(curve=curve, n_points=points, generations=generations, pop_size=pop_size, n_parents=parents,
+              n_crossover=crossovers, n_mutation=mutations, mx=mx, my=my, y_min=y_min, y_max=y_max, y_step=y_step,
+              y_init=y_init, seed=split.seed)
+    cfg = SearchConfig.from_preset(preset, ga=ga, **model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
+                                   positions=tuple(int(x) for x in pos) if pos else None,
+                                   weights=floats(weights, 3, "weights"), space=space, budget=budget)
+    typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
+    res = run_search(cfg, run.out, **run_kwargs(run))
+    acc, base = res.accuracy, res.baseline["accuracy"]
+    typer.echo(f"best fitness {res.fitness:.3f} (unmodified {res.baseline['fitness']:.3f}) after {res.evaluations} evaluations")
+    typer.echo("search split accuracy  begin/middle/end: " + " / ".join(f"{acc[k]:.3f}" for k in acc)
+               + "   unmodified: " + " / ".join(f"{base[k]:.3f}" for k in base))
+    typer.echo("per-layer factors: " + " ".join(f"{f:.3f}" for f in res.factors))
+    typer.echo(f"wrote {run.out}/factors.json and factors.png; use it with --method lpes:{run.out}/factors.json")
+
+
+@distill_app.command()
+@uses(MODEL, TASK, SPLIT.defaults(n=None, skip=None), RUN.defaults(out=Path("runs/distill")))
+def r1(
+    model: Args, task: Args, split: Args, run: Args,
+    method: str = typer.Option("pos2distill", help="pos2distill | sft (gold answers) | seqkd (teacher responses, CE)"),
+    ablation: str = typer.Option("full", help="pos2distill: kl | kl+align | full (= kl + align + anchoring)"),
+    preset: str = typer.Option("cpu", help="cpu (64 questions, lr 1e-4; docs/pos2distill.md) | paper (300, lr 3e-6)"),
+    k: int = typer.Option(5, help="trivial positions per question (Sec. 5.2.2: 4-6)"),
+    anchor: str = typer.Option("0", help="advantageous slot: a number, or auto:PATH (best slot of a sweep.json)"),
+    correct_only: bool = typer.Option(True, "--correct-only/--keep-all",
+                                      help="keep only questions answered correctly at the anchor (released code)"),
+    lora: bool = typer.Option(False, "--lora/--full", help="LoRA adapters (merged at the end) or full fine-tuning (paper)"),
+    lr: Optional[float] = typer.Option(None, help="learning rate (default: the preset's for full fine-tuning; 1e-4 LoRA)"),
+    batch_size: int = typer.Option(32, help="training sequences per optimizer step (paper 32); whole questions kept"),
+    micro_batch: int = typer.Option(0, help="questions per forward (0: a whole step); smaller saves memory"),
+    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing",
+                                                help="recompute activations in the backward pass (less memory, ~30% slower)"),
+    epochs: float = typer.Option(2.0, help="epochs (paper 2)"),
+    max_steps: int = typer.Option(0, help="stop after this many optimizer steps (0: use --epochs)"),
+    lam: float = typer.Option(1.0, help="lambda, the weight of the anchoring loss (paper 1)"),
+    max_new_tokens: Optional[int] = typer.Option(None, help="anchor response length (default: the task's)"),
+    save_steps: int = typer.Option(10, help="checkpoint every this many steps"),
+) -> None:
+    """Distil the anchor slot's behaviour into the other slots; write OUT/model (load it with --model OUT/model).
+
+    The training split starts at --skip (default 2000, or half a file task's pool); sweeps use examples 0..."""
+    cfg = DistillConfig.from_preset(
+        preset, **model_fields(model), **task_fields(task), **vars(split), method=method, ablation=ablation, k=k,
+        anchor=anchor, correct_only=correct_only, lora=lora, lr=lr, batch_size=batch_size, micro_batch=micro_batch,
+        gradient_checkpointing=gradient_checkpointing, epochs=epochs, max_steps=max_steps, lam=lam,
+        max_new_tokens=max_new_tokens, save_steps=save_steps)
+    typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
+    res = run_distill(cfg, run.out, **run_kwargs(run))
+    d, t = res.data, res.train
+    typer.echo(f"{d['questions']} questions (anchor slot {res.record['config']['anchor']} accuracy {d['anchor_accuracy']:.3f} "
+               f"on {d['looked_at']} looked at), {t['steps']} steps of {t['sequences_per_step']} sequences")
+    if t["first_loss"] is not None:
+        typer.echo(f"loss {t['first_loss']:.4f} -> {t['last_loss']:.4f}")
+    typer.echo(f"wrote {res.model_dir}; evaluate it with: posbias sweep --model {res.model_dir} --task {task.task}")

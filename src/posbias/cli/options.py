@@ -1,0 +1,170 @@
+"""Option groups declared once and shared by the commands, plus the small parsers the commands need.
+
+A command names the groups it uses as parameters annotated with `Group` instances:
+
+    @app.command()
+    @uses(TASK, RUN.defaults(out=Path("runs/sweep")))
+    def sweep(task: Args, run: Args, positions: str = typer.Option("all", ...)): ...
+
+`uses` puts every option of those groups into the command's signature (typer reads it), and
+calls the command with one `Args` namespace per group. Help pages list each group under its
+own heading.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Optional
+
+import typer
+
+from .. import PosbiasError
+
+Args = SimpleNamespace  # what a command receives for each group
+
+
+@dataclass(frozen=True)
+class Opt:
+    default: Any
+    help: str
+    type: Any = str
+    flags: tuple[str, ...] = ()  # explicit declarations, e.g. ("--resume",); default: --name-with-dashes
+
+
+class Group:
+    """A named set of options; `defaults(...)` gives a copy with other defaults for one command."""
+
+    def __init__(self, name: str, panel: str, **opts: Opt):
+        self.name, self.panel, self.opts = name, panel, opts
+
+    def defaults(self, **values: Any) -> "Group":
+        """A copy with other defaults (a default of None makes the option optional)."""
+        unknown = set(values) - set(self.opts)
+        assert not unknown, f"{self.name} has no options {unknown}"
+        opts = {}
+        for k, o in self.opts.items():
+            if k in values:
+                o = replace(o, default=values[k], type=Optional[o.type] if values[k] is None else o.type)
+            opts[k] = o
+        return Group(self.name, self.panel, **opts)
+
+    def parameters(self) -> list[inspect.Parameter]:
+        return [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, annotation=o.type,
+                                  default=typer.Option(o.default, *o.flags, help=o.help, rich_help_panel=self.panel))
+                for k, o in self.opts.items()]
+
+
+def uses(*groups: Group) -> Callable:
+    """Decorator: the command gets each group's options; its parameter named like a group receives an Args."""
+
+    def deco(fn: Callable) -> Callable:
+        hints = typing.get_type_hints(fn)
+        names = {g.name for g in groups}
+        own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in inspect.signature(fn).parameters.values()
+               if p.name not in names]
+        params = own + [p for g in groups for p in g.parameters()]
+
+        @functools.wraps(fn)
+        def command(**kw: Any) -> Any:
+            for g in groups:
+                kw[g.name] = Args(**{k: kw.pop(k) for k in g.opts})
+            return fn(**kw)
+
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return deco
+
+
+# ----------------------------------------------------------------------------- the groups
+
+MODEL = Group(
+    "model", "Model",
+    model=Opt("smollm2-135m", "registered name (posbias models), HF model dir or hub id, or a .gguf file"),
+    dtype=Opt("bf16", "bf16 | fp32"),
+    device=Opt("cpu", "cpu | cuda | auto (cuda if visible)"),
+    chat=Opt("auto", "use the chat template: auto (if the model has one) | on | off"),
+)
+
+TASK = Group(
+    "task", "Task",
+    task=Opt("kv-lookup", "kv-lookup | kv-uuid | nq | jsonl:PATH (posbias tasks)"),
+    facts=Opt(None, "kv-lookup: number of facts (default 10)", Optional[int]),
+    digits=Opt(None, "kv-lookup: digits per key/value (default 6)", Optional[int]),
+    docs=Opt(None, "nq: 10 or 20 documents (default 10)", Optional[int]),
+    pairs=Opt(None, "kv-uuid: key-value pairs (75/140 read the shared files; default 75)", Optional[int]),
+    answers=Opt(None, "nq/jsonl: all | first (only the 1st gold answer counts)", Optional[str]),
+    data_dir=Opt(None, "benchmark data dir (default ../shared/data or $POSBIAS_DATA)", Optional[Path]),
+)
+
+SPLIT = Group(
+    "split", "Examples",
+    n=Opt(100, "examples per position", int),
+    seed=Opt(0, "example selection / generation seed", int),
+    skip=Opt(0, "skip the first SKIP examples of the order (disjoint splits)", int),
+)
+
+SCORING = Group(
+    "scoring", "Scoring",
+    engine=Opt(None, "teacher-forced | generate (default: the task's)", Optional[str]),
+    max_new_tokens=Opt(None, "generate: token limit (default: the task's)", Optional[int]),
+    batch_tokens=Opt(16384, "padded tokens per batch", int),
+    max_batch=Opt(32, "rows per batch at most", int),
+)
+
+RUN = Group(
+    "run", "Output folder",
+    out=Opt(Path("runs/out"), "output directory", Path),
+    resume=Opt(False, "continue a stopped run in OUT (same options)", bool, ("--resume",)),
+    overwrite=Opt(False, "discard what OUT holds and start again", bool, ("--overwrite",)),
+    quiet=Opt(False, "no progress bars", bool, ("--quiet",)),
+)
+
+
+def task_fields(a: Args) -> dict:
+    """TaskChoice fields of a library config from the TASK group."""
+    opts = {k: getattr(a, k) for k in ("facts", "digits", "docs", "pairs", "answers")}
+    return {"task": a.task, "task_options": {k: v for k, v in opts.items() if v is not None},
+            "data_dir": str(a.data_dir) if a.data_dir else None}
+
+
+def model_fields(a: Args) -> dict:
+    return {"model": a.model, "dtype": a.dtype, "device": a.device, "chat": a.chat}
+
+
+def run_kwargs(a: Args) -> dict:
+    return {"resume": a.resume, "overwrite": a.overwrite, "progress": not a.quiet}
+
+
+# ----------------------------------------------------------------------------- small parsers
+
+
+def floats(s: Optional[str], k: int | None = None, what: str = "numbers") -> Optional[tuple[float, ...]]:
+    if s is None:
+        return None
+    try:
+        v = tuple(float(x) for x in s.split(","))
+    except ValueError:
+        raise PosbiasError(f"bad number list {s!r} for {what}", "write comma-separated numbers, e.g. 0.2,0.3,0.5") from None
+    if k is not None and len(v) != k:
+        raise PosbiasError(f"expected {k} numbers for {what}, got {s!r}", f"pass {k} comma-separated numbers")
+    return v
+
+
+def ints(s: Optional[str], what: str = "integers") -> Optional[list[int]]:
+    if s is None:
+        return None
+    try:
+        return [int(x) for x in s.split(",") if x]
+    except ValueError:
+        raise PosbiasError(f"bad integer list {s!r} for {what}", "write comma-separated integers, e.g. 2,4") from None
+
+
+def words(s: Optional[str]) -> Optional[list[str]]:
+    return None if s is None else [x for x in s.split(",") if x]

@@ -1,0 +1,74 @@
+"""Scoring engines: how a batch of encoded rows becomes verdicts.
+
+  teacher-forced  one forward of prompt + each accepted answer; correct iff greedy decoding would
+                  emit that answer token by token (teacher_forced.py)
+  generate        batched greedy generation with the KV cache, cut at the first newline, scored
+                  with the task's metric (generate.py)
+
+Each engine also says how many context tokens a row needs (the window check) and how many padded
+tokens it costs (the batch planner), so the Scorer never branches on the engine.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from ..core.metrics import METRICS
+from ..errors import PosbiasError
+from ..methods import Active
+from ..models.load import Loaded
+from .encode import Encoded
+from .generate import generate_greedy
+from .teacher_forced import score_teacher_forced
+
+
+class Engine(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    def need(self, row: Encoded, max_new_tokens: int) -> int:
+        """Context tokens the row needs (prompt plus what is scored or generated after it)."""
+
+    def cost(self, row: Encoded, max_new_tokens: int) -> int:
+        """Padded tokens the row adds to a batch."""
+        return self.need(row, max_new_tokens)
+
+    @abstractmethod
+    def score(self, loaded: Loaded, batch: list[Encoded], metric: str, max_new_tokens: int, active: Active) -> list[dict]:
+        """One dict per row: correct, prediction (and logprob for teacher forcing)."""
+
+
+class TeacherForced(Engine):
+    name = "teacher-forced"
+
+    def need(self, row: Encoded, max_new_tokens: int) -> int:
+        return len(row.prompt_ids) + max(map(len, row.answer_ids))
+
+    def cost(self, row: Encoded, max_new_tokens: int) -> int:
+        return self.need(row, max_new_tokens) * len(row.answer_ids)  # answer variants share a batch
+
+    def score(self, loaded: Loaded, batch: list[Encoded], metric: str, max_new_tokens: int, active: Active) -> list[dict]:
+        tok = loaded.tokenizer
+        return score_teacher_forced(loaded.model, tok, batch, tok.pad_token_id, active.set_prompt_end)
+
+
+class Generate(Engine):
+    name = "generate"
+
+    def need(self, row: Encoded, max_new_tokens: int) -> int:
+        return len(row.prompt_ids) + max_new_tokens
+
+    def score(self, loaded: Loaded, batch: list[Encoded], metric: str, max_new_tokens: int, active: Active) -> list[dict]:
+        tok = loaded.tokenizer
+        preds = generate_greedy(loaded.model, tok, batch, tok.pad_token_id, max_new_tokens)
+        return [{"correct": METRICS[metric](p, r.prompt.answers), "prediction": p} for p, r in zip(preds, batch)]
+
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (TeacherForced(), Generate())}
+
+
+def get_engine(name: str) -> Engine:
+    if name not in ENGINES:
+        raise PosbiasError(f"unknown engine '{name}'", f"use `engine` {' or '.join(ENGINES)}")
+    return ENGINES[name]

@@ -1,0 +1,105 @@
+"""The Scorer: one model on one task with one engine, metric and batching.
+
+    scorer = Scorer(loaded, task)                       # the task's engine, metric, answer length
+    rows = scorer.rows(examples, positions)             # tokenised, refused if over the window
+    results = scorer.score(rows, method="pi:1.1")       # one dict per row, batch by batch
+
+Every pipeline scores through it: the sweep, the LPES fitness and the distillation data builder.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from ..errors import PosbiasError
+from ..methods import Method, get_method
+from ..models.load import Loaded
+from ..tasks.base import Task
+from .encode import Encoded, encode, plan_batches
+from .engines import get_engine
+
+CHAT_MODES = ("auto", "on", "off")
+
+
+def use_chat(loaded: Loaded, chat: str | bool) -> bool:
+    """Whether prompts go through the model's chat template: auto (if it has one), on, off (or an
+    already resolved bool)."""
+    if isinstance(chat, bool):
+        return chat
+    if chat not in CHAT_MODES:
+        raise PosbiasError(f"unknown `chat` '{chat}'", "use auto, on or off")
+    has = bool(getattr(loaded.tokenizer, "chat_template", None))
+    if chat == "on" and not has:
+        raise PosbiasError("`chat=on`, but this model's tokenizer has no chat template", "use `chat=auto` or `chat=off`")
+    return has if chat == "auto" else chat == "on"
+
+
+class Scorer:
+    """Builds and scores (example, position) rows; the engine, answer length and chat use are resolved once."""
+
+    def __init__(self, loaded: Loaded, task: Task, engine: str | None = None, max_new_tokens: int | None = None,
+                 chat: str | bool = "auto", batch_tokens: int = 16384, max_batch: int = 32):
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise PosbiasError(f"`max_new_tokens` must be at least 1, got {max_new_tokens}", "pass `max_new_tokens=16` or so")
+        if batch_tokens < 1 or max_batch < 1:
+            raise PosbiasError(f"batch sizes must be positive, got {batch_tokens} tokens / {max_batch} rows",
+                               "pass `batch_tokens` and `max_batch` of at least 1")
+        self.loaded, self.task = loaded, task
+        self.engine = get_engine(engine or task.default_engine)
+        self.metric = task.metric
+        self.max_new_tokens = max_new_tokens or task.max_new_tokens
+        self.chat = use_chat(loaded, chat)
+        self.batch_tokens, self.max_batch = batch_tokens, max_batch
+
+    def settings(self) -> dict:
+        """The resolved choices, for a run's record."""
+        return {"engine": self.engine.name, "max_new_tokens": self.max_new_tokens, "chat_used": self.chat}
+
+    def rows(self, examples: Iterable, positions: list[int]) -> list[Encoded]:
+        """Tokenised rows, example-major; refuses (never truncates) a row over the context window."""
+        rows = [encode(self.loaded.tokenizer, self.task.build(ex, p), self.chat) for ex in examples for p in positions]
+        self.check_window(rows)
+        return rows
+
+    def check_window(self, rows: list[Encoded]) -> None:
+        if not rows:
+            return
+        window = self.loaded.context_window
+        worst = max(rows, key=lambda r: self.engine.need(r, self.max_new_tokens))
+        need = self.engine.need(worst, self.max_new_tokens)
+        if need > window:
+            ex, pos = worst.key
+            raise PosbiasError(
+                f"prompt for example {ex} at position {pos} needs {need} tokens "
+                f"({len(worst.prompt_ids)} prompt + {need - len(worst.prompt_ids)} answer) "
+                f"but the model's context window is {window}",
+                "use fewer facts/documents/pairs, a lower `max_new_tokens`, or a model with a longer context",
+            )
+
+    def score(self, rows: list[Encoded], method: str | Method | None = None, done: set | None = None,
+              on_batch: Callable[[list[dict]], None] | None = None) -> list[dict]:
+        """Score rows under `method` (default: the unmodified model); batches whose rows are all in
+        `done` are skipped (resume). Returns the new result dicts, in batch order."""
+        method = get_method(method if method is not None else "none")
+        done = done or set()
+        costs = [self.engine.cost(r, self.max_new_tokens) for r in rows]
+        out: list[dict] = []
+        with method.apply(self.loaded) as active:
+            for idx in plan_batches(costs, self.batch_tokens, self.max_batch):
+                batch = [rows[i] for i in idx]
+                if all(r.key in done for r in batch):
+                    continue
+                scored = self.engine.score(self.loaded, batch, self.metric, self.max_new_tokens, active)
+                new = [{"example_id": r.key[0], "position": r.key[1], **s, "answers": list(r.prompt.answers),
+                        "prompt_tokens": len(r.prompt_ids)} for r, s in zip(batch, scored) if r.key not in done]
+                out.extend(new)
+                if on_batch:
+                    on_batch(new)
+        return out
+
+    def accuracy(self, rows: list[Encoded], method: str | Method | None = None) -> dict[int, float]:
+        """Accuracy per gold position of `rows` under `method`."""
+        hits: dict[int, list[bool]] = {}
+        for r in self.score(rows, method):
+            hits.setdefault(r["position"], []).append(bool(r["correct"]))
+        return {p: sum(h) / len(h) for p, h in sorted(hits.items())}

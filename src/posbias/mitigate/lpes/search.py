@@ -1,0 +1,114 @@
+"""The LPES search on a real model (Sec. 3, Algorithm 1): per-layer RoPE factors on a Bezier curve
+whose control points a constrained genetic algorithm searches (core/ga.py), scored by fitness.py.
+
+Files in OUT (runs.RunFolder protocol):
+  run.json             the search's fingerprint (resume compares it)
+  search.state.json    GA state after the last finished generation (resume point)
+  evals.jsonl          one line per evaluated individual (appended; a kill loses nothing)
+  log/generation_NNN.json   one JSON per generation
+  factors.json         the result (atomic, written last): control points, per-layer factors, fitness
+                       history, the search split (so compare can refuse overlapping data)
+  factors.png          the curve, its control points and the per-layer factors; fitness by generation
+
+Resume: `resume=True` continues from search.state.json; individuals already in evals.jsonl are not
+re-scored. The result equals an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...core.ga import CurveSpace, GeneticSearch, LayerSpace, RandomSearch
+from ...models.load import Loaded, load_model
+from ...runs import RunFolder, is_main_process, read_json, write_json_atomic
+from ...runs import progress as progress_bar
+from ...tasks import get_task
+from .config import SearchConfig
+from .fitness import build_fitness, weighted_fitness
+
+REGIONS = ("begin", "middle", "end")
+STATE = "search.state.json"
+
+
+@dataclass
+class LPESResult:
+    factors: list[float]  # one per layer: use them with the method lpes:OUT/factors.json
+    fitness: float
+    accuracy: dict  # begin / middle / end on the search split
+    baseline: dict  # the unmodified model on the same split: factors, accuracy, fitness
+    evaluations: int
+    record: dict = field(repr=False)  # the content of factors.json
+
+
+def make_space(cfg: SearchConfig, n_layers: int):
+    return LayerSpace(n_layers, cfg.ga) if cfg.space == "layers" else CurveSpace(n_layers, cfg.ga)
+
+
+def _searcher(cfg: SearchConfig, space, fitness):
+    if cfg.space == "random":
+        g = cfg.ga
+        budget = cfg.budget or g.pop_size + g.generations * (2 * g.n_crossover + g.n_mutation)
+        return RandomSearch(space, cfg.ga, fitness, budget)
+    return GeneticSearch(space, cfg.ga, fitness)
+
+
+def run_search(cfg: SearchConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | None = None,
+               resume: bool = False, overwrite: bool = False, progress: bool = True) -> LPESResult:
+    """Search per-layer factors; write OUT/factors.json last. out=None: search without files."""
+    cfg = (cfg or SearchConfig()).validate()
+    task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
+    folder = RunFolder(out, "search", "factors.json", (STATE, "evals.jsonl", "log", "factors.png"))
+    folder.check(resume, overwrite)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device)
+    n_layers = loaded.model.config.num_hidden_layers
+    space = make_space(cfg, n_layers)
+    fitness = build_fitness(cfg, loaded, task, space)
+    search = _searcher(cfg, space, fitness)
+    fingerprint = {"config": cfg.to_dict(), "model": loaded.info, "positions": fitness.positions}
+    with folder.open(fingerprint, resume, overwrite):
+        if folder.path is not None:
+            fitness.attach(folder.file("evals.jsonl"))
+            folder.file("log").mkdir(exist_ok=True)
+            if folder.resuming and folder.file(STATE).exists():
+                search.load_state_dict(read_json(folder.file(STATE), "search state")["search"])
+        t0 = time.perf_counter()
+        base_acc = fitness.accuracies([1.0] * n_layers)  # the unmodified model on the same split, for the record
+        best = _run(search, folder, progress)
+        rec = fitness.record(best)
+        result = {
+            "model": cfg.model, "task": task.name, "n_layers": n_layers, "space": cfg.space, "curve": cfg.ga.curve,
+            "factors": rec["factors"], "fitness": rec["fitness"], "accuracy": dict(zip(REGIONS, rec["acc"])),
+            "baseline": {"factors": [1.0] * n_layers, "accuracy": dict(zip(REGIONS, base_acc)),
+                         "fitness": weighted_fitness(base_acc, cfg.weights)},
+            **space.describe(best),
+            "search_split": {"task": task.name, "seed": cfg.seed, "skip": cfg.skip, "n": cfg.n, "positions": fitness.positions},
+            "history": search.history, "evaluations": len(fitness.seen),
+            "seconds_this_call": time.perf_counter() - t0, "config": cfg.to_dict(), "model_info": loaded.info,
+        }
+        if folder.path is not None and is_main_process():
+            from ...report.lpes_plots import plot_search
+
+            plot_search(result, folder.file("factors.png"))
+        folder.finish(result, indent=1)  # last: its presence means "complete"
+    return LPESResult(result["factors"], result["fitness"], result["accuracy"], result["baseline"],
+                      result["evaluations"], result)
+
+
+def _run(search, folder: RunFolder, progress: bool):
+    """Run the search to the end, saving the GA state and a log entry after every generation."""
+    bar = progress_bar(getattr(search, "total_steps", None), "lpes search", "gen", initial=getattr(search, "steps_done", 0),
+                       enabled=progress)
+
+    def on_generation(entry: dict) -> None:
+        if folder.path is not None and is_main_process():
+            write_json_atomic(folder.file("log") / f"generation_{entry['generation']:03d}.json", entry, indent=1)
+            write_json_atomic(folder.file(STATE), {"search": search.state_dict()})
+        bar.update(1)
+        bar.set_postfix(best=f"{entry['best_fitness']:.3f}", evals=entry.get("evaluations"))
+
+    try:
+        return search.run(on_generation=on_generation)
+    finally:
+        bar.close()

@@ -1,0 +1,169 @@
+"""The distillation pipeline: data (data.py) -> training (collator.py, trainer.py) -> OUT/model.
+
+Files and methods: see the package docstring. The output folder follows runs.RunFolder: checks
+before the model loads, one writer, run.json's fingerprint compared on resume (a finished run
+with another configuration is refused, not reported), distill.json written last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...errors import PosbiasError
+from ...eval.generate import eos_ids
+from ...eval.scorer import use_chat
+from ...models.load import Loaded, load_model
+from ...runs import MARKER, RunFolder, is_main_process, num_processes, read_json, write_json_atomic
+from ...tasks import get_task
+from .collator import Collator, QuestionData
+from .config import OPERATIONAL, DistillConfig
+from .data import build_records, read_records, resolve_anchor, write_records
+from .trainer import final_model, make_student, make_trainer, step_plan, training_args
+
+FILES = ("data.jsonl", "data.json", "checkpoints", "model", "model.tmp", "train_log.json", "distill.partial.json")
+_DATA_KEYS = ("model", "task", "task_options", "data_dir", "n", "k", "anchor", "correct_only", "max_draw", "skip",
+              "seed", "chat_used", "max_new_tokens", "dtype")
+
+
+@dataclass
+class DistillResult:
+    model_dir: str  # a plain Hugging Face model directory: load it with load_model / --model
+    data: dict  # questions, anchor accuracy, the training split
+    train: dict  # steps, epochs, losses, seconds
+    record: dict = field(repr=False)  # the content of distill.json
+
+    @classmethod
+    def of(cls, record: dict) -> "DistillResult":
+        return cls(record["model_dir"], record["data"], record["train"], record)
+
+
+def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distill", *, loaded: Loaded | None = None,
+                resume: bool = False, overwrite: bool = False, progress: bool = True,
+                callbacks: list | None = None) -> DistillResult:
+    """Build the data, train, save OUT/model; returns the content of distill.json as a DistillResult.
+
+    loaded: an already loaded base model; it is not modified (the student is a copy).
+    callbacks: extra transformers TrainerCallbacks.
+    """
+    cfg = (cfg or DistillConfig()).validate()
+    if out is None:
+        raise PosbiasError("a distillation needs an output folder (checkpoints, the model)", "pass `out`")
+    task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
+    anchor, anchor_info = resolve_anchor(cfg.anchor, task, task.name)
+    folder = RunFolder(out, "distillation", "distill.json", FILES)
+    folder.check(resume, overwrite)
+    if resume and folder.complete():  # finished: compare the configuration without loading a model
+        chat = read_json(folder.file(MARKER), "run marker").get("fingerprint", {}).get("config", {}).get("chat_used")
+        name = loaded.info.get("name") if loaded is not None else cfg.model
+        with folder.open(_fingerprint(cfg, task, anchor, chat, name), resume, overwrite):
+            return DistillResult.of(folder.read_result())
+    caller_owned = loaded is not None
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device)
+    fingerprint = _fingerprint(cfg, task, anchor, use_chat(loaded, cfg.chat), loaded.info.get("name"))
+    resolved = cfg.resolved(task, anchor, fingerprint["config"]["chat_used"])
+    with folder.open(fingerprint, resume, overwrite):
+        records, data_summary = _data(loaded, task, resolved, folder.path, progress)
+        t0 = time.perf_counter()
+        trainer, plan, last = _train(loaded, cfg, resolved, records, folder.path, progress, caller_owned, callbacks,
+                                     folder.resuming)
+        record = {**fingerprint, "config": resolved, "anchor": anchor_info, "data": data_summary,
+                  "train_split": data_summary["train_split"], "base_model": loaded.info,
+                  "train": _train_summary(trainer, plan, time.perf_counter() - t0, last), "model_dir": str(folder.file("model"))}
+        if is_main_process():
+            _save_model(trainer, cfg.lora, loaded.tokenizer, folder.path, record)
+            write_json_atomic(folder.file("train_log.json"), trainer.state.log_history, indent=1)
+        folder.finish(record)  # last: its presence means "complete"
+    return DistillResult.of(record)
+
+
+def _fingerprint(cfg: DistillConfig, task, anchor: int, chat: bool, model_name: str) -> dict:
+    """What the result depends on: the settings but the operational ones, the task, the model."""
+    resolved = cfg.resolved(task, anchor, chat)
+    return {"config": {k: v for k, v in resolved.items() if k not in OPERATIONAL}, "task": task.config(), "model": model_name}
+
+
+def _train_summary(trainer, plan: dict, seconds: float, last: str | None) -> dict:
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return {**plan, "steps": trainer.state.global_step, "epochs": trainer.state.epoch,
+            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+            "seconds_this_run": seconds, "resumed_from": last}
+
+
+def _data(loaded: Loaded, task, r: dict, out: Path, progress: bool) -> tuple[list[dict], dict]:
+    """Reuse OUT's data made with the same settings, else generate it (main process first)."""
+    fp = {k: r[k] for k in _DATA_KEYS}
+    if num_processes() > 1:
+        from accelerate import PartialState
+
+        with PartialState().main_process_first():
+            return _data_once(loaded, task, r, out, fp, progress)
+    return _data_once(loaded, task, r, out, fp, progress)
+
+
+def _data_once(loaded, task, r: dict, out: Path, fp: dict, progress: bool):
+    saved = read_records(out, fp)
+    if saved is not None:
+        return saved
+    records, summary = build_records(loaded, task, n=r["n"], k=r["k"], anchor=r["anchor"], seed=r["seed"],
+                                     skip=r["skip"], chat=r["chat_used"], correct_only=r["correct_only"],
+                                     max_draw=r["max_draw"], max_new_tokens=r["max_new_tokens"],
+                                     batch_tokens=r["gen_batch_tokens"], max_batch=r["gen_max_batch"], progress=progress)
+    if is_main_process():
+        write_records(out, records, summary, fp)
+    return records, summary
+
+
+def build_trainer(loaded: Loaded, cfg: DistillConfig, records: list[dict], out: str | Path, *, chat: bool, lr: float,
+                  progress: bool = False, copy_base: bool = True, callbacks: list | None = None):
+    """(trainer, plan): the Trainer over `records` (data.py) with student/teacher set up; not trained yet."""
+    spec = cfg.spec()
+    ends = eos_ids(loaded.model, loaded.tokenizer)
+    end = ends[0] if cfg.eos and ends else None
+    data = QuestionData(records, loaded.tokenizer, chat, spec.target, spec.with_anchor, end, loaded.context_window)
+    plan = step_plan(cfg.batch_size, len(data[0]["students"]), cfg.micro_batch, num_processes())
+    lora = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout, "targets": cfg.lora_targets}
+    student, teacher = make_student(loaded.model, lora if cfg.lora else None, copy_base=copy_base)
+    args = training_args(cfg, Path(out), plan, lr, progress)
+    collator = Collator(loaded.tokenizer.pad_token_id, cfg.padding_side)
+    return make_trainer(student, teacher, spec, args, data, collator, callbacks), plan
+
+
+def last_checkpoint(folder: Path) -> str | None:
+    """The newest complete Trainer checkpoint in `folder`: trainer_state.json is written last and must parse,
+    so a checkpoint cut by a kill is skipped for the one before it."""
+    if not folder.is_dir():
+        return None
+    steps = sorted((int(m[1]), p) for p in folder.iterdir() if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and p.is_dir())
+    for _, p in reversed(steps):
+        try:
+            json.loads((p / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        return str(p)
+    return None
+
+
+def _train(loaded, cfg, r: dict, records, out: Path, progress, caller_owned, callbacks, resume):
+    trainer, plan = build_trainer(loaded, cfg, records, out, chat=r["chat_used"], lr=r["lr"], progress=progress,
+                                  copy_base=caller_owned, callbacks=callbacks)
+    last = last_checkpoint(out / "checkpoints") if resume else None
+    trainer.train(resume_from_checkpoint=last)
+    return trainer, plan, last
+
+
+def _save_model(trainer, lora: bool, tokenizer, out: Path, record: dict) -> None:
+    """OUT/model: a plain HF model dir (load_model(DIR) reads it), renamed into place when complete."""
+    tmp, final = out / "model.tmp", out / "model"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = final_model(trainer.accelerator.unwrap_model(trainer.model), lora)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    write_json_atomic(tmp / "posbias_distill.json", record, indent=2)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)

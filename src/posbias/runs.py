@@ -1,0 +1,319 @@
+"""The run-folder protocol every pipeline shares, and the small utilities around it.
+
+A pipeline (sweep, compare, LPES search, distillation, synthetic grid, theory) writes into one
+output folder through a `RunFolder`:
+
+  check(resume, overwrite)   before any expensive work (loading a model): contradictory flags,
+                             `out` a file or not writable, a started folder without resume or
+                             overwrite, resume with nothing there
+  open(fingerprint, ...)     takes the folder's lock (one writer at a time), then either compares
+                             the stored fingerprint (resume) or clears what the pipeline owns
+                             (new run, overwrite), and records the fingerprint in run.json
+  finish(record)             writes the result file atomically, last: its presence means complete
+
+Besides: atomic JSON writes, an append-only JSONL log that survives a kill mid-line, one progress
+bar helper, the main-process check under `accelerate launch`, and the library versions record.
+Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socket
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from .errors import PosbiasError
+from .version import __version__
+
+MARKER = "run.json"  # kind + fingerprint of the run a folder holds
+LOCK = ".lock"  # "pid host" of the process writing the folder
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def write_json_atomic(path: str | Path, obj, indent: int | None = None, allow_nan: bool = True) -> None:
+    """Write JSON to a temporary file beside `path`, then os.replace it into place."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=allow_nan) + "\n")
+    os.replace(tmp, path)
+
+
+def write_jsonl_atomic(path: str | Path, rows: Iterable[dict]) -> None:
+    """One JSON object per line, written to a temporary file and renamed into place."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: str | Path, what: str) -> dict:
+    """A JSON object from a file this package wrote; a clear error if it is unreadable."""
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PosbiasError(f"{path} is not a readable {what} ({e})", "pass `overwrite=True` to start again") from None
+    if not isinstance(obj, dict):
+        raise PosbiasError(f"{path} is not a {what}", "pass `overwrite=True` to start again")
+    return obj
+
+
+class JsonlLog:
+    """An append-only JSONL file of rows; a kill can tear only its last line, which `read` drops."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def read(self, required: Sequence[str] = ()) -> list[dict]:
+        """Every complete row (a torn last line is cut from the file); rows lacking `required` keys are an error."""
+        if not self.path.exists():
+            return []
+        rows, keep = [], 0
+        with self.path.open("rb") as f:
+            lines = f.readlines()
+        for i, line in enumerate(lines):
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                if i == len(lines) - 1 and not line.endswith(b"\n"):
+                    break  # torn by a kill while writing
+                raise PosbiasError(f"{self.path}:{i + 1} is not a JSON row", "pass `overwrite=True` to start again") from None
+            if not isinstance(row, dict) or any(k not in row for k in required):
+                raise PosbiasError(f"{self.path}:{i + 1} is not a row this pipeline wrote (needs {', '.join(required)})",
+                                   "pass `overwrite=True` to start again")
+            rows.append(row)
+            keep += len(line)
+        if keep != sum(map(len, lines)):
+            with self.path.open("r+b") as f:
+                f.truncate(keep)
+        return rows
+
+    def append(self, rows: Iterable[dict]) -> None:
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        if text:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+
+
+def cached_record(path: str | Path, config: dict) -> dict | None:
+    """The finished record at `path` if it was made with `config` (its "config" key), None if absent."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    old = read_json(path, "result")
+    if old.get("config") != json.loads(json.dumps(config)):
+        raise PosbiasError(f"{path} holds another configuration", "pass another `out`, or `overwrite=True`")
+    return old
+
+
+# ----------------------------------------------------------------------------- processes, versions, progress
+
+
+def process_index() -> int:
+    """This process's rank under `accelerate launch` / torchrun (RANK), 0 otherwise."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def num_processes() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_process() -> bool:
+    return process_index() == 0
+
+
+def versions(*extra: str) -> dict:
+    """posbias, Python and the installed versions of torch, transformers, numpy (and `extra` packages)."""
+    out = {"posbias": __version__, "python": platform.python_version()}
+    for pkg in ("torch", "transformers", "numpy", *extra):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+class _Silent:
+    """Stands in for a progress bar when progress is off (or on a non-main process)."""
+
+    def update(self, n: int = 1) -> None: ...
+
+    def set_postfix(self, *a, **k) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def progress(total: int | None, desc: str, unit: str, initial: int = 0, enabled: bool = True, **kw) -> Any:
+    """A tqdm bar on the main process when enabled, else an object with the same methods that does nothing."""
+    if not enabled or not is_main_process():
+        return _Silent()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, **kw)
+
+
+# ----------------------------------------------------------------------------- run folders
+
+
+def _diff(a: Any, b: Any, where: str = "") -> list[str]:
+    """Paths at which two JSON values differ (for the error message), depth-first."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str) for d in _diff(a.get(k), b.get(k), f"{where}.{k}".lstrip("."))]
+    return [] if a == b else [f"{where or 'value'}: {json.dumps(a)[:40]} -> {json.dumps(b)[:40]}"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunFolder:
+    """One pipeline's output folder (see the module docstring). path None: a run without files (API use).
+
+    kind: what the folder holds ("sweep", "compare", ...); result: the result file written last;
+    owned: the other files and folders the pipeline writes there (removed on a new run or overwrite).
+    """
+
+    def __init__(self, path: str | Path | None, kind: str, result: str, owned: Sequence[str] = ()):
+        self.path = Path(path) if path is not None else None
+        self.kind, self.result, self.owned = kind, result, tuple(owned)
+        self.resuming = False
+
+    def file(self, name: str) -> Path:
+        assert self.path is not None, "a RunFolder without a path has no files"
+        return self.path / name
+
+    def started(self) -> bool:
+        if self.path is None or not self.path.is_dir():
+            return False
+        return any((self.path / n).exists() for n in (MARKER, self.result, *self.owned))
+
+    def complete(self) -> bool:
+        return self.path is not None and (self.path / self.result).exists()
+
+    def check(self, resume: bool, overwrite: bool) -> None:
+        """The checks that need no model: call before loading one."""
+        if resume and overwrite:
+            raise PosbiasError("`resume` and `overwrite` contradict each other", "pass one of them")
+        if self.path is None or not is_main_process():  # under accelerate launch, rank 0 checks and owns the folder
+            return
+        if self.path.exists() and not self.path.is_dir():
+            raise PosbiasError(f"`out` {self.path} is a file", "pass a directory path")
+        _check_writable(self.path)
+        marker = self.path / MARKER
+        other = read_json(marker, "run marker").get("kind") if marker.is_file() else self.kind
+        if other != self.kind:
+            raise PosbiasError(f"{self.path} holds a {other}, not a {self.kind}", "pass another `out`")
+        started = self.started()
+        if started and not (resume or overwrite):
+            raise PosbiasError(f"{self.path} already holds a {self.kind}",
+                               "pass `resume=True` to continue it or `overwrite=True` to start again")
+        if resume and not started:
+            raise PosbiasError(f"nothing to resume in {self.path}", f"drop `resume` to start a new {self.kind}")
+
+    @contextmanager
+    def open(self, fingerprint: dict, resume: bool, overwrite: bool) -> Iterator["RunFolder"]:
+        """Lock the folder, then resume (same fingerprint) or start afresh; the lock is released on exit."""
+        self.check(resume, overwrite)
+        if self.path is None or not is_main_process():
+            self.resuming = resume and self.path is not None
+            yield self
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        with self._lock():
+            if resume:
+                self._compare(fingerprint)
+            else:
+                self._clear()
+            self.resuming = resume
+            write_json_atomic(self.file(MARKER), {"kind": self.kind, "fingerprint": fingerprint}, indent=2)
+            yield self
+
+    def finish(self, record: dict, indent: int | None = 2, allow_nan: bool = True) -> None:
+        """Write the result file atomically: the last file a run writes."""
+        if self.path is not None and is_main_process():
+            write_json_atomic(self.file(self.result), record, indent=indent, allow_nan=allow_nan)
+
+    def read_result(self) -> dict:
+        return read_json(self.file(self.result), f"{self.kind} result")
+
+    def _compare(self, fingerprint: dict) -> None:
+        marker = self.file(MARKER)
+        if not marker.exists():
+            raise PosbiasError(f"{self.path} has no {MARKER}, so it cannot be resumed (an older posbias wrote it?)",
+                               "pass `overwrite=True` to start again")
+        old = read_json(marker, "run marker")
+        diffs = _diff(old.get("fingerprint"), json.loads(json.dumps(fingerprint)))
+        if diffs:
+            raise PosbiasError(f"{self.path} holds a {self.kind} with a different configuration ({'; '.join(diffs[:3])})",
+                               "rerun it with the same options, or pass `overwrite=True`")
+
+    def _clear(self) -> None:
+        for name in (self.result, MARKER, *self.owned):
+            p = self.path / name
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        path, me = self.file(LOCK), f"{os.getpid()} {socket.gethostname()}"
+        for _ in range(3):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                _break_stale_lock(path, self.path)
+                continue
+            os.write(fd, me.encode())
+            os.close(fd)
+            break
+        else:
+            raise PosbiasError(f"could not lock {self.path}", "pass another `out`")
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def _break_stale_lock(lock: Path, folder: Path) -> None:
+    """Remove a lock whose process is gone; raise if another live process holds it."""
+    try:
+        pid_text, host = lock.read_text().split()
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        lock.unlink(missing_ok=True)  # vanished or half-written: treat as stale
+        return
+    if host != socket.gethostname():
+        raise PosbiasError(f"{folder} is locked by a process on {host}",
+                           f"if none runs there, delete {lock}; else pass another `out`")
+    if pid != os.getpid() and _alive(pid):
+        raise PosbiasError(f"{folder} is being written by another posbias process (pid {pid})",
+                           "wait for it to finish, or pass another `out`")
+    lock.unlink(missing_ok=True)
+
+
+def _check_writable(path: Path) -> None:
+    """The folder, or the nearest existing folder above it, must be a writable directory."""
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise PosbiasError(f"`out` {path} cannot be created: {probe} is a file", "pass a directory path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise PosbiasError(f"`out` {path} is not writable ({probe} is read-only)", "pass a writable directory")
