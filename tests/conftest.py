@@ -37,17 +37,17 @@ def char_tokenizer(chat: bool = True):
     return tok
 
 
-def tiny_model(arch: str, vocab: int, max_pos: int = 2048, seed: int = 0):
-    """A 2-layer random causal LM of the given family, fp32, eval mode."""
+def tiny_model(arch: str, vocab: int, max_pos: int = 2048, seed: int = 0, layers: int = 2):
+    """A small random causal LM of the given family (2 layers by default), fp32, eval mode."""
     import transformers as tf
 
     common = dict(vocab_size=vocab, pad_token_id=0, bos_token_id=2, eos_token_id=3)
     if arch == "gpt2":
-        cfg = tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=max_pos, **common)
+        cfg = tf.GPT2Config(n_embd=64, n_layer=layers, n_head=4, n_positions=max_pos, **common)
     else:
         cls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}[arch]
         cfg = cls(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=max_pos, **common,
         )
     torch.manual_seed(seed)

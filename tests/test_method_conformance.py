@@ -1,0 +1,137 @@
+"""Conformance suite: every registered training-free method, on two tiny RoPE architectures (Llama and
+Qwen2, grouped-query attention), must
+
+- parse from its spec and describe itself as JSON that round-trips through the registry;
+- yield an `Active` from `apply`, change the logits inside (except `none`) and leave the model
+  bit-identical after exit, also when the block raises;
+- give each row of a left-padded batch the logits that row gets alone (batch / padding invariance);
+- give the same next-token logits through the KV cache (prefill, then one decode step) as one full
+  forward told where the prompt ends: what generation and teacher forcing each rely on.
+
+A newly registered method fails `test_every_registered_method_has_an_example` until it is added
+to EXAMPLES, so it cannot skip the suite.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import char_tokenizer, position_sensitive, random_seqs, tiny_model
+from posbias import METHODS, Active, Loaded, get_method
+from posbias.eval.encode import left_pad
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LAYERS = 4  # Ms-PoE leaves the first two layers alone by default: a 4-layer model has two it changes
+ARCHS = ("llama", "qwen2")
+
+
+def _examples(tmp_path) -> dict[str, str]:
+    factors = tmp_path / "factors.json"
+    factors.write_text(json.dumps({"factors": [1.0, 1.5, 2.0, 1.5]}))
+    return {"none": "none", "pi": "pi:1.5", "layers": "layers:1,2,1,2", "lpes": f"lpes:{factors}",
+            "mspoe": "mspoe:1.2-1.8", "buckets": "buckets:10000,30000"}
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def loaded(request):
+    tok = char_tokenizer()
+    g = torch.Generator().manual_seed(0)
+    sharpness = [torch.rand(4, generator=g) * 3 + 0.5 for _ in range(LAYERS)]  # heads differ: Ms-PoE's ranking matters
+    model = position_sensitive(tiny_model(request.param, len(tok), layers=LAYERS), q_scale=sharpness)
+    return Loaded(model, tok, {"name": f"tiny-{request.param}", "context_window": 2048})
+
+
+@pytest.fixture(params=sorted(METHODS))
+def method(request, tmp_path):
+    return get_method(_examples(tmp_path)[request.param])
+
+
+def _ids(n: int = 48, seed: int = 0) -> torch.Tensor:
+    return torch.tensor(random_seqs([n], 100, seed))
+
+
+def test_every_registered_method_has_an_example(tmp_path):
+    assert set(_examples(tmp_path)) == set(METHODS)
+
+
+def test_spec_and_config_round_trip(method):
+    again = get_method(method.spec)
+    assert json.loads(json.dumps(method.config())) == again.config()
+    assert type(again) is type(method) and again.label == method.label
+
+
+@torch.no_grad()
+def test_apply_changes_inside_and_restores_exactly(loaded, method):
+    ids = _ids()
+    before = loaded.model(input_ids=ids).logits
+    with method.apply(loaded) as active:
+        assert isinstance(active, Active)
+        inside = loaded.model(input_ids=ids).logits
+    after = loaded.model(input_ids=ids).logits
+    assert torch.equal(before, after)
+    assert inside.shape == before.shape
+    assert torch.equal(inside, before) == (method.name == "none")
+    with pytest.raises(RuntimeError, match="boom"), method.apply(loaded):
+        raise RuntimeError("boom")
+    assert torch.equal(loaded.model(input_ids=ids).logits, before)
+
+
+@torch.no_grad()
+def test_rows_of_a_padded_batch_equal_the_rows_alone(loaded, method):
+    seqs = random_seqs([20, 33, 47], 100, seed=1)
+    with method.apply(loaded):
+        batch = loaded.model(**left_pad(seqs, 0)).logits[:, -1]
+        alone = torch.cat([loaded.model(input_ids=torch.tensor([s])).logits[:, -1] for s in seqs])
+    torch.testing.assert_close(batch, alone, atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_cached_decoding_equals_a_full_forward(loaded, method):
+    """Teacher forcing scores prompt + answer in one forward after telling the method where the prompt ends
+    (Active.set_prompt_end); generation prefills the prompt and decodes with the cache. Both must agree."""
+    ids = _ids(40, seed=5)
+    with method.apply(loaded) as active:
+        active.set_prompt_end(torch.tensor([ids.shape[1] - 2]))  # the prompt is ids[:, :-1]
+        full = loaded.model(input_ids=ids).logits[:, -1]
+        pre = loaded.model(input_ids=ids[:, :-1], use_cache=True)
+        step = loaded.model(input_ids=ids[:, -1:], past_key_values=pre.past_key_values, use_cache=True).logits[:, -1]
+    torch.testing.assert_close(step, full, atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_the_prompt_end_matters_where_a_method_reads_the_input(loaded):
+    """Guard for the test above: Ms-PoE ranks its heads on the input, so without the prompt end a full forward
+    ranks them at another token than generation does, and the logits differ."""
+    ids = _ids(40, seed=5)
+    with get_method("mspoe").apply(loaded):
+        full = loaded.model(input_ids=ids).logits[:, -1]
+        pre = loaded.model(input_ids=ids[:, :-1], use_cache=True)
+        step = loaded.model(input_ids=ids[:, -1:], past_key_values=pre.past_key_values, use_cache=True).logits[:, -1]
+    assert (full - step).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("h", range(LAYERS))
+@torch.no_grad()
+def test_per_layer_factor_h_acts_on_decoder_layer_h(loaded, h):
+    """LPES eq. 2 scales layer h by s_h: with s_h = 2 and every other factor 1, the attention outputs of the
+    layers below h are bit-identical to the unmodified model's and layer h's differ."""
+    outs: dict[int, torch.Tensor] = {}
+    hooks = [layer.self_attn.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o[0].clone()))
+             for i, layer in enumerate(loaded.model.model.layers)]
+    try:
+        ids = _ids()
+        loaded.model(input_ids=ids)
+        base = dict(outs)
+        factors = [1.0] * LAYERS
+        factors[h] = 2.0
+        with get_method("layers:" + ",".join(map(str, factors))).apply(loaded):
+            loaded.model(input_ids=ids)
+    finally:
+        for hk in hooks:
+            hk.remove()
+    assert all(torch.equal(outs[i], base[i]) for i in range(h))
+    assert not torch.allclose(outs[h], base[h], atol=1e-4)
