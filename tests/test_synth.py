@@ -306,7 +306,7 @@ def test_grid_end_to_end_and_cached(tmp_path):
     assert s["gap/first_vs_last"]["n"] == 2 and len(s["sink"]["mean"]) == 9
     assert (tmp_path / "sinks.png").exists() and (tmp_path / "sinks_curves.png").exists()
     again = run_grid("sinks", runs, tmp_path, progress=False)  # every run comes from the cache
-    assert again["configs"] == res["configs"]
+    assert again.configs == res.configs
     assert len(list((tmp_path / "runs").glob("*.json"))) == 6 and not list((tmp_path / "runs").glob("*.ckpt"))
 
 

@@ -53,13 +53,14 @@ from .models.load import REGISTRY as MODELS  # noqa: E402
 from .models.load import Loaded, load_model, set_threads  # noqa: E402
 from .synth import GRIDS as SYNTH_GRIDS  # noqa: E402
 from .synth import PRESETS as SYNTH_PRESETS  # noqa: E402
+from .synth import GridResult as SynthGridResult  # noqa: E402
+from .synth import RunResult as SynthRunResult  # noqa: E402
 from .synth import format_run as format_synth_run  # noqa: E402
 from .synth import format_summary as format_synth_summary  # noqa: E402
 from .synth import grid_runs as synth_grid_runs  # noqa: E402
 from .synth import one_run_config as synth_run_config  # noqa: E402
-from .synth import one_run_path as synth_run_path  # noqa: E402
 from .synth import run_grid as run_synth_grid  # noqa: E402
-from .synth import run_one as run_synth_one  # noqa: E402
+from .synth import run_single as run_synth_one  # noqa: E402
 from .tasks import JSONL_SCHEMA, TASKS, Prompt, Task, get_task, register_task, resolve_positions  # noqa: E402
 from .version import __version__  # noqa: E402
 
@@ -68,10 +69,10 @@ __all__ = [
     "LPES_SPACES", "METHODS", "MODELS", "SYNTH_GRIDS", "SYNTH_PRESETS", "TASKS",
     "Active", "Baseline", "Buckets", "CompareResult", "DistillConfig", "DistillResult", "GAConfig", "LPESResult",
     "LayerScaling", "Loaded", "Method", "MsPoE", "PosbiasError", "Prompt", "RealRollout", "Scorer", "SearchConfig",
-    "SweepConfig", "SweepResult", "Task", "TheoryConfig", "TheoryResult", "UniformScaling",
+    "SweepConfig", "SweepResult", "SynthGridResult", "SynthRunResult", "Task", "TheoryConfig", "TheoryResult",
+    "UniformScaling",
     "__version__", "check_all", "format_compare", "format_real_rollout", "format_synth_run", "format_synth_summary",
     "format_table", "format_theory_summary", "get_method", "get_task", "load_model", "register_method",
     "register_task", "resolve_positions", "run_compare", "run_distill", "run_search", "run_sweep", "run_synth_grid",
     "run_synth_one", "run_theory", "set_threads", "split_specs", "synth_grid_runs", "synth_run_config",
-    "synth_run_path",
 ]

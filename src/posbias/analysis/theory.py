@@ -74,7 +74,7 @@ class TheoryConfig:
     d: int = 8
     weight_norm: float = 1.0
 
-    def validate(self) -> None:
+    def validate(self) -> "TheoryConfig":
         n = self.n_tokens
         if n < 4 or self.depth < 1:
             raise PosbiasError(f"need n_tokens >= 4 and depth >= 1, got {n} and {self.depth}")
@@ -85,6 +85,7 @@ class TheoryConfig:
         if any(m <= 0 for m in self.decay_ms) or any(not 0 < f <= 1 for f in self.rope_fractions):
             raise PosbiasError("decay ms must be > 0 and RoPE fractions in (0, 1]",
                                f"got {list(self.decay_ms)} and {list(self.rope_fractions)}")
+        return self
 
 
 def pick_depths(candidates, depth: int) -> list[int]:

@@ -20,7 +20,6 @@ from .. import (
     run_theory,
     synth_grid_runs,
     synth_run_config,
-    synth_run_path,
 )
 from .options import ints, words
 
@@ -59,7 +58,7 @@ def _grid(grid, preset, out, workers, overwrite, quiet, **over) -> None:
     typer.echo(f"synth {grid} ({preset}): {len(runs)} runs -> {out}", err=True)
     res = run_synth_grid(grid, runs, out, workers=workers, progress=not quiet, overwrite=overwrite)
     typer.echo(format_synth_summary(res))
-    typer.echo(f"wrote {out}/{grid}.json, {', '.join(res['figures'])}")
+    typer.echo(f"wrote {out}/{grid}.json, {', '.join(res.figures)}")
 
 
 @synth_app.command()
@@ -123,8 +122,7 @@ def train(
                 kind=kind, lam=lam, component_std=std)
     cfg = synth_run_config(depth=depth, mask=mask, pe=pe, residual=residual, iters=iters, lr=lr, seed=seed,
                            eval_seqs=eval_seqs, data=data)
-    rec = run_synth_one(cfg, synth_run_path(out, cfg), progress=not quiet)
-    typer.echo(format_synth_run(rec))
+    typer.echo(format_synth_run(run_synth_one(cfg, out, progress=not quiet)))
 
 
 def theory(

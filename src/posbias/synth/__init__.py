@@ -6,6 +6,8 @@ from .evaluate import PAIRS, EvalConfig, evaluate
 from .experiments import (
     GRIDS,
     PRESETS,
+    GridResult,
+    RunResult,
     format_run,
     format_summary,
     grid_runs,
@@ -14,12 +16,14 @@ from .experiments import (
     parse_mask,
     run_grid,
     run_one,
+    run_single,
 )
 from .model import MASKS, PES, AttentionOnlyNet, ModelConfig
 from .train import RunConfig, TrainConfig, train
 
 __all__ = [
-    "BIASES", "GRIDS", "MASKS", "PAIRS", "PES", "PRESETS", "AttentionOnlyNet", "DataConfig", "EvalConfig",
+    "BIASES", "GRIDS", "MASKS", "PAIRS", "PES", "PRESETS", "AttentionOnlyNet", "DataConfig", "EvalConfig", "GridResult",
+    "RunResult", "run_single",
     "ModelConfig", "RunConfig", "SynthTask", "TrainConfig", "evaluate", "format_run", "format_summary", "grid_runs",
     "one_run_config", "one_run_path", "parse_mask", "run_grid", "run_one", "train",
 ]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -68,6 +68,20 @@ class Run:
         f = self.factors
         res = "res" if f["residual"] else "nores"
         return f"L{f['depth']}-{f['mask']}-{f['pe']}-{res}-{f['bias']}-seed{self.cfg.seed}-{self.cfg.key()}"
+
+
+@dataclass
+class GridResult:
+    configs: list[dict]  # per configuration: factors, seeds, run names, summary (mean and std over seeds)
+    figures: list[str]  # PNG names in the output folder
+    record: dict = field(repr=False)  # the content of GRID.json
+
+
+@dataclass
+class RunResult:
+    metrics: dict  # swap-test gaps, novel-class and training accuracy, accuracy by position, sinks
+    history: list[dict]  # the learning curve
+    record: dict = field(repr=False)  # the run's JSON (config, metrics, history, seconds, versions)
 
 
 def parse_mask(spec: str) -> dict:
@@ -155,7 +169,7 @@ def _worker(cfg_dict: dict, out_json: str) -> dict:
 
 
 def run_grid(grid: str, runs: list[Run], out: str | Path, workers: int = 1, progress: bool = True,
-             overwrite: bool = False) -> dict:
+             overwrite: bool = False) -> GridResult:
     """Run (or continue) every run; aggregate over seeds into OUT/<grid>.json (last) and figures.
 
     A rerun into the same folder continues: runs/ caches one JSON per finished run, named by its
@@ -182,7 +196,13 @@ def run_grid(grid: str, runs: list[Run], out: str | Path, workers: int = 1, prog
 
         result["figures"] = plot_grid(grid, result, folder.path)
         folder.finish(result, indent=1)  # last: its presence means "complete"
-    return result
+    return GridResult(result["configs"], result["figures"], result)
+
+
+def run_single(cfg: RunConfig, out: str | Path, progress: bool = True) -> RunResult:
+    """One configuration into OUT (`posbias synth train`): a rerun returns the finished run or resumes its checkpoint."""
+    rec = run_one(cfg, one_run_path(out, cfg), progress=progress)
+    return RunResult(rec["metrics"], rec["history"], rec)
 
 
 def _train_all(todo: list[Run], rundir: Path, workers: int, progress: bool, records: dict, bar) -> None:
@@ -240,8 +260,9 @@ def aggregate(grid: str, runs: list[Run], records: dict[str, dict]) -> dict:
             "versions": versions()}
 
 
-def format_summary(result: dict) -> str:
+def format_summary(result: dict | GridResult) -> str:
     """One line per configuration: the three gaps and novel accuracy, mean +- std over seeds."""
+    result = result.record if isinstance(result, GridResult) else result
     lines = []
     for c in result["configs"]:
         f, s = c["factors"], c["summary"]
@@ -266,8 +287,9 @@ def one_run_path(out: str | Path, cfg: RunConfig) -> Path:
     return Path(out) / f"{cfg.model.label}-{cfg.data.bias}-seed{cfg.seed}-{cfg.key()}.json"
 
 
-def format_run(rec: dict) -> str:
-    """The metrics of one run_one record as text lines."""
+def format_run(rec: dict | RunResult) -> str:
+    """The metrics of one run as text lines."""
+    rec = rec.record if isinstance(rec, RunResult) else rec
     cfg, m = rec["config"], rec["metrics"]
     lines = [f"{ModelConfig(**cfg['model']).label} bias={cfg['data']['bias']} seed={cfg['seed']} "
              f"iters={cfg['train']['iters']}: train {rec['seconds']['train']:.0f}s",
