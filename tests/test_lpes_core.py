@@ -324,12 +324,20 @@ def test_resume_equals_uninterrupted_run(space_cls):
     assert fit.seen and not set(fit.seen) & saved_keys  # nothing evaluated before the kill is evaluated again
 
 
-def test_load_state_rejects_other_config():
+def test_load_state_rejects_other_config_but_lets_a_run_grow():
     ga, _ = _search(GAConfig(generations=2))
     assert ga.step()["generation"] == 0 and ga.step()["generation"] == 1
-    other, _ = _search(GAConfig(generations=3))
+    other, _ = _search(GAConfig(generations=2, mx=1))
     with pytest.raises(PosbiasError, match="config"):
         other.load_state_dict(json.loads(json.dumps(ga.state_dict())))
+    short, _ = _search(GAConfig(generations=2, seed=5))
+    short.run()
+    longer, _ = _search(GAConfig(generations=4, seed=5))
+    longer.load_state_dict(json.loads(json.dumps(short.state_dict())))  # more generations: continue
+    longer.run()
+    whole, _ = _search(GAConfig(generations=4, seed=5))
+    whole.run()
+    assert _strip(longer.history) == _strip(whole.history) and longer.result() == whole.result()
 
 
 def test_zero_generations_and_step_after_done():

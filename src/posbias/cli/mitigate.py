@@ -28,7 +28,7 @@ def _ga(**kw) -> typer.Option:
 
 
 @lpes_app.command()
-@uses(MODEL, TASK, SPLIT.defaults(n=None, skip=1000), SCORING, RUN.defaults(out=Path("runs/lpes")))
+@uses(MODEL, TASK, SPLIT.defaults(n=None, skip=None), SCORING, RUN.defaults(out=Path("runs/lpes")))
 def search(
     model: Args, task: Args, split: Args, scoring: Args, run: Args,
     preset: str = typer.Option("cpu", help="cpu (2-core budget; see docs/lpes.md) | paper (Sec. 4.1, Table 12)"),
@@ -50,7 +50,9 @@ def search(
     y_step: Optional[float] = _ga(default=None, help="factor grid step (preset; paper 0.1)"),
     y_init: Optional[float] = _ga(default=None, help="factor of the initial individual (preset; eq. 8: 1.5)"),
 ) -> None:
-    """Search per-layer RoPE factors (Algorithm 1) on a search split (examples SKIP..); write OUT/factors.json."""
+    """Search per-layer RoPE factors (Algorithm 1) on a search split; write OUT/factors.json.
+
+    The split is examples SKIP.. (default 1000, or the last N of a file task's pool); sweeps use examples 0.."""
     pos = floats(positions, 3, "positions")
     ga = dict(curve=curve, n_points=points, generations=generations, pop_size=pop_size, n_parents=parents,
               n_crossover=crossovers, n_mutation=mutations, mx=mx, my=my, y_min=y_min, y_max=y_max, y_step=y_step,
@@ -58,7 +60,8 @@ def search(
     cfg = SearchConfig.from_preset(preset, ga=ga, **model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
                                    positions=tuple(int(x) for x in pos) if pos else None,
                                    weights=floats(weights, 3, "weights"), space=space, budget=budget)
-    typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
+    if not run.quiet:
+        typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = run_search(cfg, run.out, **run_kwargs(run))
     acc, base = res.accuracy, res.baseline["accuracy"]
     typer.echo(f"best fitness {res.fitness:.3f} (unmodified {res.baseline['fitness']:.3f}) after {res.evaluations} evaluations")
@@ -99,7 +102,8 @@ def r1(
         anchor=anchor, correct_only=correct_only, lora=lora, lr=lr, batch_size=batch_size, micro_batch=micro_batch,
         gradient_checkpointing=gradient_checkpointing, epochs=epochs, max_steps=max_steps, lam=lam,
         max_new_tokens=max_new_tokens, save_steps=save_steps)
-    typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
+    if not run.quiet:
+        typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = run_distill(cfg, run.out, **run_kwargs(run))
     d, t = res.data, res.train
     typer.echo(f"{d['questions']} questions (anchor slot {res.record['config']['anchor']} accuracy {d['anchor_accuracy']:.3f} "

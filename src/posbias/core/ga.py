@@ -187,11 +187,14 @@ class _Search:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a ``state_dict()`` taken from a search with the same kind, space and config."""
-        for key, mine in (("version", STATE_VERSION), ("kind", self.kind), ("space", self.space.spec()),
-                          ("config", self.cfg.to_dict())):
-            if state.get(key) != mine:
-                raise PosbiasError(f"saved search state has {key} = {state.get(key)!r}, this search has {mine!r}",
+        """Continue from a ``state_dict()`` taken from a search with the same kind, space and config; only the
+        number of generations may differ (a longer run continues a shorter one exactly: nothing else reads it)."""
+        budget_free = lambda d: {k: v for k, v in d.items() if k != "generations"}  # noqa: E731
+        for key, saved, mine in (("version", state.get("version"), STATE_VERSION), ("kind", state.get("kind"), self.kind),
+                                 ("space", state.get("space"), self.space.spec()),
+                                 ("config", budget_free(state.get("config") or {}), budget_free(self.cfg.to_dict()))):
+            if saved != mine:
+                raise PosbiasError(f"saved search state has {key} = {saved!r}, this search has {mine!r}",
                                    "resume with the same search kind, space and GAConfig, or start afresh")
         self.generation = int(state["generation"])
         self.rng.bit_generator.state = state["rng"]

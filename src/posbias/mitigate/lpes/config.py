@@ -33,7 +33,7 @@ def _ga(preset: str) -> GAConfig:
 class SearchConfig(Scoring, TaskChoice, ModelChoice):
     n: int = PRESETS["cpu"]["n"]  # search examples, each scored at 3 positions per individual
     seed: int = 0  # example seed (the GA has its own, ga.seed)
-    skip: int = 1000  # the search split starts here: sweeps and compare default to examples 0.. (held out)
+    skip: int | None = None  # the search split starts here; None: 1000, or a file task's last n examples (sweeps use 0..)
     positions: tuple[int, int, int] | None = None  # beginning, middle, end slots; None: 0, n_slots // 2, n_slots - 1
     weights: tuple[float, float, float] = (0.2, 0.3, 0.5)  # lambda_B, lambda_M, lambda_E (Sec. 4.1)
     space: str = "curve"
@@ -53,7 +53,7 @@ class SearchConfig(Scoring, TaskChoice, ModelChoice):
     def validate(self) -> "SearchConfig":
         self._validate_model()
         self._validate_scoring()
-        check_split(self.n, self.skip)
+        check_split(self.n, 0 if self.skip is None else self.skip)
         if self.space not in SPACES:
             raise PosbiasError(f"unknown search `space` {self.space!r}", f"use one of {', '.join(SPACES)}")
         w = self.weights
@@ -68,3 +68,10 @@ class SearchConfig(Scoring, TaskChoice, ModelChoice):
 
     def to_dict(self) -> dict:
         return config_dict(self)
+
+    def split_start(self, pool: int | None) -> int:
+        """Where the search split starts for a task with `pool` examples (None: generated, unlimited): `skip`,
+        else 1000 for generated tasks and the last n examples of a file task, so held-out sweeps (0..) stay clear."""
+        if self.skip is not None:
+            return self.skip
+        return 1000 if pool is None else max(pool - self.n, 0)

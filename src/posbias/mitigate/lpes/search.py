@@ -17,10 +17,11 @@ re-scored. The result equals an uninterrupted run.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ...core.ga import CurveSpace, GeneticSearch, LayerSpace, RandomSearch
+from ...errors import PosbiasError
 from ...models.load import Loaded, load_model
 from ...runs import RunFolder, is_main_process, read_json, write_json_atomic
 from ...runs import progress as progress_bar
@@ -59,20 +60,21 @@ def run_search(cfg: SearchConfig | None = None, out: str | Path | None = None, *
     """Search per-layer factors; write OUT/factors.json last. out=None: search without files."""
     cfg = (cfg or SearchConfig()).validate()
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
+    cfg = replace(cfg, skip=cfg.split_start(task.pool_size))
+    task.examples(cfg.n, cfg.seed, cfg.skip)  # enough examples? (a clear error before anything loads)
     folder = RunFolder(out, "search", "factors.json", (STATE, "evals.jsonl", "log", "factors.png"))
     folder.check(resume, overwrite)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)
     n_layers = loaded.model.config.num_hidden_layers
     space = make_space(cfg, n_layers)
     fitness = build_fitness(cfg, loaded, task, space)
     search = _searcher(cfg, space, fitness)
-    fingerprint = {"config": cfg.to_dict(), "model": loaded.info, "positions": fitness.positions}
-    with folder.open(fingerprint, resume, overwrite):
+    with folder.open(_fingerprint(cfg, loaded, fitness.positions), resume, overwrite):
         if folder.path is not None:
             fitness.attach(folder.file("evals.jsonl"))
             folder.file("log").mkdir(exist_ok=True)
             if folder.resuming and folder.file(STATE).exists():
-                search.load_state_dict(read_json(folder.file(STATE), "search state")["search"])
+                _load_state(search, folder.file(STATE))
         t0 = time.perf_counter()
         base_acc = fitness.accuracies([1.0] * n_layers)  # the unmodified model on the same split, for the record
         best = _run(search, folder, progress)
@@ -94,6 +96,27 @@ def run_search(cfg: SearchConfig | None = None, out: str | Path | None = None, *
         folder.finish(result, indent=1)  # last: its presence means "complete"
     return LPESResult(result["factors"], result["fitness"], result["accuracy"], result["baseline"],
                       result["evaluations"], result)
+
+
+def _fingerprint(cfg: SearchConfig, loaded: Loaded, positions: list[int]) -> dict:
+    """What a resumed search must share: everything but its length (generations, random-search budget), so a
+    finished search can be resumed with more generations and continues exactly."""
+    d = cfg.to_dict()
+    d["ga"] = {k: v for k, v in d["ga"].items() if k != "generations"}
+    d.pop("budget")
+    return {"config": d, "model": loaded.info, "positions": positions}
+
+
+def _load_state(search, path: Path) -> None:
+    state = read_json(path, "search state")
+    try:
+        search.load_state_dict(state["search"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise PosbiasError(f"{path} is not a readable search state ({type(e).__name__}: {e})",
+                           "pass `overwrite=True` to start again") from None
+    if search.steps_done > search.total_steps:
+        raise PosbiasError(f"{path.parent} already ran {search.steps_done - 1} generations",
+                           f"resume with `generations={search.steps_done - 1}` or more")
 
 
 def _run(search, folder: RunFolder, progress: bool):
