@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,9 +68,9 @@ class Task(ABC):
         if pool is None:
             return [self._example(i) for i in range(skip, skip + n)]
         if skip + n > pool:
-            raise PosbiasError(
-                f"task {self.name} has {pool} examples but {skip + n} were asked for", f"use `n={max(pool - skip, 0)}` or fewer"
-            )
+            fix = f"use `n={pool - skip}` or fewer" if skip < pool else f"use `skip` below {pool}, e.g. `skip={max(pool - n, 0)}`"
+            raise PosbiasError(f"task {self.name} has {pool} examples but {skip + n} were asked for (`skip={skip}`, `n={n}`)",
+                               fix)
         order = list(range(pool))
         random.Random(seed).shuffle(order)
         return [self._example(i) for i in order[skip : skip + n]]
@@ -110,22 +111,32 @@ def resolve_positions(spec: str, n_slots: int) -> list[int]:
 
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """(line number, record) for a .jsonl or .jsonl.gz file; a clear error on bad lines."""
+    """(line number, record) for a .jsonl or .jsonl.gz file (UTF-8); a clear error on bad lines, text that is
+    not UTF-8, and a .gz file that is not gzip or is cut short."""
     p = Path(path)
     if not p.is_file():
         raise PosbiasError(f"data file '{p}' does not exist", "check the path (shared data lives in ../shared/data)")
     opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PosbiasError(f"{p}:{lineno}: not valid JSON ({e.msg})", "fix or remove that line") from None
-            if not isinstance(rec, dict):
-                raise PosbiasError(f"{p}:{lineno}: expected a JSON object", "each line must be one object")
-            yield lineno, rec
+    lineno = 0
+    try:
+        with opener(p, "rt", encoding="utf-8-sig") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    yield lineno, _record(p, lineno, line)
+    except UnicodeDecodeError as e:
+        raise PosbiasError(f"{p}:{lineno + 1}: not UTF-8 text ({e.reason})", "save the file as UTF-8") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise PosbiasError(f"{p}: not a complete gzip file ({e})", "re-create it with gzip, or drop the .gz suffix") from None
+
+
+def _record(p: Path, lineno: int, line: str) -> dict:
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise PosbiasError(f"{p}:{lineno}: not valid JSON ({e.msg})", "fix or remove that line") from None
+    if not isinstance(rec, dict):
+        raise PosbiasError(f"{p}:{lineno}: expected a JSON object", "each line must be one object")
+    return rec
 
 
 def shared_data_dir() -> Path:

@@ -84,19 +84,13 @@ def nq_task(docs: int = 10, data_dir: str | Path | None = None, answers: str = "
     path = Path(data_dir or shared_data_dir()) / "nq" / "nq-open-20docs-gold_at_0.jsonl.gz"
     records = []
     for lineno, r in read_jsonl(path):
+        ctxs = r.get("ctxs")
+        rec = {"id": f"nq{lineno - 1}", "question": r.get("question"), "answers": r.get("answers"), "gold": 0,
+               "documents": ctxs[:docs] if isinstance(ctxs, list) and len(ctxs) >= docs else f"{docs} ctxs needed"}
         try:
-            ctxs = r["ctxs"][:docs]
-            records.append(
-                QAExample(
-                    id=f"nq{lineno - 1}",
-                    question=r["question"],
-                    answers=tuple(r["answers"]),
-                    docs=tuple(Doc(c["title"], c["text"]) for c in ctxs),
-                    gold=0,
-                )
-            )
-        except (KeyError, IndexError, TypeError) as e:
-            raise PosbiasError(f"{path}:{lineno}: not a Lost-in-the-Middle NQ record ({e})", "use the study's file") from None
+            records.append(_qa_record(f"{path}:{lineno}", rec, rec["id"]))
+        except PosbiasError as e:
+            raise PosbiasError(f"{e.problem} (not a Lost-in-the-Middle NQ record)", "use the study's file") from None
     return DocQA("nq", records, docs, answers)
 
 
@@ -111,39 +105,56 @@ Every line must have the same number of documents."""
 
 
 def jsonl_task(path: str | Path, answers: str = "all") -> DocQA:
-    """The user's own RAG data in the schema above."""
-    mode = answers  # `answers` is reused per line below
+    """The user's own RAG data in the schema above (types checked field by field)."""
     records: list[QAExample] = []
-    n_docs = None
     for lineno, r in read_jsonl(path):
-        where = f"{path}:{lineno}"
-        try:
-            answers = r["answers"] if "answers" in r else [r["answer"]]
-            if isinstance(answers, str):
-                answers = [answers]
-            docs = tuple(
-                Doc(str(d.get("title", "")), str(d["text"])) if isinstance(d, dict) else Doc("", str(d))
-                for d in r["documents"]
-            )
-            gold = int(r["gold"])
-            question = str(r["question"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise PosbiasError(f"{where}: missing or bad field {e}", "see `posbias tasks` for the JSONL schema") from None
-        if not answers or not all(isinstance(a, str) and a for a in answers):
-            raise PosbiasError(f"{where}: 'answers' must be a non-empty list of strings", "fix that line")
-        if len(docs) < 2:
-            raise PosbiasError(f"{where}: needs at least 2 documents, got {len(docs)}", "fix that line")
-        if not 0 <= gold < len(docs):
-            raise PosbiasError(f"{where}: gold={gold} but there are {len(docs)} documents", "gold is a 0-based index")
-        if n_docs is not None and len(docs) != n_docs:
-            raise PosbiasError(
-                f"{where}: {len(docs)} documents, but earlier lines have {n_docs}", "give every line the same number"
-            )
-        n_docs = len(docs)
-        records.append(QAExample(str(r.get("id", f"line{lineno}")), question, tuple(answers), docs, gold))
+        ex = _qa_record(f"{path}:{lineno}", r, f"line{lineno}")
+        if records and len(ex.docs) != len(records[0].docs):
+            raise PosbiasError(f"{path}:{lineno}: {len(ex.docs)} documents, but earlier lines have {len(records[0].docs)}",
+                               "give every line the same number")
+        records.append(ex)
     if not records:
         raise PosbiasError(f"{path} holds no examples", "add one JSON object per line")
     ids = [r.id for r in records]
     if len(set(ids)) != len(ids):
         raise PosbiasError(f"{path}: duplicate ids", "give every line a unique 'id'")
-    return DocQA(f"jsonl:{path}", records, n_docs, mode)
+    return DocQA(f"jsonl:{path}", records, len(records[0].docs), answers)
+
+
+def _bad(where: str, what: str) -> PosbiasError:
+    return PosbiasError(f"{where}: {what}", "fix that line (the schema: posbias tasks)")
+
+
+def _qa_record(where: str, r: dict, default_id: str) -> QAExample:
+    """One line of the JSONL schema, every field of the right type, or a PosbiasError naming the line and field."""
+    missing = [k for k in ("question", "documents", "gold") if k not in r]
+    missing += [] if "answers" in r or "answer" in r else ["answers"]
+    if missing:
+        raise _bad(where, f"missing or bad field {missing[0]!r}")
+    answers = r["answers"] if "answers" in r else [r["answer"]]
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
+        raise _bad(where, f"'answers' must be a non-empty list of non-empty strings, got {answers!r}"[:160])
+    if not isinstance(r["question"], str) or not r["question"].strip():
+        raise _bad(where, f"'question' must be a non-empty string, got {r['question']!r}"[:160])
+    docs = r["documents"]
+    if not isinstance(docs, list) or len(docs) < 2:
+        raise _bad(where, f"'documents' must be a list of at least 2 documents, got {docs!r}"[:160])
+    parsed = tuple(_doc(where, i, d) for i, d in enumerate(docs))
+    gold = r["gold"]
+    if isinstance(gold, bool) or not isinstance(gold, int):
+        raise _bad(where, f"'gold' must be an integer document index, got {gold!r}")
+    if not 0 <= gold < len(parsed):
+        raise PosbiasError(f"{where}: gold={gold} but there are {len(parsed)} documents", "gold is a 0-based index")
+    rid = r.get("id", default_id)
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        raise _bad(where, f"'id' must be a string or an integer, got {rid!r}")
+    return QAExample(str(rid), r["question"], tuple(answers), parsed, gold)
+
+
+def _doc(where: str, i: int, d) -> Doc:
+    """A document: a string, or an object with a string 'text' and an optional string 'title'."""
+    if isinstance(d, str):
+        return Doc("", d)
+    if isinstance(d, dict) and isinstance(d.get("text"), str) and isinstance(d.get("title", ""), str):
+        return Doc(d.get("title", ""), d["text"])
+    raise _bad(where, f"document {i} must be a string or {{'title': str, 'text': str}}, got {d!r}"[:160])

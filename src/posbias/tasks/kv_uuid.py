@@ -60,11 +60,14 @@ class KVUUID(Task):
 
     @staticmethod
     def _parse(path: Path, lineno: int, r: dict) -> KVRecords:
-        try:
-            pairs = tuple((str(k), str(v)) for k, v in r["ordered_kv_records"])
-            gold = [k for k, _ in pairs].index(r["key"])
-        except (KeyError, ValueError, TypeError) as e:
-            raise PosbiasError(f"{path}:{lineno}: not a kv-retrieval record ({e})", "use the study's files") from None
+        recs = r.get("ordered_kv_records")
+        ok = isinstance(recs, list) and all(isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x)
+                                            for x in recs)
+        pairs = tuple((k, v) for k, v in recs) if ok else ()
+        if not ok or r.get("key") not in [k for k, _ in pairs]:
+            raise PosbiasError(f"{path}:{lineno}: not a kv-retrieval record (needs 'ordered_kv_records' as [key, value]"
+                               " string pairs and a 'key' among them)", "use the study's files")
+        gold = [k for k, _ in pairs].index(r["key"])
         return KVRecords(id=f"kvu{lineno - 1}", pairs=pairs, gold=gold)
 
     @property
