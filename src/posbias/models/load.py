@@ -5,7 +5,9 @@ This module (with the rest of `models/`) is the only place that knows transforme
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import logging
 import os
 from dataclasses import dataclass, field
@@ -108,15 +110,29 @@ def _locate(name: str) -> tuple[str, str | None, str]:
         return str(p.resolve()), None, "local"
     if p.exists() or name.startswith((".", "/", "~")):
         raise PosbiasError(f"'{name}' is not a model directory or a .gguf file", "check the path")
+    if not _in_hub_cache(name):  # offline first: never wait on a network that may not be there
+        raise PosbiasError(
+            f"unknown model '{name}': not a registered name ({', '.join(REGISTRY)}), a local directory, a .gguf file "
+            "or a model in the Hugging Face cache",
+            f"pass one of those; for a hub model, download it first (hf download {name})",
+        )
     return name, None, "hub"
 
 
-def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "cpu") -> Loaded:
-    """Load a causal LM and its tokenizer, offline where possible.
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds this model's config (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
 
-    name: a registered name (see REGISTRY), a local directory, a path to a .gguf file,
-    or a Hugging Face hub id (needs the hub cache or network).
-    """
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # an id the hub library rejects (bad characters) is simply not cached
+        return False
+
+
+def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "cpu", progress: bool = True) -> Loaded:
+    """Load a causal LM and its tokenizer, offline: a registered name (see REGISTRY), a local
+    directory, a path to a .gguf file, or a Hugging Face hub id already in the local cache.
+    progress=False keeps the loaders' progress bars (de-quantizing, loading weights) off stderr."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if dtype not in DTYPES:
@@ -124,22 +140,19 @@ def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "c
     dev = resolve_device(device)
     src, gguf, kind = _locate(name)
     kw = {"gguf_file": gguf} if gguf else {}
+    if kind == "hub":
+        kw["local_files_only"] = True
     # transformers logs a misleading hint that GGUF weights "stay quantized" and that
     # fp32 is faster; on these CPUs weights are de-quantized to plain Linear layers
     # and bf16 runs ~4x faster (measured, see docs/sweep.md), so we silence it.
     logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
-        tok = AutoTokenizer.from_pretrained(src, **kw)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **kw)
-    except OSError as e:
-        if kind == "hub":
-            known = ", ".join(REGISTRY)
-            raise PosbiasError(
-                f"unknown model '{name}': not a registered name ({known}), a local directory or a .gguf file, "
-                "and the Hugging Face hub could not provide it",
-                "pass a registered name, a model directory, or a .gguf path (this machine may be offline)",
-            ) from e
-        raise PosbiasError(f"could not load model '{name}': {e}", "check that the files are complete") from e
+        with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
+            tok = AutoTokenizer.from_pretrained(src, **kw)
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **kw)
+    except Exception as e:  # corrupt or incomplete files, an architecture transformers does not know, ...
+        raise PosbiasError(f"could not load model '{name}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                           "check that the model files are complete (or pass another `model`)") from e
     if gguf:
         # transformers de-quantizes GGUF weights into plain float Linear layers but keeps the quantizer
         # marker (hf_quantizer / is_quantized), so Trainer would refuse to train the model and
@@ -150,8 +163,12 @@ def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "c
     model.to(dev).eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    return Loaded(model=model, tokenizer=tok, info=_info(name, kind, src, gguf, model, tok, dtype, dev))
+
+
+def _info(name: str, kind: str, src: str, gguf: str | None, model, tok, dtype: str, dev) -> dict:
     cfg = model.config
-    info = {
+    return {
         "name": name,
         "kind": kind,
         "source": src if kind != "hub" else name,
@@ -166,7 +183,6 @@ def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "c
         "chat_template": bool(getattr(tok, "chat_template", None)),
         "rope_parameters": _jsonable(getattr(cfg, "rope_parameters", None)),
     }
-    return Loaded(model=model, tokenizer=tok, info=info)
 
 
 def context_window(cfg) -> int:
