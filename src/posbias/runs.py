@@ -96,11 +96,24 @@ class JsonlLog:
         return rows
 
     def append(self, rows: Iterable[dict]) -> None:
+        """Append rows; a torn last line (a kill mid-write) is cut first, so a row never continues it."""
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-        if text:
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
+        if not text:
+            return
+        self._repair()
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+
+    def _repair(self) -> None:
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with self.path.open("r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) == b"\n":
+                return
+            f.seek(0)
+            f.truncate(f.read().rfind(b"\n") + 1)
 
 
 def cached_record(path: str | Path, config: dict) -> dict | None:
@@ -210,9 +223,7 @@ class RunFolder:
             raise PosbiasError("`resume` and `overwrite` contradict each other", "pass one of them")
         if self.path is None or not is_main_process():  # under accelerate launch, rank 0 checks and owns the folder
             return
-        if self.path.exists() and not self.path.is_dir():
-            raise PosbiasError(f"`out` {self.path} is a file", "pass a directory path")
-        _check_writable(self.path)
+        check_out_dir(self.path)
         marker = self.path / MARKER
         other = read_json(marker, "run marker").get("kind") if marker.is_file() else self.kind
         if other != self.kind:
@@ -306,8 +317,14 @@ def _break_stale_lock(lock: Path, folder: Path) -> None:
     lock.unlink(missing_ok=True)
 
 
+def check_out_dir(path: Path) -> None:
+    """An output folder must be a directory, or creatable: the nearest existing folder above it writable."""
+    if path.exists() and not path.is_dir():
+        raise PosbiasError(f"`out` {path} is a file", "pass a directory path")
+    _check_writable(path)
+
+
 def _check_writable(path: Path) -> None:
-    """The folder, or the nearest existing folder above it, must be a writable directory."""
     probe = path
     while not probe.exists():
         if probe.parent == probe:

@@ -77,14 +77,16 @@ class TheoryConfig:
     def validate(self) -> "TheoryConfig":
         n = self.n_tokens
         if n < 4 or self.depth < 1:
-            raise PosbiasError(f"need n_tokens >= 4 and depth >= 1, got {n} and {self.depth}")
+            raise PosbiasError(f"need n_tokens >= 4 and depth >= 1, got {n} and {self.depth}",
+                               "use `n_tokens=4` or more and `depth=1` or more")
         if any(not 2 <= w <= n for w in self.windows):
-            raise PosbiasError(f"sliding window widths must be in [2, {n}], got {list(self.windows)}")
+            raise PosbiasError(f"sliding window widths must be in [2, {n}], got {list(self.windows)}",
+                               f"use widths from 2 to {n}")
         if not 1 <= self.prefix_k < n:
-            raise PosbiasError(f"prefix_k must be in [1, {n - 1}], got {self.prefix_k}")
+            raise PosbiasError(f"prefix_k must be in [1, {n - 1}], got {self.prefix_k}", f"use a prefix of 1 to {n - 1} tokens")
         if any(m <= 0 for m in self.decay_ms) or any(not 0 < f <= 1 for f in self.rope_fractions):
-            raise PosbiasError("decay ms must be > 0 and RoPE fractions in (0, 1]",
-                               f"got {list(self.decay_ms)} and {list(self.rope_fractions)}")
+            raise PosbiasError(f"decay ms must be > 0 and RoPE fractions in (0, 1], got {list(self.decay_ms)} and "
+                               f"{list(self.rope_fractions)}", "use e.g. decay_ms=(0.3, 0.6) and rope_fractions=(0.3, 0.9)")
         return self
 
 
@@ -226,6 +228,12 @@ class RealRollout:
     dtype: str = "bf16"
     device: str = "cpu"
 
+    def validate(self) -> "RealRollout":
+        if self.n < 1 or self.facts < 2:
+            raise PosbiasError(f"the real-model rollout needs `n` >= 1 examples and `facts` >= 2, got {self.n} and {self.facts}",
+                               "use e.g. `n=8` and `facts=10`")
+        return self
+
     def positions(self) -> list[int]:
         f = self.facts
         return [0, f // 4, f // 2, 3 * f // 4, f - 1]
@@ -244,8 +252,9 @@ def run_theory(cfg: TheoryConfig | None = None, out: str | Path | None = None, *
                loaded: Loaded | None = None) -> TheoryResult:
     """Compute the theory numbers; with `out`, draw the figures there, roll out the real model (if `real`)
     and write theory.json last. A rerun into the same folder recomputes everything (it takes seconds)."""
-    cfg = cfg or TheoryConfig()
-    cfg.validate()
+    cfg = (cfg or TheoryConfig()).validate()
+    if real is not None:
+        real.validate()
     from ..report.theory_plots import FIGURES
     from .rollout_real import FILES as REAL_FILES
     from .rollout_real import run_real_rollout

@@ -11,6 +11,11 @@ import sys
 import typer
 
 from .. import PosbiasError, set_threads
+
+try:  # typer >= 0.20 carries its own copy of click; older ones use click itself
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click.exceptions import NoArgsIsHelpError, UsageError
 from .explain import synth_app, theory
 from .measure import compare, models, sweep, tasks
 from .mitigate import distill_app, lpes_app
@@ -26,7 +31,9 @@ app.add_typer(lpes_app, name="lpes")
 app.add_typer(distill_app, name="distill")
 
 # Python parameter -> flag, where the flag is not --the-parameter-name
-_FLAGS = {"n_parents": "--parents", "n_crossover": "--crossovers", "n_mutation": "--mutations", "n_points": "--points"}
+_FLAGS = {"n_parents": "--parents", "n_crossover": "--crossovers", "n_mutation": "--mutations", "n_points": "--points",
+          "n_tokens": "--tokens", "n_items": "--items", "n_classes": "--classes", "n_labels": "--labels",
+          "component_std": "--std", "eval_seqs": "--eval-seqs"}
 _FLAG_VALUES = {("correct_only", "False"): "--keep-all", ("correct_only", "True"): "--correct-only",
                 ("lora", "False"): "--full"}
 
@@ -45,9 +52,26 @@ def _root() -> None:
 
 
 def main() -> None:
+    """The `posbias` command: every failure is one line on stderr, exit 2 for bad input, 130 for an interrupt."""
     set_threads()
     try:
-        app()
+        code = app(standalone_mode=False)
     except PosbiasError as e:
-        typer.echo(f"posbias: error: {e.render(flag)}", err=True)
-        sys.exit(2)
+        _fail(f"posbias: error: {e.render(flag)}", 2)
+    except NoArgsIsHelpError as e:  # `posbias lpes`: the group's help, as click would show it
+        typer.echo(e.ctx.get_help() if e.ctx else str(e))
+        sys.exit(0)
+    except UsageError as e:  # an unknown option, a value of the wrong type, a missing command
+        where = e.ctx.command_path if e.ctx else "posbias"
+        _fail(f"posbias: error: {e.format_message()} -- see {where} --help", 2)
+    except (KeyboardInterrupt, typer.Abort):
+        code = 130
+    if code == 130:  # typer turns Ctrl-C into exit code 130
+        _fail("\nposbias: interrupted -- what was finished is kept: rerun the same command with --resume to continue"
+              " (synth commands continue without it)", 130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(message, err=True)
+    sys.exit(code)

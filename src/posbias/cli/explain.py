@@ -55,7 +55,8 @@ Quiet = typer.Option(False, "--quiet", help="no progress bars")
 def _grid(grid, preset, out, workers, overwrite, quiet, **over) -> None:
     runs = synth_grid_runs(grid, preset, **over)
     out = out or Path(f"runs/synth-{grid}-{preset}")
-    typer.echo(f"synth {grid} ({preset}): {len(runs)} runs -> {out}", err=True)
+    if not quiet:
+        typer.echo(f"synth {grid} ({preset}): {len(runs)} runs -> {out}", err=True)
     res = run_synth_grid(grid, runs, out, workers=workers, progress=not quiet, overwrite=overwrite)
     typer.echo(format_synth_summary(res))
     typer.echo(f"wrote {out}/{grid}.json, {', '.join(res.figures)}")
@@ -137,9 +138,7 @@ def theory(
     dtype: str = typer.Option("bf16", help="real model: bf16 | fp32"),
 ) -> None:
     """Attention rollout over masks, decay masks and RoPE: figures, theorem checks, real-model rollout."""
-    rollout = RealRollout(model=model, facts=facts, n=n, dtype=dtype) if real else None
-    if real:
-        typer.echo(f"loading {model} ...", err=True)
+    rollout = RealRollout(model=model, facts=facts, n=n, dtype=dtype).validate() if real else None
     res = run_theory(TheoryConfig(seed=seed, n_tokens=tokens, depth=depth), out, real=rollout)
     typer.echo(format_theory_summary(res.summary))
     for line in format_real_rollout(res.real) if res.real else []:

@@ -20,7 +20,8 @@ def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positi
     """Put the gold item at each position in turn, score the model, report the curve."""
     cfg = SweepConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring), positions=positions,
                       method=method)
-    typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
+    if not run.quiet:
+        typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = run_sweep(cfg, run.out, **run_kwargs(run))
     typer.echo(f"{task.task} on {model.model}: {cfg.n} examples x {len(res.per_position)} positions, "
                f"engine {res.config['engine']}")

@@ -194,7 +194,7 @@ class CurveSpace(_GridSpace):
         cfg.validate()
         if not isinstance(n_layers, (int, np.integer)) or n_layers < cfg.n_points:
             raise PosbiasError(f"{cfg.n_points} control points with distinct integer x need n_layers >= {cfg.n_points}, "
-                               f"got {n_layers!r}", "use fewer control points (n_points)")
+                               f"got {n_layers!r}", "use fewer control points (`n_points`)")
         self.n_layers, self.cfg, self.grid = int(n_layers), cfg, YGrid(cfg)
         self.d = cfg.n_points - 1
         self.n_genes = 2 * cfg.n_points

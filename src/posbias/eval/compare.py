@@ -96,15 +96,19 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
     folder.check(resume, overwrite)
     fingerprint = {"config": {**cfg.to_dict(), "model": None, "method": None}, "methods": [m.key for m in methods],
                    "models": [model_name(m) for m in model_list]}
+    first = _load(model_list[0], cfg, progress)
+    for m in methods:  # a method that cannot apply to the model fails before the folder is written
+        m.check(first)
     with folder.open(fingerprint, resume, overwrite):
         results, infos, res = [], {}, None
-        for mo in model_list:
-            lo = mo if isinstance(mo, Loaded) else load_model(mo, cfg.dtype, cfg.device)
+        for i, mo in enumerate(model_list):
+            lo = first if i == 0 else _load(mo, cfg, progress)
             infos[model_name(mo)] = lo.info
             for m in methods:
                 res, entry = _entry(cfg, folder, lo, mo, m, named, resume, overwrite, progress)
                 results.append(entry)
             del lo
+            first = None  # one model in memory at a time
         _add_paired_differences(results)
         record = {"config": {**res.config, "method": None, "model": None if named else cfg.model},
                   "model": None if named else infos[model_name(model_list[0])], "models": infos,
@@ -113,6 +117,10 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
             _plot(record, cfg, [model_label(m) for m in model_list] if named else [cfg.model], res.config["engine"], folder)
         folder.finish(record)  # last: its presence means "complete"
     return CompareResult(record["methods"], record["config"], record)
+
+
+def _load(model: str | Loaded, cfg: SweepConfig, progress: bool) -> Loaded:
+    return model if isinstance(model, Loaded) else load_model(model, cfg.dtype, cfg.device, progress)
 
 
 def _entry(cfg, folder: RunFolder, lo: Loaded, mo, m: Method, named: bool, resume: bool, overwrite: bool, progress: bool):

@@ -77,7 +77,8 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
     folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)
     folder.check(resume, overwrite)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)
+    method.check(loaded)
     scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch)
     rows = scorer.rows(examples, positions)
     resolved = {**cfg.to_dict(), **scorer.settings(), "positions_resolved": positions}

@@ -51,6 +51,10 @@ class Method(ABC):
     def config(self) -> dict:
         """JSON-able description (name and every parameter)."""
 
+    def check(self, loaded: Loaded) -> None:
+        """Raise PosbiasError if the method cannot be applied to this model (called before a run writes anything)."""
+        return  # any model
+
     @abstractmethod
     def apply(self, loaded: Loaded) -> AbstractContextManager[Active]:
         """Context manager: the model is mitigated inside, restored exactly on exit; yields an Active."""

@@ -33,6 +33,11 @@ class Buckets(Method):
     def config(self) -> dict:
         return {"name": "buckets", "bases": list(self.bases) if self.bases else "default"}
 
+    def check(self, loaded: Loaded) -> None:
+        from ..models.rope import rope_info
+
+        rope_info(loaded.model)
+
     def apply(self, loaded: Loaded) -> AbstractContextManager[Active]:
         from ..models.buckets import attention_buckets
 

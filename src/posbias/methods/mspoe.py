@@ -42,6 +42,11 @@ class MsPoE(Method):
     def config(self) -> dict:
         return {"name": "mspoe", "min_ratio": self.min_ratio, "max_ratio": self.max_ratio, "layers": self.layers}
 
+    def check(self, loaded: Loaded) -> None:
+        from ..models.mspoe import check_model
+
+        check_model(loaded.model, self.layers)
+
     @contextmanager
     def apply(self, loaded: Loaded) -> Iterator[Active]:
         from ..models.mspoe import mspoe

@@ -65,6 +65,11 @@ class LayerScaling(Method):
     def config(self) -> dict:
         return {"name": self.name, "factors": self.factors, "source": self.source, **self.extra}
 
+    def check(self, loaded: Loaded) -> None:
+        from ..models.rope import check_layer_factors
+
+        check_layer_factors(loaded.model, self.factors)
+
     def apply(self, loaded: Loaded) -> AbstractContextManager[Active]:
         from ..models.rope import layer_rope_scaling
 
@@ -118,6 +123,11 @@ class UniformScaling(Method):
 
     def config(self) -> dict:
         return {"name": "pi", "factor": self.factor, "source": self.source}
+
+    def check(self, loaded: Loaded) -> None:
+        from ..models.rope import rope_info
+
+        rope_info(loaded.model)
 
     def apply(self, loaded: Loaded) -> AbstractContextManager[Active]:
         from ..models.rope import uniform_rope_scaling

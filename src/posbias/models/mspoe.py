@@ -323,6 +323,12 @@ def _pick_layers(layers, n_layers: int) -> tuple[int, ...]:
     return chosen
 
 
+def check_model(model, layers=None) -> None:
+    """PosbiasError if `mspoe(model, layers=layers)` would refuse the model (a check without side effects)."""
+    base, _ = _check_model(model)
+    _pick_layers(layers, len(base.layers))
+
+
 def _register(model, base, kind: str) -> tuple[str, str]:
     """Register the Ms-PoE attention + mask functions for the model's backend -> (old, new) names."""
     from transformers import AttentionInterface

@@ -195,6 +195,12 @@ def _check_factors(factors: Sequence[float], n_layers: int, mtype: str) -> list[
     return fs
 
 
+def check_layer_factors(model, factors: Sequence[float]) -> list[float]:
+    """The factors as floats if the model is a RoPE model with one decoder layer per factor, else PosbiasError."""
+    info = rope_info(model)
+    return _check_factors(factors, len(info.attns), info.model_type)
+
+
 def _layer_hook(tables: RopeTables, group: int):
     def hook(module, args, kwargs):
         cos, sin = tables.lookup(position_ids_of(kwargs), group)

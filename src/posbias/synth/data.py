@@ -76,14 +76,15 @@ class DataConfig:
         if self.kind not in KINDS:
             raise PosbiasError(f"unknown data kind {self.kind!r}", f"use one of {', '.join(KINDS)}")
         if n < 2 or b < 1 or n % b:
-            raise PosbiasError(f"n={n} items must be >= 2 and a multiple of the burstiness B={b}")
+            raise PosbiasError(f"n={n} items must be >= 2 and a multiple of the burstiness B={b}",
+                               "pick `n_items` as a multiple of `burstiness`")
         if not self.classes_per_seq <= self.n_labels <= self.n_classes:
             raise PosbiasError(f"need n/B <= L <= K, got n/B={self.classes_per_seq}, L={self.n_labels}, "
                                f"K={self.n_classes}", "raise L or K, or lower n/B")
         if self.dim < 2 or self.dim % 2:
-            raise PosbiasError(f"the dimension d must be even and >= 2, got {self.dim}")
+            raise PosbiasError(f"the dimension d must be even and >= 2, got {self.dim}", "use an even `dim`, e.g. 64")
         if self.eps < 0 or self.lam < 0:
-            raise PosbiasError("eps and lam must be >= 0")
+            raise PosbiasError("`eps` and `lam` must be >= 0", "use e.g. `eps=0.75`")
         return self
 
 

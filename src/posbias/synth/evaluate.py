@@ -45,7 +45,7 @@ class EvalConfig:
         if self.twin not in TWINS:
             raise PosbiasError(f"unknown twin mode {self.twin!r}", f"use one of {', '.join(TWINS)}")
         if min(self.n_seqs, self.sink_seqs, self.position_seqs, self.batch) < 1:
-            raise PosbiasError("evaluation sizes must be >= 1")
+            raise PosbiasError("evaluation sizes must be >= 1", "use `eval_seqs=1` or more")
         return self
 
 

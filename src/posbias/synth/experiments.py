@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PosbiasError
-from ..runs import RunFolder, cached_record, write_json_atomic
+from ..runs import RunFolder, cached_record, check_out_dir, write_json_atomic
 from ..runs import progress as progress_bar
 from ..runs import versions as library_versions
 from .data import DataConfig
@@ -201,6 +201,7 @@ def run_grid(grid: str, runs: list[Run], out: str | Path, workers: int = 1, prog
 
 def run_single(cfg: RunConfig, out: str | Path, progress: bool = True) -> RunResult:
     """One configuration into OUT (`posbias synth train`): a rerun returns the finished run or resumes its checkpoint."""
+    check_out_dir(Path(out))
     rec = run_one(cfg, one_run_path(out, cfg), progress=progress)
     return RunResult(rec["metrics"], rec["history"], rec)
 

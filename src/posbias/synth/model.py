@@ -53,11 +53,14 @@ class ModelConfig:
         if self.pe not in PES:
             raise PosbiasError(f"unknown positional encoding {self.pe!r}", f"use one of {', '.join(PES)}")
         if self.depth < 1 or self.mlp_layers < 0:
-            raise PosbiasError(f"depth must be >= 1 and mlp_layers >= 0, got {self.depth}, {self.mlp_layers}")
+            raise PosbiasError(f"`depth` must be >= 1 and mlp_layers >= 0, got {self.depth}, {self.mlp_layers}",
+                               "use `depth=2` or more")
         if self.mask == "window" and self.window < 1:
-            raise PosbiasError(f"window width must be >= 1, got {self.window}")
+            raise PosbiasError(f"window width must be >= 1, got {self.window}",
+                               "write the mask as windowN with N >= 1, e.g. window5")
         if self.mask == "prefix" and not 1 <= self.prefix <= n_tokens:
-            raise PosbiasError(f"prefix length must be in [1, {n_tokens}], got {self.prefix}")
+            raise PosbiasError(f"prefix length must be in [1, {n_tokens}], got {self.prefix}",
+                               f"write the mask as prefixK with 1 <= K <= {n_tokens}")
         return self
 
     @property

@@ -39,9 +39,9 @@ class TrainConfig:
 
     def validate(self) -> "TrainConfig":
         if min(self.iters, self.batch, self.log_points, self.curve_seqs, self.ckpt_every) < 1:
-            raise PosbiasError("iters, batch, log_points, curve_seqs and ckpt_every must be >= 1")
+            raise PosbiasError("`iters`, batch, log_points, curve_seqs and ckpt_every must be >= 1", "use `iters=1` or more")
         if self.lr <= 0 or self.weight_decay < 0:
-            raise PosbiasError(f"need lr > 0 and weight_decay >= 0, got {self.lr}, {self.weight_decay}")
+            raise PosbiasError(f"need `lr` > 0 and weight_decay >= 0, got {self.lr}, {self.weight_decay}", "use e.g. `lr=0.001`")
         return self
 
 
@@ -99,6 +99,17 @@ def _save(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+def _load_checkpoint(path: Path) -> dict:
+    try:
+        saved = torch.load(path, weights_only=False)
+        if not isinstance(saved, dict) or not {"config", "model", "opt", "state"} <= set(saved):
+            raise ValueError("not a training checkpoint")
+    except Exception as e:  # truncated or foreign file: torch raises several kinds
+        raise PosbiasError(f"checkpoint {path} is unreadable ({type(e).__name__})",
+                           f"delete {path} to train that run from the start") from None
+    return saved
+
+
 def curve_point(model, task, cfg: RunConfig, step: int, acc: dict) -> dict:
     """One learning-curve point: mean train loss/accuracy since the last point, quick eval."""
     n = cfg.train.curve_seqs
@@ -123,7 +134,7 @@ def train(cfg: RunConfig, ckpt: str | Path | None = None, progress: bool = True,
     st = {"step": 0, "history": [], "acc": {"loss": 0.0, "correct": 0, "count": 0}, "seconds": 0.0}
     path = Path(ckpt) if ckpt is not None else None
     if path is not None and path.exists():
-        saved = torch.load(path, weights_only=False)
+        saved = _load_checkpoint(path)
         if saved["config"] != cfg.to_dict():
             raise PosbiasError(f"checkpoint {path} belongs to another configuration", "delete it or pass another `out`")
         model.load_state_dict(saved["model"])

@@ -80,6 +80,16 @@ def _anchor_from_sweep(path: Path, task: Task, task_name: str) -> tuple[int, dic
     return pos, {"anchor": pos, "source": str(path), "sweep_accuracy": best, "sweep_model": rec["config"].get("model")}
 
 
+def check_data(task: Task, k: int, skip: int) -> None:
+    """The questions and slots a run asks for exist: k trivial slots besides the anchor, examples after skip."""
+    if not 1 <= k <= task.n_slots - 1:
+        raise PosbiasError(f"`k`={k} trivial positions, but this task has {task.n_slots - 1} slots besides the anchor",
+                           f"use `k` between 1 and {task.n_slots - 1}")
+    pool = task.pool_size
+    if pool is not None and skip >= pool:
+        raise PosbiasError(f"task {task.name} has {pool} examples, none after `skip={skip}`", f"use `skip` below {pool}")
+
+
 def sample_trivial(n_slots: int, anchor: int, k: int, seed: int, example_id: str) -> list[int]:
     """K distinct trivial slots for one question, seeded by (seed, example id)."""
     others = [p for p in range(n_slots) if p != anchor]

@@ -23,7 +23,7 @@ from ...runs import MARKER, RunFolder, is_main_process, num_processes, read_json
 from ...tasks import get_task
 from .collator import Collator, QuestionData
 from .config import OPERATIONAL, DistillConfig
-from .data import build_records, read_records, resolve_anchor, write_records
+from .data import build_records, check_data, default_skip, read_records, resolve_anchor, write_records
 from .trainer import final_model, make_student, make_trainer, step_plan, training_args
 
 FILES = ("data.jsonl", "data.json", "checkpoints", "model", "model.tmp", "train_log.json", "distill.partial.json")
@@ -56,6 +56,7 @@ def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distil
         raise PosbiasError("a distillation needs an output folder (checkpoints, the model)", "pass `out`")
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
     anchor, anchor_info = resolve_anchor(cfg.anchor, task, task.name)
+    check_data(task, cfg.k, default_skip(task) if cfg.skip is None else cfg.skip)
     folder = RunFolder(out, "distillation", "distill.json", FILES)
     folder.check(resume, overwrite)
     if resume and folder.complete():  # finished: compare the configuration without loading a model
@@ -64,7 +65,7 @@ def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distil
         with folder.open(_fingerprint(cfg, task, anchor, chat, name), resume, overwrite):
             return DistillResult.of(folder.read_result())
     caller_owned = loaded is not None
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)
     fingerprint = _fingerprint(cfg, task, anchor, use_chat(loaded, cfg.chat), loaded.info.get("name"))
     resolved = cfg.resolved(task, anchor, fingerprint["config"]["chat_used"])
     with folder.open(fingerprint, resume, overwrite):
