@@ -1,0 +1,179 @@
+"""Bad input through the CLI, table-driven, every command (docs/reliability.md).
+
+For every case: exit status 2, exactly one line on stderr (`posbias: error: <problem> -- <fix>`)
+naming what to do, no file in a new output folder, and a finished result in an existing folder
+byte-for-byte intact. The CLI runs in-process (`posbias.cli.main`), on a tiny saved model.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import save_tiny_llama
+from posbias import DistillConfig, SweepConfig, run_compare, run_distill, run_sweep
+from posbias.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = ["--n", "2", "--dtype", "fp32", "--quiet"]
+KV = ["--facts", "4", "--digits", "3"]  # put before a case's own options (the last occurrence of an option wins)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A tiny model, finished sweep / comparison / distillation folders, broken data files."""
+    root = tmp_path_factory.mktemp("bad-input")
+    model = str(save_tiny_llama(root / "model"))
+    cfg = SweepConfig(model=model, task_options={"facts": 4, "digits": 3}, positions="0,3", n=2, dtype="fp32")
+    run_sweep(cfg, root / "sweep", progress=False)
+    run_compare(cfg, ["none", "pi:1.5"], root / "compare", progress=False)
+    run_distill(DistillConfig(model=model, task_options={"facts": 4, "digits": 3}, n=1, k=2, correct_only=False,
+                              dtype="fp32", max_steps=1, save_steps=1), root / "distill", progress=False)
+    (root / "afile").write_text("not a folder")
+    data = root / "data"
+    data.mkdir()
+    good = {"question": "q", "answers": ["a"], "documents": ["x", "y"], "gold": 0}
+    rows = {"ok": [good], "answers5": [good, {**good, "answers": 5}], "docstr": [good, {**good, "documents": "abc"}],
+            "goldfloat": [good, {**good, "gold": 1.9}], "noquestion": [{k: v for k, v in good.items() if k != "question"}]}
+    for name, recs in rows.items():
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (data / "latin1.jsonl").write_bytes(json.dumps(good).replace('"q"', '"caf\u00e9"', 1).encode("latin-1") + b"\n")
+    (data / "plain.jsonl.gz").write_text(json.dumps(good) + "\n")
+    blob = gzip.compress(("\n".join(json.dumps(good) for _ in range(200)) + "\n").encode())
+    (data / "cut.jsonl.gz").write_bytes(blob[: len(blob) // 2])
+    (root / "factors-overlap.json").write_text(json.dumps({"factors": [1.1, 1.2], "search_split": {
+        "task": "kv-lookup", "seed": 0, "skip": 0, "n": 50}}))
+    return {"ROOT": str(root), "MODEL": model, "DATA": str(data)}
+
+
+# (command args with {MODEL} {OUT} {DATA} {ROOT}, the folder OUT names, a text the error must contain)
+CASES = [
+    # sweep
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "nope"], "new", "unknown task 'nope'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,12"], "new", "position 12 is out of range"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,x"], "new", "bad position 'x' in --positions"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "nq", "--data-dir", "/nonexistent"], "new", "does not exist"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:/nonexistent.jsonl"], "new", "does not exist"),
+    (["sweep", "--model", "/nonexistent/model.gguf", *TINY], "new", "does not exist"),
+    (["sweep", "--model", "no-such-model-xyz", *TINY], "new", "unknown model 'no-such-model-xyz'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--facts", "300"], "new", "context window is 2048"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "warp:2"], "new", "unknown method 'warp:2'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "layers:1,2,3"], "new", "3 RoPE scaling factors for a 2-layer"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "pi:inf"], "new", "finite positive"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "mspoe:2-1"], "new", "0 < min <= max"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--engine", "fast"], "new", "use --engine teacher-forced or generate"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--max-new-tokens", "-1"], "new", "--max-new-tokens must be at least 1"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--n", "0"], "new", "--n must be at least 1"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--dtype", "fp16"], "new", "unknown dtype 'fp16'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--device", "tpu"], "new", "unknown device 'tpu'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--chat", "maybe"], "new", "unknown --chat 'maybe'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--facts", "1"], "new", "use --facts 2 or more"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--docs", "10"], "new", "does not take --docs"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "nq", "--docs", "15"], "new", "use --docs 10 or --docs 20"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-uuid", "--n", "501"], "new", "has 500 examples"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--resume"], "new", "nothing to resume"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--resume", "--overwrite"], "new", "contradict"),
+    (["sweep", "--model", "{MODEL}", *TINY], "afile", "is a file"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--out", "{ROOT}/afile/sub"], "new", "is a file"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,3"], "sweep", "already holds a sweep -- pass --resume"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,3", "--resume", "--seed", "1"], "sweep",
+     "different configuration (config.seed"),
+    (["sweep", "--model", "{MODEL}", *TINY], "compare", "holds a comparison, not a sweep"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/latin1.jsonl"], "new", "not UTF-8"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/answers5.jsonl"], "new", ":2: 'answers' must be"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/docstr.jsonl"], "new", ":2: 'documents' must be a list"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/goldfloat.jsonl"], "new", ":2: 'gold' must be an integer"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/noquestion.jsonl"], "new", "missing or bad field 'question'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/plain.jsonl.gz"], "new", "not a complete gzip file"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/cut.jsonl.gz"], "new", "not a complete gzip file"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--n", "abc"], "new", "Invalid value for '--n'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--nope"], "new", "No such option: --nope"),
+    (["frob"], "new", "No such command 'frob'"),
+    # compare
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,none"], "new", "listed twice"),
+    (["compare", *TINY, "--methods", "none", "--models", "{MODEL},{MODEL}"], "new", "--models must list distinct models"),
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,pi:1.5", "--positions", "0,3"], "compare",
+     "already holds a comparison"),
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,lpes:/nonexistent/factors.json"], "new", "no factors file"),
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,lpes:{ROOT}/factors-overlap.json"], "new",
+     "report on held-out examples, e.g. --skip 50"),
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,layers:1,2,3"], "new", "3 RoPE scaling factors"),
+    # lpes search
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--weights", "0.5,0.5"], "new", "expected 3 numbers for weights"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--weights", "0.5,0.5,0.5"], "new", "--weights must be three"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--y-init", "3"], "new", "--y-init 3.0 outside"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--preset", "huge"], "new", "unknown preset 'huge'"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--space", "grid"], "new", "unknown search --space 'grid'"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--parents", "10"], "new", "--parents + --crossovers + --mutations"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--positions", "0,1"], "new", "expected 3 numbers for positions"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--points", "2", "--positions", "0,1,9"], "new", "three slots in 0..3"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--points", "4"], "new", "fewer control points (--points)"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--task", "kv-uuid", "--skip", "600"], "new", "use --skip below 500"),
+    # distill r1
+    (["distill", "r1", "--model", "{MODEL}", *TINY, "--k", "20"], "new", "use --k between 1 and 3"),
+    (["distill", "r1", "--model", "{MODEL}", *TINY, "--method", "dpo"], "new", "unknown --method 'dpo'"),
+    (["distill", "r1", "--model", "{MODEL}", *TINY, "--anchor", "9"], "new", "--anchor 9 is out of range"),
+    (["distill", "r1", "--model", "{MODEL}", *TINY, "--anchor", "auto:/nonexistent"], "new", "no sweep result"),
+    (["distill", "r1", "--model", "{MODEL}", *TINY, "--preset", "fast"], "new", "unknown preset 'fast'"),
+    (["distill", "r1", "--model", "{MODEL}", *TINY, "--lr", "-1"], "new", "--lr must be positive"),
+    (["distill", "r1", "--model", "{MODEL}", *TINY, "--k", "2", "--n", "1", "--keep-all", "--max-steps", "1",
+      "--save-steps", "1", "--resume", "--lam", "0.5"], "distill", "different configuration"),
+    (["distill", "r1", "--model", "{MODEL}", *TINY, "--k", "2"], "distill", "already holds a distillation"),
+    # theory
+    (["theory", "--n", "0"], "new", "needs --n >= 1"),
+    (["theory", "--no-real", "--tokens", "2"], "new", "use --tokens 4 or more"),
+    (["theory", "--no-real"], "sweep", "holds a sweep, not a theory run"),
+    # synth
+    (["synth", "depth", "--pes", "alibi", "--quiet"], "new", "unknown positional encoding 'alibi'"),
+    (["synth", "sinks", "--masks", "windowX", "--quiet"], "new", "bad mask 'windowX'"),
+    (["synth", "depth", "--residual", "maybe", "--quiet"], "new", "--residual takes on,off values"),
+    (["synth", "depth", "--workers", "0", "--quiet"], "new", "--workers must be >= 1"),
+    (["synth", "bias", "--biases", "sideways", "--quiet"], "new", "unknown data bias 'sideways'"),
+    (["synth", "train", "--items", "5", "--quiet"], "new", "multiple of the burstiness"),
+    (["synth", "train", "--pe", "alibi", "--quiet"], "new", "unknown positional encoding"),
+    (["synth", "train", "--iters", "5", "--quiet"], "afile", "is a file"),
+]
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()} if folder.is_dir() else {}
+
+
+def _out(env: dict, kind: str, tmp_path: Path) -> Path:
+    return tmp_path / "out" if kind == "new" else Path(env["ROOT"]) / kind
+
+
+def test_there_are_forty_cases_across_every_command():
+    commands = {c[0][0] if c[0][0] not in ("lpes", "distill", "synth") else " ".join(c[0][:2]) for c in CASES}
+    assert len(CASES) >= 40
+    assert {"sweep", "compare", "lpes search", "distill r1", "theory", "synth depth", "synth train"} <= commands
+
+
+@pytest.mark.parametrize("args, where, message", CASES, ids=[f"{i}-{' '.join(c[0][:2])}" for i, c in enumerate(CASES)])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(env, tmp_path, monkeypatch, capsys, args, where, message):
+    out = _out(env, where, tmp_path)
+    before = _snapshot(out) if out.is_dir() else None
+    argv = [a.format(**env, OUT=out) for a in args]
+    head = 2 if argv[0] in ("lpes", "distill", "synth") else 1
+    if argv[0] in ("sweep", "compare", "lpes", "distill") and "--task" not in argv:
+        argv = argv[:head] + KV + argv[head:]  # kv-lookup, sized for the tiny model
+    if "--out" not in argv and args[0] != "frob":
+        argv += ["--out", str(out)]
+    monkeypatch.setattr(sys, "argv", ["posbias", *argv])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert e.value.code == 2, err
+    assert len(err) == 1 and err[0].startswith("posbias: error: ") and " -- " in err[0], err
+    assert message in err[0], err[0]
+    if before is None:
+        assert not out.exists() or not any(p.is_file() for p in out.rglob("*")), list(out.rglob("*"))
+    else:
+        assert _snapshot(out) == before  # a finished result is never touched by a refused command
