@@ -36,6 +36,7 @@ def env(tmp_path_factory):
     run_distill(DistillConfig(model=model, task_options={"facts": 4, "digits": 3}, n=1, k=2, correct_only=False,
                               dtype="fp32", max_steps=1, save_steps=1), root / "distill", progress=False)
     (root / "afile").write_text("not a folder")
+    _corrupt_states(root, model, cfg)
     data = root / "data"
     data.mkdir()
     good = {"question": "q", "answers": ["a"], "documents": ["x", "y"], "gold": 0}
@@ -51,6 +52,33 @@ def env(tmp_path_factory):
         "task": "kv-lookup", "seed": 0, "skip": 0, "n": 50}}))
     return {"ROOT": str(root), "MODEL": model, "DATA": str(data)}
 
+
+def _corrupt_states(root: Path, model: str, cfg: SweepConfig) -> None:
+    """Started runs whose state files a crash or a disk error spoiled."""
+    import shutil
+
+    from posbias import GAConfig, SearchConfig, run_search, synth_run_config
+    from posbias.synth import one_run_path as synth_run_path
+
+    shutil.copytree(root / "sweep", root / "bad-marker")
+    (root / "bad-marker" / "run.json").write_text('{"kind": "swe')
+    shutil.copytree(root / "sweep", root / "bad-rows")
+    (root / "bad-rows" / "sweep.json").unlink()  # a run killed before its end ...
+    with (root / "bad-rows" / "examples.jsonl").open("a") as f:  # ... whose row log holds a foreign row
+        f.write('{"foo": 1}\n')
+    ga = GAConfig(pop_size=4, n_parents=2, n_crossover=1, n_mutation=1, generations=1, n_points=2, y_min=1.0, y_max=1.5,
+                  y_step=0.25, y_init=1.25, my=0.25, mx=1)
+    run_search(SearchConfig(model=model, task_options={"facts": 4, "digits": 3}, n=2, dtype="fp32", ga=ga),
+               root / "bad-state", progress=False)
+    (root / "bad-state" / "search.state.json").write_text('{"search": {"kind": "genetic"}}')
+    synth = synth_run_config(iters=5, eval_seqs=20, data={"n_classes": 64, "n_labels": 8, "burstiness": 2, "n_items": 4,
+                                                          "dim": 16})
+    (root / "bad-ckpt").mkdir()
+    synth_run_path(root / "bad-ckpt", synth).with_suffix(".ckpt").write_bytes(b"PK\x03\x04 cut short")
+
+
+SYNTH_TINY = ["--iters", "5", "--eval-seqs", "20", "--classes", "64", "--labels", "8", "--burstiness", "2", "--items", "4",
+              "--dim", "16", "--quiet"]
 
 # (command args with {MODEL} {OUT} {DATA} {ROOT}, the folder OUT names, a text the error must contain)
 CASES = [
@@ -85,6 +113,8 @@ CASES = [
     (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,3", "--resume", "--seed", "1"], "sweep",
      "different configuration (config.seed"),
     (["sweep", "--model", "{MODEL}", *TINY], "compare", "holds a comparison, not a sweep"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,3", "--resume"], "bad-marker", "is not a readable run marker"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,3", "--resume"], "bad-rows", "is not a row this pipeline wrote"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/latin1.jsonl"], "new", "not UTF-8"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/answers5.jsonl"], "new", ":2: 'answers' must be"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/docstr.jsonl"], "new", ":2: 'documents' must be a list"),
@@ -115,6 +145,9 @@ CASES = [
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--points", "2", "--positions", "0,1,9"], "new", "three slots in 0..3"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--points", "4"], "new", "fewer control points (--points)"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--task", "kv-uuid", "--skip", "600"], "new", "use --skip below 500"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--points", "2", "--generations", "1", "--pop-size", "4", "--parents",
+      "2", "--crossovers", "1", "--mutations", "1", "--y-max", "1.5", "--y-step", "0.25", "--y-init", "1.25", "--my", "0.25",
+      "--mx", "1", "--resume"], "bad-state", "is not a search state this configuration can resume"),
     # distill r1
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--k", "20"], "new", "use --k between 1 and 3"),
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--method", "dpo"], "new", "unknown --method 'dpo'"),
@@ -138,6 +171,7 @@ CASES = [
     (["synth", "train", "--items", "5", "--quiet"], "new", "multiple of the burstiness"),
     (["synth", "train", "--pe", "alibi", "--quiet"], "new", "unknown positional encoding"),
     (["synth", "train", "--iters", "5", "--quiet"], "afile", "is a file"),
+    (["synth", "train", *SYNTH_TINY], "bad-ckpt", "is unreadable"),
 ]
 
 

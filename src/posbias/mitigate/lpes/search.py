@@ -111,8 +111,9 @@ def _load_state(search, path: Path) -> None:
     state = read_json(path, "search state")
     try:
         search.load_state_dict(state["search"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise PosbiasError(f"{path} is not a readable search state ({type(e).__name__}: {e})",
+    except (KeyError, TypeError, ValueError, PosbiasError) as e:
+        detail = e.problem if isinstance(e, PosbiasError) else f"{type(e).__name__}: {e}"
+        raise PosbiasError(f"{path} is not a search state this configuration can resume ({detail})"[:300],
                            "pass `overwrite=True` to start again") from None
     if search.steps_done > search.total_steps:
         raise PosbiasError(f"{path.parent} already ran {search.steps_done - 1} generations",
