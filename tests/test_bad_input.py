@@ -44,6 +44,7 @@ def env(tmp_path_factory):
             "goldfloat": [good, {**good, "gold": 1.9}], "noquestion": [{k: v for k, v in good.items() if k != "question"}]}
     for name, recs in rows.items():
         (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (data / "hop1.jsonl").write_text(json.dumps({**good, "gold": [1]}) + "\n")
     (data / "latin1.jsonl").write_bytes(json.dumps(good).replace('"q"', '"caf\u00e9"', 1).encode("latin-1") + b"\n")
     (data / "plain.jsonl.gz").write_text(json.dumps(good) + "\n")
     blob = gzip.compress(("\n".join(json.dumps(good) for _ in range(200)) + "\n").encode())
@@ -123,6 +124,13 @@ CASES = [
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/plain.jsonl.gz"], "new", "not a complete gzip file"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/cut.jsonl.gz"], "new", "not a complete gzip file"),
     (["sweep", "--model", "{MODEL}", *TINY, "--n", "abc"], "new", "Invalid value for '--n'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--pairs", "0:12"], "new", "pair 0:12 is out of range"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--pairs", "3:3"], "new", "both hops in slot 3"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--positions", "0,1"], "new", "bad pair '0'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/hop1.jsonl"], "new", "two different document indices"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-uuid", "--pairs", "abc"], "new", "takes a number of pairs"),
+    (["distill", "r2", "--model", "{MODEL}", *TINY, "--anchor", "5"], "new", "bad --anchor '5'"),
+    (["distill", "r2", "--model", "{MODEL}", *TINY, "--method", "seqkd"], "new", "unknown --method 'seqkd' for r2"),
     (["sweep", "--model", "{MODEL}", *TINY, "--nope"], "new", "No such option: --nope"),
     (["frob"], "new", "No such command 'frob'"),
     # compare
@@ -151,7 +159,7 @@ CASES = [
     # distill r1
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--k", "20"], "new", "use --k between 1 and 3"),
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--method", "dpo"], "new", "unknown --method 'dpo'"),
-    (["distill", "r1", "--model", "{MODEL}", *TINY, "--anchor", "9"], "new", "--anchor 9 is out of range"),
+    (["distill", "r1", "--model", "{MODEL}", *TINY, "--anchor", "9"], "new", "--anchor 9: position 9 is out of range"),
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--anchor", "auto:/nonexistent"], "new", "no sweep result"),
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--preset", "fast"], "new", "unknown preset 'fast'"),
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--lr", "-1"], "new", "--lr must be positive"),

@@ -330,9 +330,15 @@ def test_lora_run_saves_a_merged_plain_model(model_dir, tmp_path):
 
 @pytest.mark.parametrize("method", ["sft", "seqkd"])
 def test_ce_baselines_train(model_dir, tmp_path, method):
-    r = run_distill(_cfg(method=method, max_steps=1), tmp_path, progress=False, loaded=load_model(str(model_dir), "fp32"))
-    log = json.loads((tmp_path / "train_log.json").read_text())
-    assert r.train["steps"] == 1 and log[0]["ce"] > 0 and r.train["rows_per_question"] == 2
+    """The CE baselines get Pos2Distill's data (K trivial rows + the anchor copy) unless anchor_copy is off."""
+    r = run_distill(_cfg(method=method, max_steps=1), tmp_path / "a", progress=False, loaded=load_model(str(model_dir), "fp32"))
+    log = json.loads((tmp_path / "a" / "train_log.json").read_text())
+    assert r.train["steps"] == 1 and log[0]["ce"] > 0 and r.train["rows_per_question"] == 3
+    p2d = run_distill(_cfg(max_steps=1), tmp_path / "p", progress=False, loaded=load_model(str(model_dir), "fp32"))
+    assert p2d.train["rows_per_question"] == 3  # the same rows: identical data compositions (Sec. 5.2.1)
+    r = run_distill(_cfg(method=method, max_steps=1, anchor_copy=False), tmp_path / "b", progress=False,
+                    loaded=load_model(str(model_dir), "fp32"))
+    assert r.train["rows_per_question"] == 2
 
 
 # -- errors ---------------------------------------------------------------------------------------

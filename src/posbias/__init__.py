@@ -12,7 +12,8 @@ from the task registry (`get_task`, `register_task`, or a `Task` subclass) and t
 methods from the method registry (`get_method`, `register_method`, or a `Method` subclass).
 Mitigate: `run_search` (LPES), `run_distill` (Pos2Distill and its SFT / SeqKD baselines), with
 presets as library objects (`SearchConfig.from_preset`, `DistillConfig.from_preset`).
-Explain: `run_theory` (rollout figures, theorem checks, a real model's rollout) and the synthetic
+Explain: `run_theory` (rollout figures, theorem checks, a real model's rollout), `run_shifting`
+(perplexity of the advantageous response at the other placements: token vs thought shifting) and the synthetic
 experiments (`synth_grid_runs`, `run_synth_grid`, `synth_run_config`, `run_synth_one`).
 Every pipeline writes one output folder (create / resume / overwrite, result file written last)
 and returns a typed result whose `record` is that file's content.
@@ -21,6 +22,7 @@ and returns a typed result whose `record` is that file's content.
 from .analysis.checks import check_all  # noqa: E402
 from .analysis.checks import format_summary as format_theory_summary
 from .analysis.rollout_real import format_real as format_real_rollout  # noqa: E402
+from .analysis.shifting import ShiftingConfig, ShiftingResult, format_shifting, run_shifting  # noqa: E402
 from .analysis.theory import RealRollout, TheoryConfig, TheoryResult, run_theory  # noqa: E402
 from .core.ga import GAConfig  # noqa: E402
 from .errors import PosbiasError  # noqa: E402
@@ -69,6 +71,7 @@ __all__ = [
     "LPES_SPACES", "METHODS", "MODELS", "SYNTH_GRIDS", "SYNTH_PRESETS", "TASKS",
     "Active", "Baseline", "Buckets", "CompareResult", "DistillConfig", "DistillResult", "GAConfig", "LPESResult",
     "LayerScaling", "Loaded", "Method", "MsPoE", "PosbiasError", "Prompt", "RealRollout", "Scorer", "SearchConfig",
+    "ShiftingConfig", "ShiftingResult", "format_shifting", "run_shifting",
     "SweepConfig", "SweepResult", "SynthGridResult", "SynthRunResult", "Task", "TheoryConfig", "TheoryResult",
     "UniformScaling",
     "__version__", "check_all", "format_compare", "format_real_rollout", "format_synth_run", "format_synth_summary",

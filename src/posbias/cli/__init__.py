@@ -16,7 +16,7 @@ try:  # typer >= 0.20 carries its own copy of click; older ones use click itself
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click.exceptions import NoArgsIsHelpError, UsageError
-from .explain import synth_app, theory
+from .explain import analyze_app, synth_app, theory
 from .measure import compare, models, sweep, tasks
 from .mitigate import distill_app, lpes_app
 
@@ -29,6 +29,7 @@ for command in (sweep, compare, theory, tasks, models):
 app.add_typer(synth_app, name="synth")
 app.add_typer(lpes_app, name="lpes")
 app.add_typer(distill_app, name="distill")
+app.add_typer(analyze_app, name="analyze")
 
 # Python parameter -> flag, where the flag is not --the-parameter-name
 _FLAGS = {"n_parents": "--parents", "n_crossover": "--crossovers", "n_mutation": "--mutations", "n_points": "--points",

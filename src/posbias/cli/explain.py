@@ -10,19 +10,23 @@ import typer
 from .. import (
     PosbiasError,
     RealRollout,
+    ShiftingConfig,
     TheoryConfig,
     format_real_rollout,
+    format_shifting,
     format_synth_run,
     format_synth_summary,
     format_theory_summary,
+    run_shifting,
     run_synth_grid,
     run_synth_one,
     run_theory,
     synth_grid_runs,
     synth_run_config,
 )
-from .options import ints, words
+from .options import MODEL, RUN, SPLIT, TASK, Args, ints, model_fields, placements, task_fields, uses, words
 
+analyze_app = typer.Typer(no_args_is_help=True, help="Why the model fails where it fails: analyses of a real model.")
 synth_app = typer.Typer(no_args_is_help=True, help="Controlled synthetic experiments (Wu et al. 2025, Sec. 5).")
 
 
@@ -144,3 +148,26 @@ def theory(
     for line in format_real_rollout(res.real) if res.real else []:
         typer.echo(line)
     typer.echo(f"wrote {out}/theory.json and figures")
+
+
+@analyze_app.callback()
+def _analyze_group() -> None:
+    """Why the model fails where it fails: analyses of a real model."""
+
+
+@analyze_app.command()
+@uses(MODEL, TASK, SPLIT.defaults(n=20), RUN.defaults(out=Path("runs/shifting")))
+def shifting(
+    model: Args, task: Args, split: Args, run: Args,
+    positions: Optional[str] = typer.Option(None, help="the placements measured (default: the task's)"),
+    max_new_tokens: Optional[int] = typer.Option(None, help="anchor response length (default: the task's)"),
+) -> None:
+    """Perplexity of the advantageous response (and of the gold answer) under every other placement's prompt:
+    token shifting (retrieval) against thought shifting (reasoning), Pos2Distill Fig. 9."""
+    if run.resume:
+        raise PosbiasError("analyze shifting keeps no partial state to resume", "drop `resume`; rerun with `overwrite=True`")
+    cfg = ShiftingConfig(**model_fields(model), **task_fields(task), **vars(split),
+                         positions=placements(task, positions), max_new_tokens=max_new_tokens)
+    res = run_shifting(cfg, run.out, overwrite=run.overwrite, progress=not run.quiet)
+    typer.echo(format_shifting(res))
+    typer.echo(f"wrote {run.out}/shifting.json, rows.jsonl, shifting.png")

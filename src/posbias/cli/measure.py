@@ -8,18 +8,19 @@ from typing import Optional
 import typer
 
 from .. import JSONL_SCHEMA, MODELS, TASKS, SweepConfig, format_compare, format_table, run_compare, run_sweep, split_specs
-from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, model_fields, run_kwargs, task_fields, uses
+from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, model_fields, placements, run_kwargs, task_fields, uses
 
-POSITIONS = typer.Option("all", help="all | 0,4,9 | 0%,50%,100% (percent of the last slot)")
+POSITIONS = typer.Option(None, help="all | 0,4,9 | 0%,50%,100% (percent of the last slot); two-hop tasks: "
+                                    "connected,disconnected,reversed | 0:1,5:13 | grid | all (default: all slots / the modes)")
 
 
 @uses(MODEL, TASK, SPLIT, SCORING, RUN.defaults(out=Path("runs/sweep")))
-def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positions: str = POSITIONS,
+def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positions: Optional[str] = POSITIONS,
           method: str = typer.Option("none", help="none | pi:1.2 | lpes:DIR/factors.json | mspoe | buckets | layers:F1,...")
           ) -> None:
     """Put the gold item at each position in turn, score the model, report the curve."""
-    cfg = SweepConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring), positions=positions,
-                      method=method)
+    cfg = SweepConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
+                      positions=placements(task, positions), method=method)
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = run_sweep(cfg, run.out, **run_kwargs(run))
@@ -30,7 +31,7 @@ def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positi
 
 
 @uses(MODEL, TASK, SPLIT, SCORING, RUN.defaults(out=Path("runs/compare")))
-def compare(model: Args, task: Args, split: Args, scoring: Args, run: Args, positions: str = POSITIONS,
+def compare(model: Args, task: Args, split: Args, scoring: Args, run: Args, positions: Optional[str] = POSITIONS,
             methods: str = typer.Option("none", help="comma list of method specs, e.g. "
                                                      "none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json"),
             models: Optional[str] = typer.Option(None, help="comma list of models (e.g. smollm2-135m,runs/p2d/model): "
@@ -38,7 +39,7 @@ def compare(model: Args, task: Args, split: Args, scoring: Args, run: Args, posi
     """Run several methods (and models) on the same examples; one table (per position, average, gap) and one plot."""
     model_list = [m.strip() for m in models.split(",") if m.strip()] if models else None
     fields = {**model_fields(model), "model": model_list[0] if model_list else model.model}
-    cfg = SweepConfig(**fields, **task_fields(task), **vars(split), **vars(scoring), positions=positions)
+    cfg = SweepConfig(**fields, **task_fields(task), **vars(split), **vars(scoring), positions=placements(task, positions))
     res = run_compare(cfg, split_specs(methods), run.out, models=model_list, **run_kwargs(run))
     typer.echo(format_compare(res))
     typer.echo(f"wrote {run.out}/compare.json, compare.png and one sweep directory per method")

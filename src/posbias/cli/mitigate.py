@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from .. import DistillConfig, SearchConfig, run_distill, run_search
-from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, floats, model_fields, run_kwargs, task_fields, uses
+from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, floats, model_fields, run_kwargs, task_fields, uses
 
 lpes_app = typer.Typer(no_args_is_help=True, help="LPES: search per-layer RoPE scaling factors (training-free).")
 distill_app = typer.Typer(no_args_is_help=True, help="Train a model to lose its position bias (Pos2Distill, SFT, SeqKD).")
@@ -71,43 +71,68 @@ def search(
     typer.echo(f"wrote {run.out}/factors.json and factors.png; use it with --method lpes:{run.out}/factors.json")
 
 
-@distill_app.command()
-@uses(MODEL, TASK, SPLIT.defaults(n=None, skip=None), RUN.defaults(out=Path("runs/distill")))
-def r1(
-    model: Args, task: Args, split: Args, run: Args,
-    method: str = typer.Option("pos2distill", help="pos2distill | sft (gold answers) | seqkd (teacher responses, CE)"),
-    ablation: str = typer.Option("full", help="pos2distill: kl | kl+align | full (= kl + align + anchoring)"),
-    preset: str = typer.Option("cpu", help="cpu (64 questions, lr 1e-4; docs/pos2distill.md) | paper (300, lr 3e-6)"),
-    k: int = typer.Option(5, help="trivial positions per question (Sec. 5.2.2: 4-6)"),
-    anchor: str = typer.Option("0", help="advantageous slot: a number, or auto:PATH (best slot of a sweep.json)"),
-    correct_only: bool = typer.Option(True, "--correct-only/--keep-all",
-                                      help="keep only questions answered correctly at the anchor (released code)"),
-    lora: bool = typer.Option(False, "--lora/--full", help="LoRA adapters (merged at the end) or full fine-tuning (paper)"),
-    lr: Optional[float] = typer.Option(None, help="learning rate (default: the preset's for full fine-tuning; 1e-4 LoRA)"),
-    batch_size: int = typer.Option(32, help="training sequences per optimizer step (paper 32); whole questions kept"),
-    micro_batch: int = typer.Option(0, help="questions per forward (0: a whole step); smaller saves memory"),
-    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing",
-                                                help="recompute activations in the backward pass (less memory, ~30% slower)"),
-    epochs: float = typer.Option(2.0, help="epochs (paper 2)"),
-    max_steps: int = typer.Option(0, help="stop after this many optimizer steps (0: use --epochs)"),
-    lam: float = typer.Option(1.0, help="lambda, the weight of the anchoring loss (paper 1)"),
-    max_new_tokens: Optional[int] = typer.Option(None, help="anchor response length (default: the task's)"),
-    save_steps: int = typer.Option(10, help="checkpoint every this many steps"),
-) -> None:
-    """Distil the anchor slot's behaviour into the other slots; write OUT/model (load it with --model OUT/model).
+TRAIN = Group(
+    "train", "Training",
+    preset=Opt("cpu", "cpu (64 questions, lr 1e-4; docs/pos2distill.md) | paper (r1 300 / r2 500 questions, lr 3e-6)"),
+    k=Opt(None, "trivial placements per question (default: the preset's; r1 5, Sec. 5.2.2: 4-6; r2 4)", Optional[int]),
+    anchor=Opt(None, "advantageous placement: a slot (r1, default 0) or i:j (r2, default the last two slots), or "
+                     "auto:PATH (the best placement of a sweep.json)", Optional[str]),
+    correct_only=Opt(True, "keep only questions answered correctly at the anchor (released code)", bool,
+                     ("--correct-only/--keep-all",)),
+    lora=Opt(False, "LoRA adapters (merged at the end) or full fine-tuning (paper)", bool, ("--lora/--full",)),
+    lr=Opt(None, "learning rate (default: the preset's for full fine-tuning; 1e-4 LoRA)", Optional[float]),
+    batch_size=Opt(32, "training sequences per optimizer step (paper 32); whole questions kept", int),
+    micro_batch=Opt(0, "questions per forward (0: a whole step); smaller saves memory", int),
+    gradient_checkpointing=Opt(False, "recompute activations in the backward pass (less memory, ~30% slower)", bool,
+                               ("--gradient-checkpointing",)),
+    epochs=Opt(2.0, "epochs (paper 2)", float),
+    max_steps=Opt(0, "stop after this many optimizer steps (0: use --epochs)", int),
+    max_new_tokens=Opt(None, "anchor response length (default: the task's)", Optional[int]),
+    save_steps=Opt(10, "checkpoint every this many steps", int),
+)
 
-    The training split starts at --skip (default 2000, or half a file task's pool); sweeps use examples 0..."""
-    cfg = DistillConfig.from_preset(
-        preset, **model_fields(model), **task_fields(task), **vars(split), method=method, ablation=ablation, k=k,
-        anchor=anchor, correct_only=correct_only, lora=lora, lr=lr, batch_size=batch_size, micro_batch=micro_batch,
-        gradient_checkpointing=gradient_checkpointing, epochs=epochs, max_steps=max_steps, lam=lam,
-        max_new_tokens=max_new_tokens, save_steps=save_steps)
+
+def _distill(stage: str, model: Args, task: Args, split: Args, train: Args, run: Args, **method) -> None:
+    cfg = DistillConfig.from_preset(train.preset, stage=stage, **model_fields(model), **task_fields(task), **vars(split),
+                                    **{k: v for k, v in vars(train).items() if k != "preset"}, **method)
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = run_distill(cfg, run.out, **run_kwargs(run))
     d, t = res.data, res.train
-    typer.echo(f"{d['questions']} questions (anchor slot {res.record['config']['anchor']} accuracy {d['anchor_accuracy']:.3f} "
-               f"on {d['looked_at']} looked at), {t['steps']} steps of {t['sequences_per_step']} sequences")
+    anchor = res.record["config"]["anchor"]
+    typer.echo(f"{d['questions']} questions (anchor {anchor} accuracy {d['anchor_accuracy']:.3f} on {d['looked_at']} "
+               f"looked at), {t['steps']} steps of {t['sequences_per_step']} sequences")
+    if "selftrain" in d:
+        s = d["selftrain"]
+        typer.echo(f"self-training rows: {s['kept']} of {s['rows']} answered correctly at their own placement")
     if t["first_loss"] is not None:
         typer.echo(f"loss {t['first_loss']:.4f} -> {t['last_loss']:.4f}")
     typer.echo(f"wrote {res.model_dir}; evaluate it with: posbias sweep --model {res.model_dir} --task {task.task}")
+
+
+@distill_app.command()
+@uses(MODEL, TASK, SPLIT.defaults(n=None, skip=None), TRAIN, RUN.defaults(out=Path("runs/distill")))
+def r1(
+    model: Args, task: Args, split: Args, train: Args, run: Args,
+    method: str = typer.Option("pos2distill", help="pos2distill | sft (gold answers) | seqkd (teacher responses, CE)"),
+    ablation: str = typer.Option("full", help="pos2distill: kl | kl+align | full (= kl + align + anchoring)"),
+    lam: float = typer.Option(1.0, help="lambda, the weight of the anchoring loss (paper 1)"),
+    anchor_copy: bool = typer.Option(True, "--anchor-copy/--no-anchor-copy",
+                                     help="sft/seqkd: also train on the anchor-slot copy, the data Pos2Distill gets"),
+) -> None:
+    """Retrieval: distil the anchor slot's behaviour into the other slots (Sec. 4.2); write OUT/model.
+
+    The training split starts at --skip (default 2000, or half a file task's pool); sweeps use examples 0.."""
+    _distill("r1", model, task, split, train, run, method=method, ablation=ablation, lam=lam, anchor_copy=anchor_copy)
+
+
+@distill_app.command()
+@uses(MODEL, TASK.defaults(task="kv-2hop"), SPLIT.defaults(n=None, skip=None), TRAIN, RUN.defaults(out=Path("runs/distill-r2")))
+def r2(
+    model: Args, task: Args, split: Args, train: Args, run: Args,
+    method: str = typer.Option("pos2distill", help="pos2distill (the anchor's chain of thought, CE) | sft (gold "
+                                                    "answers) | selftrain (own correct response at each placement)"),
+) -> None:
+    """Reasoning: train on the chain of thought of the advantageous two-hop placement at K other placements
+    (Sec. 4.3); write OUT/model. Tasks: kv-2hop, musique, two-hop jsonl."""
+    _distill("r2", model, task, split, train, run, method=method)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from .. import PosbiasError
+from .. import TASKS, PosbiasError
 
 Args = SimpleNamespace  # what a command receives for each group
 
@@ -94,12 +94,17 @@ MODEL = Group(
 
 TASK = Group(
     "task", "Task",
-    task=Opt("kv-lookup", "kv-lookup | kv-uuid | nq | jsonl:PATH (posbias tasks)"),
+    task=Opt("kv-lookup", "kv-lookup | kv-uuid | nq | musique | kv-2hop | jsonl:PATH (posbias tasks)"),
     facts=Opt(None, "kv-lookup: number of facts (default 10)", Optional[int]),
     digits=Opt(None, "kv-lookup: digits per key/value (default 6)", Optional[int]),
     docs=Opt(None, "nq: 10 or 20 documents (default 10)", Optional[int]),
-    pairs=Opt(None, "kv-uuid: key-value pairs (75/140 read the shared files; default 75)", Optional[int]),
+    pairs=Opt(None, "kv-uuid: key-value pairs (75/140 read the shared files; default 75); two-hop tasks: where the hops "
+                    "go, connected,disconnected,reversed | 0:1,5:13 | grid | all (like --positions)", Optional[str]),
     answers=Opt(None, "nq/jsonl: all | first (only the 1st gold answer counts)", Optional[str]),
+    style=Opt(None, "kv-2hop: direct (teacher-forced answer; default) | cot (chain of thought, EM after 'The answer is:')",
+              Optional[str]),
+    prompt=Opt(None, "musique/two-hop jsonl: reasoning (the paper's template; default) | coc (Chain-of-Citation)",
+               Optional[str]),
     data_dir=Opt(None, "benchmark data dir (default ../shared/data or $POSBIAS_DATA)", Optional[Path]),
 )
 
@@ -128,10 +133,24 @@ RUN = Group(
 
 
 def task_fields(a: Args) -> dict:
-    """TaskChoice fields of a library config from the TASK group."""
-    opts = {k: getattr(a, k) for k in ("facts", "digits", "docs", "pairs", "answers")}
+    """TaskChoice fields of a library config from the TASK group (--pairs only where it is the kv-uuid count)."""
+    opts = {k: getattr(a, k) for k in ("facts", "digits", "docs", "answers", "style", "prompt")}
+    if a.pairs is not None and "pairs" in getattr(TASKS.get(a.task.partition(":")[0]), "options", ()):
+        try:
+            opts["pairs"] = int(a.pairs)
+        except ValueError:
+            raise PosbiasError(f"kv-uuid takes a number of pairs, got `pairs={a.pairs}`", "e.g. `pairs=75`") from None
     return {"task": a.task, "task_options": {k: v for k, v in opts.items() if v is not None},
             "data_dir": str(a.data_dir) if a.data_dir else None}
+
+
+def placements(a: Args, positions: str | None) -> str | None:
+    """--positions, or --pairs for a two-hop task (where it names the placements of the two hops)."""
+    if a.pairs is None or "pairs" in getattr(TASKS.get(a.task.partition(":")[0]), "options", ()):
+        return positions
+    if positions is not None:
+        raise PosbiasError("both `positions` and `pairs` name the placements", "pass one of them")
+    return a.pairs
 
 
 def model_fields(a: Args) -> dict:

@@ -43,7 +43,29 @@ def substring_match(prediction: str, answers: Sequence[str]) -> bool:
     return any(a in pred for a in answers)
 
 
-METRICS = {"best_subspan_em": best_subspan_em, "substring": substring_match}
+_ANSWER = re.compile(r"the answer is\s*:?", re.IGNORECASE)
+
+
+def final_answer(prediction: str) -> str | None:
+    """The text after the last "The answer is:" (colon optional, any case), cut at its first newline; None if absent."""
+    hits = list(_ANSWER.finditer(prediction))
+    return first_line(prediction[hits[-1].end():]).strip() if hits else None
+
+
+def reasoning_em(prediction: str, answers: Sequence[str]) -> bool:
+    """Pos2Distill App. C: exact match (normalised) of the part after the last "The answer is:" with a gold answer."""
+    ans = final_answer(prediction)
+    return ans is not None and normalize_answer(ans) in {normalize_answer(a) for a in answers}
+
+
+def subspan(prediction: str, answers: Sequence[str]) -> bool:
+    """Retrieval-style score of a multi-line answer: a normalised gold answer occurs in the normalised whole text."""
+    pred = normalize_answer(prediction)
+    return any(normalize_answer(a) in pred for a in answers)
+
+
+METRICS = {"best_subspan_em": best_subspan_em, "substring": substring_match, "reasoning_em": reasoning_em,
+           "subspan": subspan}
 
 
 def wilson_ci(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -63,9 +85,9 @@ def wilson_ci(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, floa
 class CurveSummary:
     average: float
     best: float
-    best_position: int
+    best_position: int | str  # a slot, or "i:j" for a two-hop placement
     worst: float
-    worst_position: int
+    worst_position: int | str
     gap: float
     std: float
     gap_ci: tuple[float, float]
@@ -98,13 +120,18 @@ def summarize_curve(
     return CurveSummary(
         average=float(acc.mean()),
         best=float(acc[b]),
-        best_position=int(positions[b]),
+        best_position=_label(positions[b]),
         worst=float(acc[w]),
-        worst_position=int(positions[w]),
+        worst_position=_label(positions[w]),
         gap=float(acc[b] - acc[w]),
         std=float(acc.std()),
         gap_ci=(float(lo), float(hi)),
     )
+
+
+def _label(position):
+    """A slot as an int; another label (a two-hop pair "i:j") as it is."""
+    return position if isinstance(position, str) else int(position)
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, seed: int = 0) -> dict:

@@ -21,6 +21,7 @@ from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded, load_model
 from ..runs import RunFolder
+from ..tasks import label, placement_key
 from .config import plain
 from .sweep import SweepConfig, run_sweep
 
@@ -143,9 +144,9 @@ def _plot(record: dict, cfg: SweepConfig, names: list[str], engine: str, folder:
                  folder.file("compare.png"))
 
 
-def _correct_matrix(rows: list[dict], examples: list[str], positions: list[int]) -> np.ndarray:
-    by_key = {(r["example_id"], r["position"]): bool(r["correct"]) for r in rows}
-    return np.array([[by_key[(e, p)] for p in positions] for e in examples])
+def _correct_matrix(rows: list[dict], examples: list[str], positions: list) -> np.ndarray:
+    by_key = {(r["example_id"], placement_key(r["position"])): bool(r["correct"]) for r in rows}
+    return np.array([[by_key[(e, placement_key(p))] for p in positions] for e in examples])
 
 
 def _add_paired_differences(results: list[dict]) -> None:
@@ -165,7 +166,7 @@ def format_compare(record: dict | CompareResult) -> str:
     w = max(12, *(len(r["label"]) for r in rows))
     first = rows[0]["label"]
     what = "method" if record["config"].get("model") else "model"  # compare --models: entries are models
-    head = (f"{what:<{w}} " + " ".join(f"{p:>6}" for p in positions) + f" {'avg':>6} {'gap':>6}  gap 95% CI"
+    head = (f"{what:<{w}} " + " ".join(f"{label(p):>6}" for p in positions) + f" {'avg':>6} {'gap':>6}  gap 95% CI"
             + f"        avg - {first} (paired 95% CI)")
     lines = [head]
     for r in rows:
@@ -175,4 +176,9 @@ def format_compare(record: dict | CompareResult) -> str:
         v = r.get("vs_first")
         vs = f"{v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" if v else ""
         lines.append(f"{r['label']:<{w}} {accs} {s['average']:>6.3f} {s['gap']:>6.3f}  {ci:<16}  {vs}")
+    if "modes" in rows[0]["summary"]:  # two-hop placements: the average of each mode and the gap between modes
+        modes = list(rows[0]["summary"]["modes"])
+        lines += ["", f"{what:<{w}} " + " ".join(f"{m:>12}" for m in modes) + f" {'mode gap':>9}"]
+        lines += [f"{r['label']:<{w}} " + " ".join(f"{r['summary']['modes'][m]:>12.3f}" for m in modes)
+                  + f" {r['summary']['mode_gap']:>9.3f}" for r in rows]
     return "\n".join(lines)

@@ -36,12 +36,15 @@ def render(tokenizer, prompt: Prompt, chat: bool) -> str:
     return prompt.user + ("\n" + prompt.answer_prefix if prompt.answer_prefix else "")
 
 
-def encode(tokenizer, prompt: Prompt, chat: bool) -> Encoded:
+def encode(tokenizer, prompt: Prompt, chat: bool, continuation: bool = False) -> Encoded:
+    """Token ids of the prompt and of each answer after it. An answer is joined with a space unless the prompt
+    ends with white space; continuation=True joins it as it is (a response the model generated from the prompt,
+    which carries its own leading space)."""
     text = render(tokenizer, prompt, chat)
     # Chat templates write their own special tokens (BOS included where the model uses one).
     special = not chat
     ids = tokenizer(text, add_special_tokens=special)["input_ids"]
-    sep = "" if (not text or text[-1].isspace()) else " "
+    sep = "" if (continuation or not text or text[-1].isspace()) else " "
     answers = []
     for ans in dict.fromkeys(prompt.answers):  # de-duplicated, order kept
         full = tokenizer(text + sep + ans, add_special_tokens=special)["input_ids"]

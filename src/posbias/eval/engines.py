@@ -12,15 +12,17 @@ tokens it costs (the batch planner), so the Scorer never branches on the engine.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from ..core.metrics import METRICS
 from ..errors import PosbiasError
 from ..methods import Active
-from ..models.load import Loaded
 from .encode import Encoded
 from .generate import generate_greedy
 from .teacher_forced import score_teacher_forced
+
+if TYPE_CHECKING:
+    from .scorer import Scorer
 
 
 class Engine(ABC):
@@ -34,9 +36,17 @@ class Engine(ABC):
         """Padded tokens the row adds to a batch."""
         return self.need(row, max_new_tokens)
 
+    def score(self, scorer: Scorer, batch: list[Encoded], active: Active) -> list[dict]:
+        """One dict per row: correct (the task's metric), prediction, the task's further metrics (and logprob
+        for teacher forcing)."""
+        out = self._predict(scorer, batch, active)
+        for r, row in zip(out, batch):
+            r.update({m: METRICS[m](r["prediction"], row.prompt.answers) for m in scorer.task.also})
+        return out
+
     @abstractmethod
-    def score(self, loaded: Loaded, batch: list[Encoded], metric: str, max_new_tokens: int, active: Active) -> list[dict]:
-        """One dict per row: correct, prediction (and logprob for teacher forcing)."""
+    def _predict(self, scorer: Scorer, batch: list[Encoded], active: Active) -> list[dict]:
+        """correct and prediction per row."""
 
 
 class TeacherForced(Engine):
@@ -48,9 +58,9 @@ class TeacherForced(Engine):
     def cost(self, row: Encoded, max_new_tokens: int) -> int:
         return self.need(row, max_new_tokens) * len(row.answer_ids)  # answer variants share a batch
 
-    def score(self, loaded: Loaded, batch: list[Encoded], metric: str, max_new_tokens: int, active: Active) -> list[dict]:
-        tok = loaded.tokenizer
-        return score_teacher_forced(loaded.model, tok, batch, tok.pad_token_id, active.set_prompt_end)
+    def _predict(self, scorer: Scorer, batch: list[Encoded], active: Active) -> list[dict]:
+        tok = scorer.loaded.tokenizer
+        return score_teacher_forced(scorer.loaded.model, tok, batch, tok.pad_token_id, active.set_prompt_end)
 
 
 class Generate(Engine):
@@ -59,10 +69,12 @@ class Generate(Engine):
     def need(self, row: Encoded, max_new_tokens: int) -> int:
         return len(row.prompt_ids) + max_new_tokens
 
-    def score(self, loaded: Loaded, batch: list[Encoded], metric: str, max_new_tokens: int, active: Active) -> list[dict]:
-        tok = loaded.tokenizer
-        preds = generate_greedy(loaded.model, tok, batch, tok.pad_token_id, max_new_tokens)
-        return [{"correct": METRICS[metric](p, r.prompt.answers), "prediction": p} for p, r in zip(preds, batch)]
+    def _predict(self, scorer: Scorer, batch: list[Encoded], active: Active) -> list[dict]:
+        tok = scorer.loaded.tokenizer
+        preds = generate_greedy(scorer.loaded.model, tok, batch, tok.pad_token_id, scorer.max_new_tokens,
+                                multiline=scorer.task.multiline)
+        metric = METRICS[scorer.task.metric]
+        return [{"correct": metric(p, r.prompt.answers), "prediction": p} for p, r in zip(preds, batch)]
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (TeacherForced(), Generate())}

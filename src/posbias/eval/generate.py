@@ -1,4 +1,4 @@
-"""Batched greedy generation with the KV cache, stopping at newline, EOS or max tokens."""
+"""Batched greedy generation with the KV cache, stopping at EOS, max tokens, or (single-line answers) a newline."""
 
 from __future__ import annotations
 
@@ -37,8 +37,10 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 
 @torch.inference_mode()
-def generate_greedy(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_tokens: int) -> list[str]:
-    """Greedy continuations of each row's prompt, cut at the first newline."""
+def generate_greedy(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_tokens: int,
+                    multiline: bool = False) -> list[str]:
+    """Greedy continuations of each row's prompt, cut at the first newline (multiline: the whole text, for a
+    chain of thought, stopped by EOS or max_new_tokens only)."""
     from transformers import GenerationConfig, StoppingCriteriaList
 
     batch = left_pad([r.prompt_ids for r in rows], pad_id)
@@ -46,7 +48,7 @@ def generate_greedy(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_
     cfg = GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_ids(model, tokenizer), pad_token_id=pad_id
     )
-    stop = StoppingCriteriaList([_StopAtNewline(_newline_ids(tokenizer), dev)])
+    stop = StoppingCriteriaList([] if multiline else [_StopAtNewline(_newline_ids(tokenizer), dev)])
     out = model.generate(
         input_ids=batch["input_ids"].to(dev),
         attention_mask=batch["attention_mask"].to(dev),
@@ -54,4 +56,5 @@ def generate_greedy(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_
         stopping_criteria=stop,
     )
     new = out[:, batch["input_ids"].shape[1] :]
-    return [first_line(t) for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
+    texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+    return [t.strip() if multiline else first_line(t) for t in texts]

@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded
-from ..tasks.base import Task
+from ..tasks import Placement, Prompt, Task, as_json, placement_key
 from .encode import Encoded, encode, plan_batches
 from .engines import get_engine
 
@@ -61,6 +61,13 @@ class Scorer:
         self.check_window(rows)
         return rows
 
+    def prompt_rows(self, prompts: Iterable[Prompt], continuation: bool = False) -> list[Encoded]:
+        """Rows of ready-made prompts (e.g. from a saved training record); refused over the window like `rows`.
+        continuation=True: the answers are generated responses, joined to the prompt as they are (encode)."""
+        rows = [encode(self.loaded.tokenizer, p, self.chat, continuation) for p in prompts]
+        self.check_window(rows)
+        return rows
+
     def check_window(self, rows: list[Encoded]) -> None:
         if not rows:
             return
@@ -89,17 +96,18 @@ class Scorer:
                 batch = [rows[i] for i in idx]
                 if all(r.key in done for r in batch):
                     continue
-                scored = self.engine.score(self.loaded, batch, self.metric, self.max_new_tokens, active)
-                new = [{"example_id": r.key[0], "position": r.key[1], **s, "answers": list(r.prompt.answers),
+                scored = self.engine.score(self, batch, active)
+                new = [{"example_id": r.key[0], "position": as_json(r.key[1]), **s, "answers": list(r.prompt.answers),
                         "prompt_tokens": len(r.prompt_ids)} for r, s in zip(batch, scored) if r.key not in done]
                 out.extend(new)
                 if on_batch:
                     on_batch(new)
         return out
 
-    def accuracy(self, rows: list[Encoded], method: str | Method | None = None) -> dict[int, float]:
-        """Accuracy per gold position of `rows` under `method`."""
-        hits: dict[int, list[bool]] = {}
+    def accuracy(self, rows: list[Encoded], method: str | Method | None = None) -> dict[Placement, float]:
+        """Accuracy per gold placement of `rows` under `method`."""
+        hits: dict[Placement, list[bool]] = {}
         for r in self.score(rows, method):
-            hits.setdefault(r["position"], []).append(bool(r["correct"]))
-        return {p: sum(h) / len(h) for p, h in sorted(hits.items())}
+            hits.setdefault(placement_key(r["position"]), []).append(bool(r["correct"]))
+        return {p: sum(h) / len(h) for p, h in hits.items()}
+

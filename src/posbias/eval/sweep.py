@@ -20,17 +20,18 @@ from ..methods import Method, get_method
 from ..models.load import Loaded, load_model
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as progress_bar
-from ..tasks import get_task, resolve_positions
+from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, placement_key
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict
 from .scorer import Scorer
 
 ROW_KEYS = ("example_id", "position", "correct")
-SWEEP_FILES = ("examples.jsonl", "curve.png", "timing.json", "sweep.partial.json")
+SWEEP_FILES = ("examples.jsonl", "curve.png", "heatmap.png", "timing.json", "sweep.partial.json")
 
 
 @dataclass
 class SweepConfig(Scoring, TaskChoice, ModelChoice):
-    positions: str = "all"  # all | 0,4,9 | 0%,50%,100%
+    positions: str | None = None  # all | 0,4,9 | 0%,50%,100%; two-hop: connected,disconnected,reversed | 0:1,5:13 | grid
+    # (None: the task's default, all slots / the three modes)
     n: int = 100  # examples per position
     seed: int = 0  # example selection / generation seed
     skip: int = 0  # start offset in the example order (disjoint splits)
@@ -56,15 +57,24 @@ class SweepResult:
     out: Path | None = None
 
 
-def per_position_stats(rows: list[dict], positions: list[int], example_ids: list[str]) -> tuple[list[dict], dict]:
-    by_key = {(r["example_id"], r["position"]): bool(r["correct"]) for r in rows}
-    m = np.array([[by_key[(e, p)] for p in positions] for e in example_ids], dtype=bool)
+def per_position_stats(rows: list[dict], positions: list[Placement], example_ids: list[str],
+                       also: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
+    """Accuracy per placement (Wilson CI; the task's further metrics as rates) and the curve summary; for a pair
+    sweep also the mode of each placement, the per-mode averages and the gap between modes."""
+    by_key = {(r["example_id"], placement_key(r["position"])): r for r in rows}
+    m = np.array([[bool(by_key[(e, p)]["correct"]) for p in positions] for e in example_ids], dtype=bool)
     per = []
     for j, p in enumerate(positions):
         k, n = int(m[:, j].sum()), m.shape[0]
         lo, hi = wilson_ci(k, n)
-        per.append({"position": p, "n": n, "correct": k, "accuracy": k / n, "ci_low": lo, "ci_high": hi})
-    return per, summarize_curve(positions, m).as_dict()
+        row = {"position": as_json(p), "n": n, "correct": k, "accuracy": k / n,
+               "ci_low": lo, "ci_high": hi}
+        if isinstance(p, tuple):
+            row["mode"] = mode_of(p)
+        row.update({a: sum(bool(by_key[(e, p)][a]) for e in example_ids) / n for a in also})
+        per.append(row)
+    summary = summarize_curve([label(p) if isinstance(p, tuple) else p for p in positions], m).as_dict()
+    return per, {**summary, **(mode_summary(per) or {})}
 
 
 def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | None = None,
@@ -73,7 +83,7 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     cfg = (cfg or SweepConfig()).validate()
     method = get_method(cfg.method)  # parse (and read factor files) before loading anything
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
-    positions = resolve_positions(cfg.positions, task.n_slots)
+    positions = task.placements(cfg.positions)
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
     folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)
     folder.check(resume, overwrite)
@@ -81,7 +91,7 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     method.check(loaded)
     scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch)
     rows = scorer.rows(examples, positions)
-    resolved = {**cfg.to_dict(), **scorer.settings(), "positions_resolved": positions}
+    resolved = {**cfg.to_dict(), **scorer.settings(), "positions_resolved": [as_json(p) for p in positions]}
     fingerprint = {"config": resolved, "task": task.config(), "model": loaded.info, "method": method.config()}
     with folder.open(fingerprint, resume, overwrite):
         log = JsonlLog(folder.file("examples.jsonl")) if out is not None else None
@@ -90,7 +100,7 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
         new_rows = _score(scorer, rows, method, done_rows, log, progress, f"{task.name} on {cfg.model}")
         elapsed = time.perf_counter() - t0
         all_rows = done_rows + new_rows
-        per, summary = per_position_stats(all_rows, positions, [e.id for e in examples])
+        per, summary = per_position_stats(all_rows, positions, [e.id for e in examples], task.also)
         record = {**fingerprint, "versions": versions(), "per_position": per, "summary": summary}
         if out is not None:
             _write(folder, record, method, task.name, cfg, elapsed, len(new_rows))
@@ -99,7 +109,7 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
 
 def _score(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: JsonlLog | None, show: bool,
            desc: str) -> list[dict]:
-    done = {(r["example_id"], r["position"]) for r in done_rows}
+    done = {(r["example_id"], placement_key(r["position"])) for r in done_rows}
     bar = progress_bar(len(rows), desc, "row", initial=len(done), enabled=show)
 
     def on_batch(new: list[dict]) -> None:
@@ -115,23 +125,32 @@ def _score(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: Jso
 
 def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg: SweepConfig, seconds: float,
            n_rows: int) -> None:
-    from ..report.plots import plot_curve
+    from ..report.plots import plot_curve, plot_pair_heatmap
     from ..runs import write_json_atomic
 
     label = "" if method.name == "none" else f", {method.label}"
-    engine = record["config"]["engine"]
-    plot_curve(record["per_position"], f"{task_name} on {cfg.model}{label} (n={cfg.n}, {engine})", folder.file("curve.png"))
+    title = f"{task_name} on {cfg.model}{label} (n={cfg.n}, {record['config']['engine']})"
+    plot_curve(record["per_position"], title, folder.file("curve.png"))
+    if "modes" in record["summary"]:  # two hops: accuracy over (first, second)
+        plot_pair_heatmap(record["per_position"], record["task"]["n_slots"], title, folder.file("heatmap.png"))
     write_json_atomic(folder.file("timing.json"), {"seconds_this_run": seconds, "rows_this_run": n_rows}, indent=2)
     folder.finish(record)  # last: its presence means "complete"
 
 
 def format_table(per: list[dict], summary: dict) -> str:
-    lines = [f"{'position':>8}  {'accuracy':>8}  {'95% CI':>15}  {'n':>5}"]
+    """Accuracy per placement with its CI (and the further metrics), then the summary (and per-mode averages)."""
+    extra = [k for k in per[0] if k not in ("position", "n", "correct", "accuracy", "ci_low", "ci_high", "mode")]
+    lines = [f"{'position':>8}  {'accuracy':>8}  {'95% CI':>15}  {'n':>5}" + "".join(f"  {k:>8}" for k in extra)
+             + ("  mode" if "mode" in per[0] else "")]
     for r in per:
-        lines.append(f"{r['position']:>8}  {r['accuracy']:>8.3f}  [{r['ci_low']:.3f}, {r['ci_high']:.3f}]  {r['n']:>5}")
+        lines.append(f"{label(r['position']):>8}  {r['accuracy']:>8.3f}  [{r['ci_low']:.3f}, {r['ci_high']:.3f}]  {r['n']:>5}"
+                     + "".join(f"  {r[k]:>8.3f}" for k in extra) + (f"  {r['mode']}" if "mode" in r else ""))
     s = summary
     lines.append(
         f"average {s['average']:.3f} | best {s['best']:.3f} (pos {s['best_position']}) | worst {s['worst']:.3f} "
         f"(pos {s['worst_position']}) | gap {s['gap']:.3f} [{s['gap_ci'][0]:.3f}, {s['gap_ci'][1]:.3f}] | std {s['std']:.3f}"
     )
+    if "modes" in s:
+        modes = " | ".join(f"{m} {v:.3f}" for m, v in s["modes"].items())
+        lines.append(f"modes: {modes} | gap between modes {s['mode_gap']:.3f}")
     return "\n".join(lines)

@@ -22,28 +22,81 @@ def save_figure(fig, path: str | Path, dpi: int | None = None, tight: bool = Tru
     return path.name
 
 
+def _xs(per_position: list[dict]) -> tuple[list, list[str] | None]:
+    """x values: the slots, or (two-hop pairs) 0..k-1 with the pairs "i:j" as tick labels."""
+    pos = [r["position"] for r in per_position]
+    if any(isinstance(p, (list, tuple)) for p in pos):
+        return list(range(len(pos))), [f"{p[0]}:{p[1]}" for p in pos]
+    return pos, None
+
+
 def plot_curve(per_position: list[dict], title: str, path: str | Path) -> None:
-    """Accuracy against gold position with the 95% CI as a band."""
-    x = [r["position"] for r in per_position]
+    """Accuracy against gold position (or two-hop placement) with the 95% CI as a band."""
+    x, labels = _xs(per_position)
     y = [r["accuracy"] for r in per_position]
     lo = [r["ci_low"] for r in per_position]
     hi = [r["ci_high"] for r in per_position]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     ax.fill_between(x, lo, hi, alpha=0.25, label="95% CI (Wilson)")
     ax.plot(x, y, marker="o", label="accuracy")
-    _position_axes(ax, x, title, legend_size=8)
+    _position_axes(ax, x, title, legend_size=8, labels=labels)
     save_figure(fig, path)
 
 
-def _position_axes(ax, x: list[int], title: str, legend_size: int) -> None:
-    """Accuracy (0-1) against gold position, ticks at the positions swept."""
-    ax.set_xlabel("position of the gold item (0 = first)")
+def _position_axes(ax, x: list[int], title: str, legend_size: int, labels: list[str] | None = None) -> None:
+    """Accuracy (0-1) against gold position, ticks at the positions swept (two-hop: the pairs)."""
+    ax.set_xlabel("position of the gold item (0 = first)" if labels is None else "placement of the two hops (first:second)")
     ax.set_ylabel("accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.set_xticks(x)
+    if labels is not None:
+        ax.set_xticklabels(labels, rotation=60, fontsize=7)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=legend_size, loc="best")
+
+
+def plot_shifting(summary: dict, title: str, path: str | Path) -> None:
+    """Median perplexity, per placement, of the advantageous response and of the gold answer (log scale)."""
+    per = [p for p in summary["per_position"] if p["anchor"] and p["gold"]]
+    labels = [f"{p['position'][0]}:{p['position'][1]}" if isinstance(p["position"], list) else str(p["position"]) for p in per]
+    x = list(range(len(per)))
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * len(per) + 2), 3.6), dpi=120)
+    ax.bar([i - 0.2 for i in x], [p["anchor"]["median"] for p in per], width=0.4,
+           label=f"advantageous response (anchor {summary['anchor_placement']})")
+    ax.bar([i + 0.2 for i in x], [p["gold"]["median"] for p in per], width=0.4, label="gold answer")
+    ax.set_yscale("log")
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, rotation=60 if len(per) > 10 else 0, fontsize=7)
+    ax.set_xlabel("placement of the prompt")
+    ax.set_ylabel("median perplexity")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def plot_pair_heatmap(per_position: list[dict], n_slots: int, title: str, path: str | Path) -> None:
+    """Accuracy at each placement (first hop i: row, second hop j: column); cells not swept are blank."""
+    import numpy as np
+
+    grid = np.full((n_slots, n_slots), np.nan)
+    for r in per_position:
+        i, j = r["position"]
+        grid[i, j] = r["accuracy"]
+    size = min(9.0, 2.5 + 0.3 * n_slots)
+    fig, ax = plt.subplots(figsize=(size + 1, size), dpi=120)
+    im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", origin="upper")
+    if n_slots <= 24:
+        for r in per_position:
+            i, j = r["position"]
+            ax.text(j, i, f"{r['accuracy']:.2f}", ha="center", va="center", fontsize=6,
+                    color="white" if r["accuracy"] < 0.6 else "black")
+    ax.set_xlabel("slot of the second hop")
+    ax.set_ylabel("slot of the first hop")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, label="accuracy", shrink=0.8)
+    save_figure(fig, path)
 
 
 def plot_compare(results: list[dict], title: str, path: str | Path) -> None:
@@ -51,8 +104,8 @@ def plot_compare(results: list[dict], title: str, path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
     for r in results:
         per = r["per_position"]
-        x = [p["position"] for p in per]
+        x, labels = _xs(per)
         line, = ax.plot(x, [p["accuracy"] for p in per], marker="o", label=f"{r['label']} (avg {r['summary']['average']:.2f})")
         ax.fill_between(x, [p["ci_low"] for p in per], [p["ci_high"] for p in per], alpha=0.12, color=line.get_color())
-    _position_axes(ax, x, title, legend_size=7)
+    _position_axes(ax, x, title, legend_size=7, labels=labels)
     save_figure(fig, path)

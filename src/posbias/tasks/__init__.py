@@ -1,12 +1,17 @@
-"""Position-controlled tasks and their registry: `get_task("kv-lookup", facts=10)`, `get_task("jsonl:my.jsonl")`."""
+"""Position-controlled tasks and their registry: `get_task("kv-lookup", facts=10)`, `get_task("jsonl:my.jsonl")`,
+`get_task("musique")` (two-hop: placements are pairs, tasks/placement.py)."""
 
-from .base import Prompt, Task, move, resolve_positions
+from .base import Doc, Prompt, Task, move
 from .docqa import JSONL_SCHEMA, DocQA, jsonl_task, nq_task
 from .kv_lookup import KVLookup
 from .kv_uuid import KVUUID
+from .placement import MODES, Placement, as_json, label, mode_of, mode_summary, resolve_pairs, resolve_positions
+from .placement import key as placement_key
 from .registry import TASKS, TaskEntry, get_task, register_task
+from .twohop import PROMPTS, KV2Hop, TwoHop, TwoHopQA, move2, musique_task
 
 __all__ = [
-    "DocQA", "JSONL_SCHEMA", "KVLookup", "KVUUID", "Prompt", "TASKS", "Task", "TaskEntry",
-    "get_task", "jsonl_task", "move", "nq_task", "register_task", "resolve_positions",
+    "MODES", "PROMPTS", "Doc", "as_json", "DocQA", "JSONL_SCHEMA", "KV2Hop", "KVLookup", "KVUUID", "Placement", "Prompt", "TASKS",
+    "Task", "TaskEntry", "TwoHop", "TwoHopQA", "get_task", "jsonl_task", "label", "mode_of", "mode_summary", "move",
+    "move2", "musique_task", "nq_task", "placement_key", "register_task", "resolve_pairs", "resolve_positions",
 ]

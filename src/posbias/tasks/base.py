@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import PosbiasError
+from .placement import Placement, resolve_positions
 
 
 @dataclass(frozen=True)
@@ -24,23 +25,50 @@ class Prompt:
     """
 
     example_id: str
-    position: int
+    position: Placement  # a slot, or (first hop, second hop) for two-hop tasks
     user: str
     answer_prefix: str
     answers: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Doc:
+    title: str
+    text: str
+
+
 class Task(ABC):
-    """A family of examples with `n_slots` item slots, the gold item movable to any slot.
+    """A family of examples with `n_slots` item slots, the gold item (or the two hops) movable to any slot.
 
     Subclasses set `name`, `metric` (a key of core.metrics.METRICS), `default_engine`,
-    `max_new_tokens`, and implement `n_slots`, `pool_size`, `_example` and `build`.
+    `max_new_tokens`, and implement `n_slots`, `pool_size`, `_example` and `build`. Two-hop
+    tasks (tasks/twohop.py) place a pair of items and override `placements`.
     """
 
     name: str
     metric: str = "substring"
     default_engine: str = "teacher-forced"
     max_new_tokens: int = 16
+    n_gold: int = 1  # gold items an example places: 1 (retrieval) or 2 (two-hop reasoning)
+    multiline: bool = False  # generation goes on past a newline (a chain of thought) instead of stopping there
+    also: tuple[str, ...] = ()  # further metrics scored beside `metric` (keys of core.metrics.METRICS)
+    default_positions: str = "all"
+
+    def gold_target(self, prompt: Prompt) -> str:
+        """The gold answer as a response the task scores correct (what SFT trains on)."""
+        return prompt.answers[0]
+
+    def advantageous(self) -> Placement:
+        """The placement the model does best at, by the paper's account: the sink, slot 0 (Sec. 4.2)."""
+        return 0
+
+    def all_placements(self) -> list[Placement]:
+        """Every placement: each slot."""
+        return list(range(self.n_slots))
+
+    def placements(self, spec: str | None) -> list[Placement]:
+        """The placements a positions spec names (module tasks/placement.py); None: the task's default."""
+        return resolve_positions(spec or self.default_positions, self.n_slots)
 
     @property
     @abstractmethod
@@ -56,8 +84,8 @@ class Task(ABC):
         """The example content with pool index `index` (position-free)."""
 
     @abstractmethod
-    def build(self, example: Any, position: int) -> Prompt:
-        """The prompt with the gold item at slot `position`; everything else unchanged."""
+    def build(self, example: Any, position: Placement) -> Prompt:
+        """The prompt with the gold item at slot `position` (two-hop: the hops at (i, j)); everything else unchanged."""
 
     def config(self) -> dict:
         return {"name": self.name, "n_slots": self.n_slots, "metric": self.metric}
@@ -80,34 +108,6 @@ def move(items: list, gold_index: int, position: int) -> list:
     """Return items with items[gold_index] moved to `position`; the others keep their order."""
     rest = items[:gold_index] + items[gold_index + 1 :]
     return rest[:position] + [items[gold_index]] + rest[position:]
-
-
-def resolve_positions(spec: str, n_slots: int) -> list[int]:
-    """'all' | '0,4,9' | '0%,50%,100%' (percent of the last slot, rounded) -> sorted slot list."""
-    spec = spec.strip()
-    if spec == "all":
-        return list(range(n_slots))
-    out = []
-    for part in spec.split(","):
-        part = part.strip()
-        try:
-            if part.endswith("%"):
-                pct = float(part[:-1])
-                if not 0 <= pct <= 100:
-                    raise ValueError
-                out.append(int(round(pct / 100 * (n_slots - 1))))
-            else:
-                out.append(int(part))
-        except ValueError:
-            raise PosbiasError(
-                f"bad position '{part}' in `positions` {spec}", "use all, a list like 0,4,9, or percents like 0%,50%,100%"
-            ) from None
-        if not 0 <= out[-1] < n_slots:
-            raise PosbiasError(
-                f"position {out[-1]} is out of range: this task has {n_slots} slots (0..{n_slots - 1})",
-                f"use positions between 0 and {n_slots - 1}",
-            )
-    return sorted(set(out))
 
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PosbiasError
-from .base import Prompt, Task, move, read_jsonl, shared_data_dir
+from .base import Doc, Prompt, Task, move, read_jsonl, shared_data_dir
+from .twohop import HopExample, TwoHopQA
 
 # The study's qa.prompt, verbatim.
 INSTRUCTION = (
@@ -23,12 +24,6 @@ INSTRUCTION = (
 # average, 1.8x cheaper measured),
 # at the price of marking a correct alias wrong; meant for search fitness, not for reported tables.
 ANSWER_MODES = ("all", "first")
-
-
-@dataclass(frozen=True)
-class Doc:
-    title: str
-    text: str
 
 
 @dataclass(frozen=True)
@@ -100,15 +95,20 @@ One JSON object per line:
    "question": "who wrote ...?",
    "answers": ["Jane Austen"],          (list of accepted answers; or "answer": "...")
    "documents": [{"title": "...", "text": "..."}, ...],   (title optional)
-   "gold": 0}                           (index of the document holding the answer)
-Every line must have the same number of documents."""
+   "gold": 0}                           (index of the document holding the answer; for two-hop
+                                         reasoning [i, j], the first-hop and the second-hop document)
+Every line must have the same number of documents and the same kind of gold."""
 
 
-def jsonl_task(path: str | Path, answers: str = "all") -> DocQA:
-    """The user's own RAG data in the schema above (types checked field by field)."""
-    records: list[QAExample] = []
+def jsonl_task(path: str | Path, answers: str = "all", prompt: str | None = None) -> DocQA | TwoHopQA:
+    """The user's own data in the schema above (types checked field by field): multi-document QA, or two-hop
+    reasoning when "gold" is a pair [first hop, second hop] (then `prompt`: reasoning | coc)."""
+    records: list[QAExample | HopExample] = []
     for lineno, r in read_jsonl(path):
         ex = _qa_record(f"{path}:{lineno}", r, f"line{lineno}")
+        if records and type(ex) is not type(records[0]):
+            raise PosbiasError(f"{path}:{lineno}: mixes one gold document and a pair of hops",
+                               "give every line the same kind of gold: an index, or [first, second]")
         if records and len(ex.docs) != len(records[0].docs):
             raise PosbiasError(f"{path}:{lineno}: {len(ex.docs)} documents, but earlier lines have {len(records[0].docs)}",
                                "give every line the same number")
@@ -118,6 +118,12 @@ def jsonl_task(path: str | Path, answers: str = "all") -> DocQA:
     ids = [r.id for r in records]
     if len(set(ids)) != len(ids):
         raise PosbiasError(f"{path}: duplicate ids", "give every line a unique 'id'")
+    if isinstance(records[0], HopExample):
+        if answers != "all":
+            raise PosbiasError("`answers` applies to one-gold QA data, and this file has pairs of hops", "drop `answers`")
+        return TwoHopQA(f"jsonl:{path}", records, len(records[0].docs), prompt or "reasoning")
+    if prompt is not None:
+        raise PosbiasError("`prompt` applies to two-hop data (a pair of gold documents)", "drop `prompt`")
     return DocQA(f"jsonl:{path}", records, len(records[0].docs), answers)
 
 
@@ -125,7 +131,7 @@ def _bad(where: str, what: str) -> PosbiasError:
     return PosbiasError(f"{where}: {what}", "fix that line (the schema: posbias tasks)")
 
 
-def _qa_record(where: str, r: dict, default_id: str) -> QAExample:
+def _qa_record(where: str, r: dict, default_id: str) -> QAExample | HopExample:
     """One line of the JSONL schema, every field of the right type, or a PosbiasError naming the line and field."""
     missing = [k for k in ("question", "documents", "gold") if k not in r]
     missing += [] if "answers" in r or "answer" in r else ["answers"]
@@ -140,15 +146,29 @@ def _qa_record(where: str, r: dict, default_id: str) -> QAExample:
     if not isinstance(docs, list) or len(docs) < 2:
         raise _bad(where, f"'documents' must be a list of at least 2 documents, got {docs!r}"[:160])
     parsed = tuple(_doc(where, i, d) for i, d in enumerate(docs))
-    gold = r["gold"]
-    if isinstance(gold, bool) or not isinstance(gold, int):
-        raise _bad(where, f"'gold' must be an integer document index, got {gold!r}")
-    if not 0 <= gold < len(parsed):
-        raise PosbiasError(f"{where}: gold={gold} but there are {len(parsed)} documents", "gold is a 0-based index")
+    gold = _gold(where, r["gold"], len(parsed))
     rid = r.get("id", default_id)
     if isinstance(rid, bool) or not isinstance(rid, (str, int)):
         raise _bad(where, f"'id' must be a string or an integer, got {rid!r}")
+    if isinstance(gold, tuple):
+        return HopExample(str(rid), r["question"], tuple(answers), parsed, gold)
     return QAExample(str(rid), r["question"], tuple(answers), parsed, gold)
+
+
+def _gold(where: str, gold, n_docs: int) -> int | tuple[int, int]:
+    """An index in range, or two distinct indices [first hop, second hop]."""
+    is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
+    if isinstance(gold, list):
+        if len(gold) != 2 or not all(map(is_int, gold)) or gold[0] == gold[1]:
+            raise _bad(where, f"a two-hop 'gold' must be two different document indices [first, second], got {gold!r}")
+        if not all(0 <= g < n_docs for g in gold):
+            raise PosbiasError(f"{where}: gold={gold} but there are {n_docs} documents", "gold is a 0-based index")
+        return tuple(gold)
+    if not is_int(gold):
+        raise _bad(where, f"'gold' must be an integer document index (or [first, second] for two hops), got {gold!r}")
+    if not 0 <= gold < n_docs:
+        raise PosbiasError(f"{where}: gold={gold} but there are {n_docs} documents", "gold is a 0-based index")
+    return gold
 
 
 def _doc(where: str, i: int, d) -> Doc:

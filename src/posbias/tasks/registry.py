@@ -15,6 +15,7 @@ from .base import Task
 from .docqa import jsonl_task, nq_task
 from .kv_lookup import KVLookup
 from .kv_uuid import KVUUID
+from .twohop import KV2Hop, musique_task
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,14 @@ register_task("nq", lambda arg, data_dir, **o: nq_task(data_dir=data_dir, **o),
               "Lost in the Middle NQ-open multi-document QA (options: docs = 10 or 20; answers = all | first)",
               ("docs", "answers"))
 register_task("jsonl", lambda arg, data_dir, **o: jsonl_task(arg, **o),
-              "your own multi-document QA data (see the schema with `posbias tasks`; option: answers)", ("answers",),
-              arg="PATH")
+              "your own multi-document QA or two-hop data (schema below; options: answers, or prompt for two hops)",
+              ("answers", "prompt"), arg="PATH")
+register_task("musique", lambda arg, data_dir, **o: musique_task(data_dir=data_dir, **o),
+              "MuSiQue 2-hop reasoning, 20 paragraphs, the two hops placed (options: prompt = reasoning | coc; docs = 20 "
+              "or 10)", ("prompt", "docs"))
+register_task("kv-2hop", lambda arg, data_dir, **o: KV2Hop(**o),
+              "chain lookup 'The code for A is B.' ... 'The code for B is C.', two hops placed (options: facts, digits, "
+              "style = direct | cot)", ("facts", "digits", "style"))
 
 
 def get_task(spec: str | Task, data_dir: str | None = None, **options) -> Task:

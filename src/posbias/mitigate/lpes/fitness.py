@@ -33,6 +33,9 @@ def weighted_fitness(acc: Sequence[float], weights: Sequence[float]) -> float:
 
 def search_positions(cfg: SearchConfig, task: Task) -> list[int]:
     """Beginning, middle and end slots: cfg.positions or 0, n_slots // 2, n_slots - 1."""
+    if task.n_gold != 1:
+        raise PosbiasError(f"the LPES fitness places one gold item at the beginning, middle and end; {task.name} places "
+                           "two", "search on a one-gold task (kv-lookup, kv-uuid, nq, jsonl)")
     positions = list(cfg.positions or (0, task.n_slots // 2, task.n_slots - 1))
     if any(not 0 <= p < task.n_slots for p in positions):
         raise PosbiasError(f"`positions` must be three slots in 0..{task.n_slots - 1}, got {positions}",

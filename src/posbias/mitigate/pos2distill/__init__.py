@@ -41,9 +41,9 @@ Where the released code differs from the paper (we follow the paper unless noted
   paper's lambda * mean);
 - the NQ script trains 1 epoch on 400 questions with K = 4 (the paper: 2 epochs, 300 questions).
 """
-from .config import ABLATIONS, LORA_LR, METHODS, PRESETS, DistillConfig
+from .config import ABLATIONS, LORA_LR, METHODS, PRESETS, STAGES, DistillConfig
 from .pipeline import DistillResult, build_trainer, last_checkpoint, run_distill
 from .trainer import LossSpec
 
-__all__ = ["ABLATIONS", "LORA_LR", "METHODS", "PRESETS", "DistillConfig", "DistillResult", "LossSpec", "build_trainer",
+__all__ = ["ABLATIONS", "LORA_LR", "METHODS", "PRESETS", "STAGES", "DistillConfig", "DistillResult", "LossSpec", "build_trainer",
            "last_checkpoint", "run_distill"]

@@ -50,6 +50,11 @@ def response_ids(tokenizer, prompt, chat: bool, response: str, ids: list[int]) -
     return tokenizer(response, add_special_tokens=False)["input_ids"]  # merged with the prompt's last token
 
 
+def _bin(position) -> int:
+    """An integer id of a placement (the alignment bins of Sec. 4.2): the slot, or 1000 i + j for a pair."""
+    return position if isinstance(position, int) else 1000 * position[0] + position[1]
+
+
 class QuestionData(Dataset):
     """Records of data.py, tokenised once. Item = one question (teacher row + student rows).
 
@@ -70,15 +75,16 @@ class QuestionData(Dataset):
         prompts = record_prompts(rec)
         anchor, trivial = prompts[0], prompts[1:]
         a_ids = prompt_ids(tok, anchor, chat)
-        if target == "gold":
-            tgt = encode(tok, replace(anchor, answers=anchor.answers[:1]), chat).answer_ids[0]
+        if target == "gold":  # the gold answer as the task writes a correct response ("The answer is: X" for reasoning)
+            gold = rec.get("gold_target", rec["answers"][0])
+            tgt = encode(tok, replace(anchor, answers=(gold,)), chat).answer_ids[0]
         else:
             tgt = response_ids(tok, anchor, chat, rec["response"], a_ids)
         tgt = list(tgt) + ([end_id] if end_id is not None else [])
         if not tgt:
             raise PosbiasError(f"question {rec['example_id']} has an empty target", "keep an end token (eos) or drop it")
         students = [prompt_ids(tok, p, chat) for p in trivial] + ([a_ids] if with_anchor else [])
-        positions = [p.position for p in trivial] + ([anchor.position] if with_anchor else [])
+        positions = [_bin(p.position) for p in trivial] + ([_bin(anchor.position)] if with_anchor else [])
         return {"teacher": a_ids, "students": students, "positions": positions,
                 "anchor": [False] * len(trivial) + ([True] if with_anchor else []), "target": tgt}
 

@@ -1,12 +1,25 @@
 """Pos2Distill configuration and its presets (library objects: the CLI and the API share them).
 
+Two stages: r1 (retrieval, Sec. 4.2: one gold item, KL from the anchor slot) and r2 (reasoning, Sec.
+4.3: two hops, CE on the anchor placement's chain of thought). Their methods:
+
+  r1  pos2distill (KL + alignment + anchoring) | seqkd (CE on the anchor response) | sft (CE on the gold)
+  r2  pos2distill (CE on the anchor response at K placements) | sft (CE on the gold answer) |
+      selftrain (CE on the model's own correct response at each of those placements)
+
+Every method of a stage trains on the same questions and placements (Sec. 5.2.1's "identical data
+compositions"): in r1 the CE baselines also get the anchor-slot copy Pos2Distill anchors on, as the
+released code feeds every method (`anchor_copy=False` restores the earlier baselines without it).
+
+Presets, per stage:
   cpu    (the default) SmolLM2 on 2 cores, sized by measurement (docs/pos2distill.md): a 30-row step of
          kv-lookup costs ~25 s at one thread, so 64 questions x 2 epochs = 26 steps take ~12 min. Its lr
          1e-4 (full fine-tuning) is chosen, not swept: the paper's 3e-6 suits 7-8B models and 4.6x more
          steps; at 1e-4 the trivial-slot KL fell 0.19 -> 0.013 in 26 steps without the anchor drifting.
-  paper  Appendix C: 300 questions, lr 3e-6 (batch 32 and 2 epochs are the defaults of both).
+  paper  Appendix C: r1 300 questions, K = 5 (Sec. 5.2.2: 4-6); r2 500 questions, K = 4; lr 3e-6
+         (batch 32 and 2 epochs are the defaults of both).
 
-LoRA takes lr 1e-4 in both unless `lr` is given. `DistillConfig.from_preset("paper", n=100)`.
+LoRA takes lr 1e-4 in both unless `lr` is given. `DistillConfig.from_preset("paper", stage="r2", n=100)`.
 """
 
 from __future__ import annotations
@@ -15,24 +28,30 @@ from dataclasses import dataclass
 
 from ...errors import PosbiasError
 from ...eval.config import ModelChoice, TaskChoice, config_dict
-from ...tasks import Task
+from ...tasks import Placement, Task, as_json
 from .data import default_skip
-from .trainer import ABLATIONS, METHODS, LossSpec
+from .trainer import ABLATIONS, LossSpec
 
 LORA_LR = 1e-4
-PRESETS: dict[str, dict] = {"paper": {"n": 300, "lr": 3e-6}, "cpu": {"n": 64, "lr": 1e-4}}
+STAGES = ("r1", "r2")
+METHODS = {"r1": ("pos2distill", "seqkd", "sft"), "r2": ("pos2distill", "sft", "selftrain")}
+PRESETS: dict[str, dict[str, dict]] = {
+    "r1": {"paper": {"n": 300, "k": 5, "lr": 3e-6}, "cpu": {"n": 64, "k": 5, "lr": 1e-4}},
+    "r2": {"paper": {"n": 500, "k": 4, "lr": 3e-6}, "cpu": {"n": 64, "k": 4, "lr": 1e-4}},
+}
 # options that do not change the result: a resumed run may change them
 OPERATIONAL = ("device", "save_steps", "save_total_limit", "gen_batch_tokens", "gen_max_batch")
 
 
 @dataclass
 class DistillConfig(TaskChoice, ModelChoice):
-    method: str = "pos2distill"  # pos2distill | seqkd | sft
-    ablation: str = "full"  # pos2distill: kl | kl+align | full
+    stage: str = "r1"  # r1 (retrieval: one gold item) | r2 (reasoning: two hops)
+    method: str = "pos2distill"  # r1: pos2distill | seqkd | sft; r2: pos2distill | sft | selftrain
+    ablation: str = "full"  # r1 pos2distill: kl | kl+align | full
     preset: str = "cpu"  # whose learning rate a full fine-tuning takes when lr is None
-    n: int = PRESETS["cpu"]["n"]  # training questions (Appendix C: 300)
-    k: int = 5  # trivial slots per question (Sec. 5.2.2: 4-6)
-    anchor: str = "0"  # advantageous slot: a number, or auto:PATH (best slot of a sweep.json)
+    n: int = PRESETS["r1"]["cpu"]["n"]  # training questions (Appendix C: 300 for r1, 500 for r2)
+    k: int = 5  # trivial placements per question (Sec. 5.2.2: 4-6; r2: 4)
+    anchor: str | None = None  # advantageous placement: None (slot 0; two hops: n-2:n-1), a slot, i:j, or auto:PATH
     correct_only: bool = True  # keep questions whose anchor response is correct (released code)
     max_draw: int | None = None  # examples looked at for n kept (default 10 n)
     skip: int | None = None  # the training split starts here (default: data.default_skip)
@@ -50,7 +69,7 @@ class DistillConfig(TaskChoice, ModelChoice):
     max_steps: int = 0  # > 0 overrides epochs
     lam: float = 1.0
     count_factor: bool = False  # the released code's P/|B_i| factor on alpha
-    ce_anchor: bool = False  # seqkd/sft: also the anchor copy
+    anchor_copy: bool = True  # r1 seqkd/sft: also train on the anchor-slot copy (identical data with Pos2Distill)
     eos: bool = True  # append the end-of-turn token to every target
     scheduler: str = "cosine_with_min_lr"
     min_lr_ratio: float = 0.1
@@ -66,22 +85,32 @@ class DistillConfig(TaskChoice, ModelChoice):
     gen_max_batch: int = 32
 
     @classmethod
-    def from_preset(cls, preset: str = "cpu", **overrides) -> "DistillConfig":
-        """The preset's values with `overrides` (None = keep)."""
-        if preset not in PRESETS:
-            raise PosbiasError(f"unknown preset {preset!r}", f"use `preset` {' or '.join(PRESETS)}")
+    def from_preset(cls, preset: str = "cpu", stage: str = "r1", **overrides) -> "DistillConfig":
+        """The preset's values for `stage` with `overrides` (None = keep)."""
+        if stage not in STAGES:
+            raise PosbiasError(f"unknown `stage` {stage!r}", f"use {' or '.join(STAGES)}")
+        if preset not in PRESETS[stage]:
+            raise PosbiasError(f"unknown preset {preset!r}", f"use `preset` {' or '.join(PRESETS[stage])}")
         over = {k: v for k, v in overrides.items() if v is not None}
-        return cls(**{"preset": preset, "n": PRESETS[preset]["n"], **over})
+        p = PRESETS[stage][preset]
+        return cls(**{"stage": stage, "preset": preset, "n": p["n"], "k": p["k"], **over})
 
     def spec(self) -> LossSpec:
-        return LossSpec(self.method, self.ablation, self.lam, self.count_factor, self.ce_anchor)
+        """The loss: r2 trains with cross-entropy on its targets (the anchor's response, the gold answer, or the
+        model's own correct response), on the K placements only (self-training: each record's own one)."""
+        if self.stage == "r2":
+            return LossSpec("sft" if self.method == "sft" else "seqkd", "full", 0.0, False, self.method == "selftrain")
+        return LossSpec(self.method, self.ablation, self.lam, self.count_factor, self.anchor_copy)
 
     def validate(self) -> "DistillConfig":
         self._validate_model()
-        if self.preset not in PRESETS:
-            raise PosbiasError(f"unknown preset {self.preset!r}", f"use `preset` {' or '.join(PRESETS)}")
-        if self.method not in METHODS:
-            raise PosbiasError(f"unknown `method` {self.method!r}", f"use one of {', '.join(METHODS)}")
+        if self.stage not in STAGES:
+            raise PosbiasError(f"unknown `stage` {self.stage!r}", f"use {' or '.join(STAGES)}")
+        if self.preset not in PRESETS[self.stage]:
+            raise PosbiasError(f"unknown preset {self.preset!r}", f"use `preset` {' or '.join(PRESETS[self.stage])}")
+        if self.method not in METHODS[self.stage]:
+            raise PosbiasError(f"unknown `method` {self.method!r} for {self.stage}",
+                               f"use one of {', '.join(METHODS[self.stage])}")
         if self.ablation not in ABLATIONS:
             raise PosbiasError(f"unknown `ablation` {self.ablation!r}", f"use one of {', '.join(ABLATIONS)}")
         for name in ("n", "k", "batch_size", "save_steps"):
@@ -102,10 +131,10 @@ class DistillConfig(TaskChoice, ModelChoice):
     def learning_rate(self) -> float:
         if self.lr is not None:
             return self.lr
-        return LORA_LR if self.lora else PRESETS[self.preset]["lr"]
+        return LORA_LR if self.lora else PRESETS[self.stage][self.preset]["lr"]
 
-    def resolved(self, task: Task, anchor: int, chat: bool) -> dict:
+    def resolved(self, task: Task, anchor: Placement, chat: bool) -> dict:
         """Every setting with the defaults filled in (distill.json's "config")."""
-        return {**config_dict(self), "skip": default_skip(task) if self.skip is None else self.skip, "anchor": anchor,
+        return {**config_dict(self), "skip": default_skip(task) if self.skip is None else self.skip, "anchor": as_json(anchor),
                 "chat_used": chat, "lr": self.learning_rate(), "max_new_tokens": self.max_new_tokens or task.max_new_tokens,
                 "max_draw": self.max_draw or 10 * self.n}

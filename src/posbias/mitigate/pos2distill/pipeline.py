@@ -20,10 +20,10 @@ from ...eval.generate import eos_ids
 from ...eval.scorer import use_chat
 from ...models.load import Loaded, load_model
 from ...runs import MARKER, RunFolder, is_main_process, num_processes, read_json, write_json_atomic
-from ...tasks import get_task
+from ...tasks import get_task, placement_key
 from .collator import Collator, QuestionData
 from .config import OPERATIONAL, DistillConfig
-from .data import build_records, check_data, default_skip, read_records, resolve_anchor, write_records
+from .data import build_records, check_data, default_skip, expand_selftrain, read_records, resolve_anchor, write_records
 from .trainer import final_model, make_student, make_trainer, step_plan, training_args
 
 FILES = ("data.jsonl", "data.json", "checkpoints", "model", "model.tmp", "train_log.json", "distill.partial.json")
@@ -55,6 +55,11 @@ def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distil
     if out is None:
         raise PosbiasError("a distillation needs an output folder (checkpoints, the model)", "pass `out`")
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
+    if (task.n_gold == 2) != (cfg.stage == "r2"):
+        what = "two hops (a reasoning task)" if task.n_gold == 2 else "one gold item (a retrieval task)"
+        raise PosbiasError(f"{task.name} places {what}, so it is distilled by {'r2' if task.n_gold == 2 else 'r1'}, "
+                           f"not {cfg.stage}", f"use `stage={'r2' if task.n_gold == 2 else 'r1'}` (posbias distill "
+                           f"{'r2' if task.n_gold == 2 else 'r1'})")
     anchor, anchor_info = resolve_anchor(cfg.anchor, task, task.name)
     check_data(task, cfg.k, default_skip(task) if cfg.skip is None else cfg.skip)
     folder = RunFolder(out, "distillation", "distill.json", FILES)
@@ -99,6 +104,8 @@ def _train_summary(trainer, plan: dict, seconds: float, last: str | None) -> dic
 def _data(loaded: Loaded, task, r: dict, out: Path, progress: bool) -> tuple[list[dict], dict]:
     """Reuse OUT's data made with the same settings, else generate it (main process first)."""
     fp = {k: r[k] for k in _DATA_KEYS}
+    if r["stage"] == "r2" and r["method"] == "selftrain":  # the expanded data: own responses at each placement
+        fp["selftrain"] = True
     if num_processes() > 1:
         from accelerate import PartialState
 
@@ -111,10 +118,12 @@ def _data_once(loaded, task, r: dict, out: Path, fp: dict, progress: bool):
     saved = read_records(out, fp)
     if saved is not None:
         return saved
-    records, summary = build_records(loaded, task, n=r["n"], k=r["k"], anchor=r["anchor"], seed=r["seed"],
-                                     skip=r["skip"], chat=r["chat_used"], correct_only=r["correct_only"],
-                                     max_draw=r["max_draw"], max_new_tokens=r["max_new_tokens"],
-                                     batch_tokens=r["gen_batch_tokens"], max_batch=r["gen_max_batch"], progress=progress)
+    gen = {"chat": r["chat_used"], "max_new_tokens": r["max_new_tokens"], "batch_tokens": r["gen_batch_tokens"],
+           "max_batch": r["gen_max_batch"], "progress": progress}
+    records, summary = build_records(loaded, task, n=r["n"], k=r["k"], anchor=placement_key(r["anchor"]), seed=r["seed"],
+                                     skip=r["skip"], correct_only=r["correct_only"], max_draw=r["max_draw"], **gen)
+    if fp.get("selftrain"):
+        records, summary["selftrain"] = expand_selftrain(loaded, task, records, **gen)
     if is_main_process():
         write_records(out, records, summary, fp)
     return records, summary
