@@ -91,10 +91,13 @@ class Task(ABC):
         return {"name": self.name, "n_slots": self.n_slots, "metric": self.metric}
 
     def examples(self, n: int, seed: int = 0, skip: int = 0) -> list[Any]:
-        """n examples: a seeded permutation of the pool, from offset `skip` (disjoint splits)."""
+        """n examples from offset `skip` (disjoint splits): a seeded permutation of the pool, or for a generated
+        task (no pool) the examples numbered base + skip.. with base drawn from the seed, so another seed gives
+        other content."""
         pool = self.pool_size
         if pool is None:
-            return [self._example(i) for i in range(skip, skip + n)]
+            base = random.Random(f"{self.name}-order/{seed}").randrange(10**9)
+            return [self._example(base + i) for i in range(skip, skip + n)]
         if skip + n > pool:
             fix = f"use `n={pool - skip}` or fewer" if skip < pool else f"use `skip` below {pool}, e.g. `skip={max(pool - n, 0)}`"
             raise PosbiasError(f"task {self.name} has {pool} examples but {skip + n} were asked for (`skip={skip}`, `n={n}`)",
@@ -102,6 +105,24 @@ class Task(ABC):
         order = list(range(pool))
         random.Random(seed).shuffle(order)
         return [self._example(i) for i in order[skip : skip + n]]
+
+
+class RecordsTask(Task):
+    """A task over a fixed list of position-free records (a data file), `_n_slots` items each."""
+
+    _records: list
+    _n_slots: int
+
+    @property
+    def n_slots(self) -> int:
+        return self._n_slots
+
+    @property
+    def pool_size(self) -> int:
+        return len(self._records)
+
+    def _example(self, index: int) -> Any:
+        return self._records[index]
 
 
 def move(items: list, gold_index: int, position: int) -> list:

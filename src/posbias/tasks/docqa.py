@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PosbiasError
-from .base import Doc, Prompt, Task, move, read_jsonl, shared_data_dir
+from .base import Doc, Prompt, RecordsTask, move, read_jsonl, shared_data_dir
 from .twohop import HopExample, TwoHopQA
 
 # The study's qa.prompt, verbatim.
@@ -40,7 +40,7 @@ def qa_prompt(question: str, docs: list[Doc]) -> str:
     return f"{INSTRUCTION}\n\n{results}\n\nQuestion: {question}\nAnswer:"
 
 
-class DocQA(Task):
+class DocQA(RecordsTask):
     """Gold document moved to index k; the distractors keep their order."""
 
     metric = "best_subspan_em"
@@ -50,21 +50,10 @@ class DocQA(Task):
     def __init__(self, name: str, records: list[QAExample], n_docs: int, answers: str = "all"):
         if answers not in ANSWER_MODES:
             raise PosbiasError(f"unknown answers mode {answers!r}", f"use one of {', '.join(ANSWER_MODES)}")
-        self.name, self._records, self._n_docs, self._answers = name, records, n_docs, answers
-
-    @property
-    def n_slots(self) -> int:
-        return self._n_docs
-
-    @property
-    def pool_size(self) -> int:
-        return len(self._records)
+        self.name, self._records, self._n_slots, self._answers = name, records, n_docs, answers
 
     def config(self) -> dict:
-        return {**super().config(), "docs": self._n_docs, "answers": self._answers}
-
-    def _example(self, index: int) -> QAExample:
-        return self._records[index]
+        return {**super().config(), "docs": self._n_slots, "answers": self._answers}
 
     def build(self, ex: QAExample, position: int) -> Prompt:
         docs = move(list(ex.docs), ex.gold, position)

@@ -62,12 +62,6 @@ class KVLookup(Task):
         pairs = tuple((str(numbers[2 * i]), str(numbers[2 * i + 1])) for i in range(self.facts))
         return KVFacts(id=f"kv{index}", pairs=pairs, gold=rng.randrange(self.facts))
 
-    def examples(self, n: int, seed: int = 0, skip: int = 0) -> list[KVFacts]:
-        # Generated tasks index examples by (seed, i): a different seed gives different facts.
-        rng = random.Random(f"kv-lookup-order/{seed}")
-        base = rng.randrange(10**9)
-        return [self._example(base + i) for i in range(skip, skip + n)]
-
     def build(self, ex: KVFacts, position: int) -> Prompt:
         pairs = move(list(ex.pairs), ex.gold, position)
         key, value = ex.pairs[ex.gold]

@@ -89,12 +89,6 @@ class KVUUID(Task):
         pairs = tuple((ids[2 * i], ids[2 * i + 1]) for i in range(self.pairs))
         return KVRecords(id=f"kvg{index}", pairs=pairs, gold=rng.randrange(self.pairs))
 
-    def examples(self, n: int, seed: int = 0, skip: int = 0) -> list[KVRecords]:
-        if self._records is not None:
-            return super().examples(n, seed, skip)
-        base = random.Random(f"kv-uuid-order/{seed}").randrange(10**9)
-        return [self._example(base + i) for i in range(skip, skip + n)]
-
     def build(self, ex: KVRecords, position: int) -> Prompt:
         key, value = ex.pairs[ex.gold]
         user = TEMPLATE.format(records=format_records(move(list(ex.pairs), ex.gold, position)), key=key)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PosbiasError
-from .base import Doc, Prompt, Task, read_jsonl, shared_data_dir
+from .base import Doc, Prompt, RecordsTask, Task, read_jsonl, shared_data_dir
 from .placement import resolve_pairs
 
 REASONING = ("Let's first identify the relevant information from the long context and list it. Then, carry out "
@@ -78,7 +78,7 @@ class HopExample:
     hops: tuple[int, int]  # indices of the first-hop and second-hop documents
 
 
-class TwoHopQA(TwoHop):
+class TwoHopQA(TwoHop, RecordsTask):
     """Multi-document two-hop QA with a chain-of-thought answer."""
 
     metric = "reasoning_em"
@@ -88,24 +88,13 @@ class TwoHopQA(TwoHop):
     max_new_tokens = 256
 
     def __init__(self, name: str, records: list[HopExample], n_docs: int, prompt: str = "reasoning"):
-        self.name, self._records, self._n_docs, self.prompt = name, records, n_docs, _check_prompt(prompt)
-
-    @property
-    def n_slots(self) -> int:
-        return self._n_docs
-
-    @property
-    def pool_size(self) -> int:
-        return len(self._records)
+        self.name, self._records, self._n_slots, self.prompt = name, records, n_docs, _check_prompt(prompt)
 
     def config(self) -> dict:
-        return {**super().config(), "docs": self._n_docs, "prompt": self.prompt}
+        return {**super().config(), "docs": self._n_slots, "prompt": self.prompt}
 
     def gold_target(self, prompt: Prompt) -> str:
         return f"The answer is: {prompt.answers[0]}"
-
-    def _example(self, index: int) -> HopExample:
-        return self._records[index]
 
     def build(self, ex: HopExample, position: tuple[int, int]) -> Prompt:
         docs = move2(list(ex.docs), *ex.hops, *position)
@@ -200,10 +189,6 @@ class KV2Hop(TwoHop):
         a, b, c, *rest = map(str, codes)
         distractors = [(rest[2 * k], rest[2 * k + 1]) for k in range(self.facts - 2)]
         return KVChain(f"kv2h{index}", ((a, b), (b, c), *distractors))
-
-    def examples(self, n: int, seed: int = 0, skip: int = 0) -> list[KVChain]:
-        base = random.Random(f"kv-2hop-order/{seed}").randrange(10**9)
-        return [self._example(base + i) for i in range(skip, skip + n)]
 
     def build(self, ex: KVChain, position: tuple[int, int]) -> Prompt:
         pairs = move2(list(ex.pairs), *ex.hops, *position)
