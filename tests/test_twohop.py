@@ -233,3 +233,24 @@ def test_a_generated_response_is_scored_as_a_continuation(loaded):
     cont = encode(loaded.tokenizer, replace(p, answers=(" 123",)), True, continuation=True)
     tok = loaded.tokenizer
     assert tok.decode(cont.answer_ids[0]) == " 123" and tok.decode(plain.answer_ids[0]) == "  123"
+
+
+def test_r2_resumes_after_a_kill_to_the_same_weights(model_dir, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    class KilledAfterCheckpoint1(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            if state.global_step == 1:
+                raise KeyboardInterrupt
+
+    cfg = _r2(model_dir, max_steps=3)
+    run_distill(cfg, tmp_path / "a", loaded=load_model(str(model_dir), "fp32"), progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        run_distill(cfg, tmp_path / "b", loaded=load_model(str(model_dir), "fp32"), progress=False,
+                    callbacks=[KilledAfterCheckpoint1()])
+    res = run_distill(cfg, tmp_path / "b", loaded=load_model(str(model_dir), "fp32"), resume=True, progress=False)
+    assert res.train["resumed_from"].endswith("checkpoint-1") and res.train["steps"] == 3
+    wa, wb = (load_file(str(tmp_path / d / "model" / "model.safetensors")) for d in ("a", "b"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
