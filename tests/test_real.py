@@ -46,3 +46,12 @@ def test_gemma3_second_architecture(tmp_path):
     cfg = SweepConfig(model="gemma3-270m", task="kv-lookup", task_options={"facts": 5}, positions="0,4", n=4)
     res = run_sweep(cfg, tmp_path / "g", loaded=lo, progress=False)
     assert len(res.rows) == 8 and all(isinstance(r["correct"], bool) for r in res.rows)
+
+
+def test_smollm2_two_hops_adjacent_late_beat_apart_early(smollm2, tmp_path):
+    # docs/pos2distill.md: kv-2hop, n = 100: 8:9 (connected, late) ~0.27, 0:4 (disconnected, early) ~0.01
+    cfg = SweepConfig(task="kv-2hop", positions="8:9,0:4", n=30, seed=0)
+    res = run_sweep(cfg, tmp_path / "s", loaded=smollm2, progress=False)
+    acc = {tuple(r["position"]): r["accuracy"] for r in res.per_position}
+    assert acc[(8, 9)] >= 0.1 and acc[(8, 9)] >= acc[(0, 4)] + 0.1, acc
+    assert set(res.record["summary"]["modes"]) == {"connected", "disconnected"}
