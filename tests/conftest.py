@@ -110,6 +110,20 @@ def tiny_loaded(arch: str = "llama", chat: bool = True, max_pos: int = 2048):
 
 
 @pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """The sharpened tiny Llama saved as a plain HF directory, one per test module (`--model DIR`)."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    """`model_dir` loaded in float32 on the CPU."""
+    from posbias.models.load import load_model
+
+    return load_model(str(model_dir), "fp32", "cpu")
+
+
+@pytest.fixture(scope="module")
 def one_thread():
     """Run a module's tests on one thread (tiny tensors), restoring the count afterwards."""
     old = torch.get_num_threads()

@@ -17,7 +17,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import save_tiny_llama
 from posbias import (
     DistillConfig,
     GAConfig,
@@ -35,16 +34,6 @@ from posbias.runs import JsonlLog
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 OPTS = {"facts": 4, "digits": 3}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_llama(tmp_path_factory.mktemp("faults-model"))
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dir):
-    return load_model(str(model_dir), "fp32")
 
 
 def _sweep_cfg(model_dir, **kw) -> SweepConfig:

@@ -6,7 +6,6 @@ import json
 import pytest
 import torch
 
-from conftest import save_tiny_llama
 from posbias import SearchConfig, SweepConfig, format_compare, run_compare, run_search, run_sweep
 from posbias.core.ga import GAConfig, GeneticSearch
 from posbias.errors import PosbiasError
@@ -15,18 +14,6 @@ from posbias.methods.buckets import Buckets
 from posbias.methods.mspoe import MsPoE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-methods"))
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dir):
-    from posbias.models.load import load_model
-
-    return load_model(str(model_dir), "fp32", "cpu")
 
 
 def test_spec_parsing(tmp_path):

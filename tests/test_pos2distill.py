@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from conftest import save_tiny_llama, tiny_loaded
+from conftest import tiny_loaded
 from posbias.core.losses import alignment_weights, ce_loss, pos2distill_loss, token_kl
 from posbias.errors import PosbiasError
 from posbias.mitigate.pos2distill import DistillConfig, build_trainer, run_distill
@@ -25,11 +25,6 @@ from posbias.tasks import get_task
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TASK_OPTS = {"facts": 4, "digits": 3}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-distill"))
 
 
 def _cfg(**kw) -> DistillConfig:

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from conftest import save_tiny_llama
 from posbias import (
     DistillConfig,
     PosbiasError,
@@ -100,16 +99,6 @@ def test_reasoning_metric_reads_the_text_after_the_last_marker():
 
 
 # -- pair sweeps ----------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_llama(tmp_path_factory.mktemp("tiny-2hop"))
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dir):
-    return load_model(str(model_dir), "fp32")
 
 
 def _cfg(model_dir, **kw) -> SweepConfig:

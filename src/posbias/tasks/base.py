@@ -107,6 +107,20 @@ class Task(ABC):
         return [self._example(i) for i in order[skip : skip + n]]
 
 
+class FactsTask(Task):
+    """A generated task with one slot per fact (`self.facts`) and no fixed pool: example i is drawn from the seed."""
+
+    facts: int
+
+    @property
+    def n_slots(self) -> int:
+        return self.facts
+
+    @property
+    def pool_size(self) -> None:
+        return None
+
+
 class RecordsTask(Task):
     """A task over a fixed list of position-free records (a data file), `_n_slots` items each."""
 

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 
 from ..errors import PosbiasError
-from .base import Prompt, Task, move
+from .base import FactsTask, Prompt, move
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,7 @@ class KVFacts:
     gold: int
 
 
-class KVLookup(Task):
+class KVLookup(FactsTask):
     """Built-in key-value lookup, generated from the seed; no files needed.
 
     Each example draws n_facts distinct keys and values with `digits` digits (no
@@ -37,14 +37,6 @@ class KVLookup(Task):
         if facts > 9 * 10 ** (digits - 1) // 2:
             raise PosbiasError(f"{facts} facts cannot have distinct {digits}-digit codes", "use more `digits`")
         self.facts, self.digits = facts, digits
-
-    @property
-    def n_slots(self) -> int:
-        return self.facts
-
-    @property
-    def pool_size(self) -> None:
-        return None
 
     def config(self) -> dict:
         return {**super().config(), "facts": self.facts, "digits": self.digits}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PosbiasError
-from .base import Doc, Prompt, RecordsTask, Task, read_jsonl, shared_data_dir
+from .base import Doc, FactsTask, Prompt, RecordsTask, Task, read_jsonl, shared_data_dir
 from .placement import resolve_pairs
 
 REASONING = ("Let's first identify the relevant information from the long context and list it. Then, carry out "
@@ -143,7 +143,7 @@ class KVChain:
     hops: tuple[int, int] = (0, 1)
 
 
-class KV2Hop(TwoHop):
+class KV2Hop(TwoHop, FactsTask):
     """Chain lookup. style "direct" (the default): the answer prefix "The code for the code for A is",
     teacher-forced like kv-lookup; style "cot": the reasoning prompt, a generated chain of thought, EM after
     "The answer is:". Direct is the default because SmolLM2-135M cannot write the chain: with cot it restates
@@ -163,14 +163,6 @@ class KV2Hop(TwoHop):
         cot = style == "cot"
         self.metric, self.default_engine = ("reasoning_em", "generate") if cot else ("substring", "teacher-forced")
         self.also, self.multiline, self.max_new_tokens = (("subspan",), True, 128) if cot else ((), False, 12)
-
-    @property
-    def n_slots(self) -> int:
-        return self.facts
-
-    @property
-    def pool_size(self) -> None:
-        return None
 
     def config(self) -> dict:
         return {**super().config(), "facts": self.facts, "digits": self.digits, "style": self.style}
