@@ -222,7 +222,7 @@ def _wait_rows(path, rows: int, deadline: float = 120) -> None:
 def test_two_concurrent_sweeps_into_one_folder_and_sigint(model_dir, tmp_path):
     """The second writer is refused while the first runs; SIGINT stops the first with exit 130 and a message,
     its lock released and its rows whole (that a resume then equals an uninterrupted run: test_sweep's kill test)."""
-    args = ["sweep", "--model", str(model_dir), "--facts", "4", "--digits", "3", "--n", "1000", "--dtype", "fp32",
+    args = ["sweep", "--model", str(model_dir), "--facts", "4", "--digits", "3", "--n", "20000", "--dtype", "fp32",
             "--max-batch", "1", "--quiet", "--out", str(tmp_path / "o")]
     cmd, env = _cli(*args)
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -234,4 +234,4 @@ def test_two_concurrent_sweeps_into_one_folder_and_sigint(model_dir, tmp_path):
     assert first.returncode == 130 and "interrupted" in err and "--resume" in err
     assert not (tmp_path / "o" / "sweep.json").exists() and not (tmp_path / "o" / ".lock").exists()
     rows = JsonlLog(tmp_path / "o" / "examples.jsonl").read(("example_id", "position", "correct"))
-    assert 5 <= len(rows) < 4000 and json.loads((tmp_path / "o" / "run.json").read_text())["kind"] == "sweep"
+    assert 5 <= len(rows) < 4 * 20000 and json.loads((tmp_path / "o" / "run.json").read_text())["kind"] == "sweep"
