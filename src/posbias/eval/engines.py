@@ -12,17 +12,24 @@ tokens it costs (the batch planner), so the Scorer never branches on the engine.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from ..core.metrics import METRICS
 from ..errors import PosbiasError
 from ..methods import Active
+from ..models.load import Loaded
+from ..tasks import Task
 from .encode import Encoded
 from .generate import generate_greedy
 from .teacher_forced import score_teacher_forced
 
-if TYPE_CHECKING:
-    from .scorer import Scorer
+
+class ScorerView(Protocol):
+    """What an engine reads from the scorer (eval.scorer.Scorer); a protocol, so engines import nothing back."""
+
+    loaded: Loaded
+    task: Task
+    max_new_tokens: int
 
 
 class Engine(ABC):
@@ -36,7 +43,7 @@ class Engine(ABC):
         """Padded tokens the row adds to a batch."""
         return self.need(row, max_new_tokens)
 
-    def score(self, scorer: Scorer, batch: list[Encoded], active: Active) -> list[dict]:
+    def score(self, scorer: ScorerView, batch: list[Encoded], active: Active) -> list[dict]:
         """One dict per row: correct (the task's metric), prediction, the task's further metrics (and logprob
         for teacher forcing)."""
         out = self._predict(scorer, batch, active)
@@ -45,7 +52,7 @@ class Engine(ABC):
         return out
 
     @abstractmethod
-    def _predict(self, scorer: Scorer, batch: list[Encoded], active: Active) -> list[dict]:
+    def _predict(self, scorer: ScorerView, batch: list[Encoded], active: Active) -> list[dict]:
         """correct and prediction per row."""
 
 
@@ -58,7 +65,7 @@ class TeacherForced(Engine):
     def cost(self, row: Encoded, max_new_tokens: int) -> int:
         return self.need(row, max_new_tokens) * len(row.answer_ids)  # answer variants share a batch
 
-    def _predict(self, scorer: Scorer, batch: list[Encoded], active: Active) -> list[dict]:
+    def _predict(self, scorer: ScorerView, batch: list[Encoded], active: Active) -> list[dict]:
         tok = scorer.loaded.tokenizer
         return score_teacher_forced(scorer.loaded.model, tok, batch, tok.pad_token_id, active.set_prompt_end)
 
@@ -69,7 +76,7 @@ class Generate(Engine):
     def need(self, row: Encoded, max_new_tokens: int) -> int:
         return len(row.prompt_ids) + max_new_tokens
 
-    def _predict(self, scorer: Scorer, batch: list[Encoded], active: Active) -> list[dict]:
+    def _predict(self, scorer: ScorerView, batch: list[Encoded], active: Active) -> list[dict]:
         tok = scorer.loaded.tokenizer
         preds = generate_greedy(scorer.loaded.model, tok, batch, tok.pad_token_id, scorer.max_new_tokens,
                                 multiline=scorer.task.multiline)
