@@ -205,10 +205,10 @@ def test_shifting_measures_both_targets_at_every_other_placement(model_dir, load
                          positions="0:1,3:4,2:0", dtype="fp32")
     res = run_shifting(cfg, tmp_path / "s", loaded=loaded, progress=False)
     rows = [json.loads(x) for x in (tmp_path / "s" / "rows.jsonl").read_text().splitlines()]
-    assert len(rows) == 3 * 2 * 2  # 3 examples x the 2 placements other than the anchor 3:4 x 2 targets
-    assert {tuple(r["position"]) for r in rows} == {(0, 1), (2, 0)} and all(r["ppl"] >= 1 for r in rows)
-    assert res.record["anchor_placement"] == [3, 4] and res.summary["gold_answer"]["n"] == 6
-    assert (tmp_path / "s" / "shifting.png").exists()
+    assert len(rows) == 3 * 2  # 3 examples x the 2 placements other than the anchor 3:4
+    assert {tuple(r["position"]) for r in rows} == {(0, 1), (2, 0)} and all(r["ppl_gold"] >= 1 for r in rows)
+    assert res.record["anchor_placement"] == [3, 4] and res.summary["ppl_gold"]["n"] == 6
+    assert (tmp_path / "s" / "shifting.png").exists() and (tmp_path / "s" / "divergence.png").exists()
 
 
 def test_a_generated_response_is_scored_as_a_continuation(loaded):

@@ -24,7 +24,7 @@ from .. import (
     synth_grid_runs,
     synth_run_config,
 )
-from .options import MODEL, RUN, SPLIT, TASK, Args, ints, model_fields, placements, task_fields, uses, words
+from .options import MODEL, RUN, SPLIT, TASK, Args, ints, model_fields, placements, run_kwargs, task_fields, uses, words
 
 analyze_app = typer.Typer(no_args_is_help=True, help="Why the model fails where it fails: analyses of a real model.")
 synth_app = typer.Typer(no_args_is_help=True, help="Controlled synthetic experiments (Wu et al. 2025, Sec. 5).")
@@ -160,14 +160,15 @@ def _analyze_group() -> None:
 def shifting(
     model: Args, task: Args, split: Args, run: Args,
     positions: Optional[str] = typer.Option(None, help="the placements measured (default: the task's)"),
-    max_new_tokens: Optional[int] = typer.Option(None, help="anchor response length (default: the task's)"),
+    max_new_tokens: Optional[int] = typer.Option(None, help="response length (default: the task's)"),
+    method: str = typer.Option("none", help="a training-free method at every placement: none | pi:1.2 | lpes:DIR/factors.json"
+                                            " | layers:F1,... | mspoe | buckets"),
+    top: int = typer.Option(10, help="tokens listed at the first divergence (Fig. 8)"),
 ) -> None:
-    """Perplexity of the advantageous response (and of the gold answer) under every other placement's prompt:
-    token shifting (retrieval) against thought shifting (reasoning), Pos2Distill Fig. 9."""
-    if run.resume:
-        raise PosbiasError("analyze shifting keeps no partial state to resume", "drop `resume`; rerun with `overwrite=True`")
+    """Token and thought shifting: where the greedy answer at each placement leaves the advantageous one, the rank of
+    the advantageous token there (top 10?), single-token shifts, and perplexities (Pos2Distill Fig. 3a, 8, 9)."""
     cfg = ShiftingConfig(**model_fields(model), **task_fields(task), **vars(split),
-                         positions=placements(task, positions), max_new_tokens=max_new_tokens)
-    res = run_shifting(cfg, run.out, overwrite=run.overwrite, progress=not run.quiet)
+                         positions=placements(task, positions), max_new_tokens=max_new_tokens, method=method, top=top)
+    res = run_shifting(cfg, run.out, **run_kwargs(run))
     typer.echo(format_shifting(res))
-    typer.echo(f"wrote {run.out}/shifting.json, rows.jsonl, shifting.png")
+    typer.echo(f"wrote {run.out}/shifting.json, rows.jsonl, shifting.png, divergence.png")

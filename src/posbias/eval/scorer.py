@@ -17,6 +17,7 @@ from ..models.load import Loaded
 from ..tasks import Placement, Prompt, Task, as_json, placement_key
 from .encode import Encoded, encode, plan_batches
 from .engines import get_engine
+from .teacher_forced import token_details
 
 CHAT_MODES = ("auto", "on", "off")
 
@@ -103,6 +104,20 @@ class Scorer:
                 if on_batch:
                     on_batch(new)
         return out
+
+    def details(self, rows: list[Encoded], method: str | Method | None = None, top: int = 10) -> list[dict]:
+        """Token-level teacher-forced details of each row's first answer under `method` (teacher_forced.token_details),
+        one dict per row in the order of `rows`, keyed like `score`'s results."""
+        method = get_method(method if method is not None else "none")
+        costs = [len(r.prompt_ids) + len(r.answer_ids[0]) for r in rows]
+        out: list[dict | None] = [None] * len(rows)
+        tok = self.loaded.tokenizer
+        with method.apply(self.loaded) as active:
+            for idx in plan_batches(costs, self.batch_tokens, self.max_batch):
+                batch = [rows[i] for i in idx]
+                for i, d in zip(idx, token_details(self.loaded.model, tok, batch, tok.pad_token_id, active.set_prompt_end, top)):
+                    out[i] = {"example_id": rows[i].key[0], "position": as_json(rows[i].key[1]), **d}
+        return out  # type: ignore[return-value]
 
     def accuracy(self, rows: list[Encoded], method: str | Method | None = None) -> dict[Placement, float]:
         """Accuracy per gold placement of `rows` under `method`."""

@@ -58,3 +58,41 @@ def score_teacher_forced(model, tokenizer, rows: list[Encoded], pad_id: int,
                 "logprob": lp if prev is None else prev["logprob"],  # of the first (canonical) answer
             }
     return results  # type: ignore[return-value]
+
+
+@torch.inference_mode()
+def token_details(model, tokenizer, rows: list[Encoded], pad_id: int,
+                  prompt_end: Callable[[torch.Tensor], None] | None = None, top: int = 10) -> list[dict]:
+    """Token-level view of each row's first answer under teacher forcing (Pos2Distill Fig. 3a / Fig. 8).
+
+    -> per row: tokens (answer length), logprob (sum over the answer), mismatches (answer steps where the
+    greedy token is not the answer's token), diverge_at (the first such step, None if none) and, at that
+    step, the answer token's rank (1 = greedy) and probability, the greedy token's probability and the
+    `top` most probable tokens as [text, probability] pairs."""
+    seqs = [row.prompt_ids + row.answer_ids[0] for row in rows]
+    alen = [len(row.answer_ids[0]) for row in rows]
+    batch = left_pad(seqs, pad_id)
+    a_max = max(alen)
+    dev = next(model.parameters()).device
+    if prompt_end is not None:
+        prompt_end(batch["input_ids"].shape[1] - 1 - torch.tensor(alen))
+    kw = {"logits_to_keep": a_max + 1} if _keeps_logits(model) else {}
+    out = model(**{k: v.to(dev) for k, v in batch.items()}, use_cache=False, **kw)
+    logp = torch.log_softmax(out.logits[:, -(a_max + 1) :].float(), dim=-1)  # [S, a_max+1, V]
+    results = []
+    for s, n in enumerate(alen):
+        lp = logp[s, a_max - n : a_max]  # [n, V]: step t predicts answer token t
+        gold = torch.tensor(seqs[s][-n:], device=lp.device)
+        gold_lp = lp.gather(-1, gold[:, None])[:, 0]  # [n]
+        miss = (lp.argmax(-1) != gold).nonzero()[:, 0].tolist()
+        res = {"tokens": n, "logprob": float(gold_lp.sum()), "mismatches": len(miss),
+               "diverge_at": miss[0] if miss else None}
+        if miss:
+            t = miss[0]
+            probs = lp[t].exp()
+            top_p, top_i = probs.topk(top)
+            res.update({"anchor_rank": int((probs > probs[gold[t]]).sum()) + 1, "anchor_prob": float(probs[gold[t]]),
+                        "greedy_prob": float(top_p[0]), "anchor_token": tokenizer.decode([int(gold[t])]),
+                        "top": [[tokenizer.decode([int(i)]), float(p)] for p, i in zip(top_p, top_i)]})
+        results.append(res)
+    return results

@@ -56,15 +56,19 @@ def _position_axes(ax, x: list[int], title: str, legend_size: int, labels: list[
     ax.legend(fontsize=legend_size, loc="best")
 
 
+def _placement_labels(per: list[dict]) -> list[str]:
+    return [f"{p['position'][0]}:{p['position'][1]}" if isinstance(p["position"], list) else str(p["position"]) for p in per]
+
+
 def plot_shifting(summary: dict, title: str, path: str | Path) -> None:
-    """Median perplexity, per placement, of the advantageous response and of the gold answer (log scale)."""
-    per = [p for p in summary["per_position"] if p["anchor"] and p["gold"]]
-    labels = [f"{p['position'][0]}:{p['position'][1]}" if isinstance(p["position"], list) else str(p["position"]) for p in per]
+    """Median perplexity, per placement, of the advantageous response and of the gold answer (log scale; Fig. 9)."""
+    per = [p for p in summary["per_position"] if p["ppl_anchor"] and p["ppl_gold"]]
+    labels = _placement_labels(per)
     x = list(range(len(per)))
     fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * len(per) + 2), 3.6), dpi=120)
-    ax.bar([i - 0.2 for i in x], [p["anchor"]["median"] for p in per], width=0.4,
+    ax.bar([i - 0.2 for i in x], [p["ppl_anchor"]["median"] for p in per], width=0.4,
            label=f"advantageous response (anchor {summary['anchor_placement']})")
-    ax.bar([i + 0.2 for i in x], [p["gold"]["median"] for p in per], width=0.4, label="gold answer")
+    ax.bar([i + 0.2 for i in x], [p["ppl_gold"]["median"] for p in per], width=0.4, label="gold answer")
     ax.set_yscale("log")
     ax.set_xticks(x)
     ax.set_xticklabels(labels, rotation=60 if len(per) > 10 else 0, fontsize=7)
@@ -73,6 +77,41 @@ def plot_shifting(summary: dict, title: str, path: str | Path) -> None:
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def plot_divergence(summary: dict, rows: list[dict], title: str, path: str | Path) -> None:
+    """Left: per placement, accuracy, the share of responses that leave the anchor's, and of the errors the share
+    that one corrected token recovers and that keep the anchor's token in the top 10 (Fig. 3a). Right: the top
+    tokens at the first divergence of the first error (Fig. 8), the anchor's token marked."""
+    per = summary["per_position"]
+    x = list(range(len(per)))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8), dpi=120, gridspec_kw={"width_ratios": [3, 2]})
+    for key, name, style in (("accuracy", "accuracy", "o-"), ("diverged", "response leaves the anchor's", "s--"),
+                             ("errors_single_token", "errors: single-token shift", "^-"),
+                             ("errors_anchor_in_top10", "errors: anchor token in top 10", "v:")):
+        ax.plot(x, [float("nan") if p[key] is None else p[key] for p in per], style, label=name)
+    ax.set_xticks(x)
+    ax.set_xticklabels(_placement_labels(per), rotation=60 if len(per) > 10 else 0, fontsize=7)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("placement of the prompt")
+    ax.set_ylabel("share of rows")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    err = next((r for r in rows if r["anchor_correct"] and not r["correct"] and r.get("top")), None)
+    if err is None:
+        bx.text(0.5, 0.5, "no error with a divergence", ha="center", va="center")
+        bx.set_axis_off()
+    else:
+        toks, probs = zip(*err["top"])
+        colors = ["tab:green" if t == err["anchor_token"] else "tab:gray" for t in toks]
+        bx.barh(range(len(toks))[::-1], probs, color=colors)
+        bx.set_yticks(range(len(toks))[::-1])
+        bx.set_yticklabels([repr(t) for t in toks], fontsize=7)
+        bx.set_xlabel("probability at the first divergence")
+        bx.set_title(f"{err['example_id']} at {err['position']}: step {err['diverge_at']}, anchor token "
+                     f"{err['anchor_token']!r} rank {err['anchor_rank']}", fontsize=8)
     save_figure(fig, path)
 
 
