@@ -170,6 +170,11 @@ CASES = [
     (["theory", "--n", "0"], "new", "needs --n >= 1"),
     (["theory", "--no-real", "--tokens", "2"], "new", "use --tokens 4 or more"),
     (["theory", "--no-real"], "sweep", "holds a sweep, not a theory run"),
+    # analyses
+    (["analyze", "shifting", "--model", "{MODEL}", *TINY, *KV, "--top", "0"], "new", "--top must be at least 1"),
+    (["analyze", "shifting", "--model", "{MODEL}", *TINY, *KV, "--resume"], "new", "nothing to resume"),
+    (["analyze", "shifting", "--model", "{MODEL}", *TINY, *KV, "--method", "pi:0"], "new", "finite positive"),
+    (["analyze", "shifting", "--model", "{MODEL}", *TINY, *KV], "sweep", "holds a sweep, not a shifting analysis"),
     # synth
     (["synth", "depth", "--pes", "alibi", "--quiet"], "new", "unknown positional encoding 'alibi'"),
     (["synth", "sinks", "--masks", "windowX", "--quiet"], "new", "bad mask 'windowX'"),
