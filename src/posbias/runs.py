@@ -21,8 +21,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import shutil
 import socket
+import sys
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -176,6 +178,14 @@ def progress(total: int | None, desc: str, unit: str, initial: int = 0, enabled:
 # ----------------------------------------------------------------------------- run folders
 
 
+def command_line() -> str:
+    """The command that started this process (`posbias sweep --n 5 ...`), for the run's provenance."""
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name in ("__main__.py", "posbias"):
+        argv[0] = "posbias"
+    return shlex.join(argv)
+
+
 def _diff(a: Any, b: Any, where: str = "") -> list[str]:
     """Paths at which two JSON values differ (for the error message), depth-first."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -250,7 +260,8 @@ class RunFolder:
             else:
                 self._clear()
             self.resuming = resume
-            write_json_atomic(self.file(MARKER), {"kind": self.kind, "fingerprint": fingerprint}, indent=2)
+            write_json_atomic(self.file(MARKER), {"kind": self.kind, "fingerprint": fingerprint, "command": command_line()},
+                              indent=2)
             yield self
 
     def finish(self, record: dict, indent: int | None = 2, allow_nan: bool = True) -> None:
