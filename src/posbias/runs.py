@@ -180,10 +180,14 @@ def progress(total: int | None, desc: str, unit: str, initial: int = 0, enabled:
 
 def command_line() -> str:
     """The command that started this process (`posbias sweep --n 5 ...`), for the run's provenance."""
-    argv = list(sys.argv)
-    if argv and Path(argv[0]).name in ("__main__.py", "posbias"):
-        argv[0] = "posbias"
-    return shlex.join(argv)
+    argv = list(sys.argv) or [""]
+    exe = Path(argv[0])
+    head = shlex.quote(argv[0])
+    if exe.name == "posbias" or (exe.name == "__main__.py" and exe.parent.name == "cli" and exe.parent.parent.name == "posbias"):
+        head = "posbias"
+    elif exe.name == "__main__.py":  # python -m pytest ...
+        head = f"python -m {shlex.quote(exe.parent.name)}"
+    return " ".join([head, *map(shlex.quote, argv[1:])])
 
 
 def _diff(a: Any, b: Any, where: str = "") -> list[str]:

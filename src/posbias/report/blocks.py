@@ -38,8 +38,8 @@ def fmt(v: Any) -> str:
         if v != 0 and (abs(v) >= 1e4 or abs(v) < 1e-3):
             return f"{v:.3g}"
         return f"{v:.3f}"
-    if isinstance(v, dict) and set(v) == {"mean", "std"}:
-        return f"{fmt(v['mean'])} ± {fmt(v['std'])}"
+    if _mean_std(v):
+        return f"{fmt(v['mean'])} ± {fmt(v['std'])}" + (f" (n={v['n']})" if "n" in v else "")
     if isinstance(v, (list, tuple)):
         if all(isinstance(x, (int, float, str)) for x in v):
             text = ", ".join(fmt(x) for x in v)
@@ -48,6 +48,11 @@ def fmt(v: Any) -> str:
         text = json.dumps(v, ensure_ascii=False)
         return text if len(text) <= 120 else text[:117] + "..."
     return str(v)
+
+
+def _mean_std(v: Any) -> bool:
+    """A {mean, std[, n]} summary over seeds, shown in one cell."""
+    return isinstance(v, dict) and {"mean", "std"} <= set(v) <= {"mean", "std", "n"}
 
 
 def pos_label(p: Any) -> str:
@@ -79,7 +84,7 @@ def scalars(d: dict, prefix: str = "") -> dict:
     """The scalar entries of `d` (one level of nested dicts flattened as `key.sub`, mean ± std kept whole)."""
     out = {}
     for k, v in d.items():
-        if isinstance(v, (int, float, str, bool)) or v is None or (isinstance(v, dict) and set(v) == {"mean", "std"}):
+        if isinstance(v, (int, float, str, bool)) or v is None or _mean_std(v):
             out[f"{prefix}{k}"] = v
         elif isinstance(v, dict) and not prefix:
             out.update({kk: vv for kk, vv in scalars(v, f"{k}.").items()})
@@ -93,7 +98,8 @@ def key_values(d: dict, caption: str | None = None) -> Raw:
     items = scalars(d)
     if not items:
         return Raw("")
-    return table(["", "value"], [[Raw(f"<code>{esc(k)}</code>"), v] for k, v in items.items()], caption)
+    t = table(["", "value"], [[Raw(f"<code>{esc(k)}</code>"), v] for k, v in items.items()], caption)
+    return Raw(f'<div class="kv">{t}</div>')
 
 
 def rows_table(rows: list[dict], caption: str | None = None, limit: int = 200) -> Raw:

@@ -39,7 +39,7 @@ caption{text-align:left;font-weight:600;padding:2px 0 4px;color:#3a424c}
 th,td{border-bottom:1px solid #e3e6ea;padding:3px 10px;text-align:left;vertical-align:top}
 th{background:#f0f2f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 td small{color:#6b7480}
-.scroll{overflow-x:auto}.prov table{width:100%}.prov td:first-child{width:150px;white-space:nowrap}
+.scroll{overflow-x:auto}.prov table{width:100%}.kv{display:inline-block;vertical-align:top;margin-right:28px;max-width:100%}.prov td:first-child{width:150px;white-space:nowrap}
 .summary{background:#f7f9fb;border-left:3px solid #4a78b5;padding:6px 10px}
 .figs{display:flex;flex-wrap:wrap;gap:14px;margin:8px 0}
 figure{margin:0;max-width:100%}figure img{max-width:100%;height:auto;border:1px solid #e3e6ea;display:block}
