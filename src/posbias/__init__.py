@@ -53,6 +53,7 @@ from .mitigate.pos2distill import PRESETS as DISTILL_PRESETS  # noqa: E402
 from .mitigate.pos2distill import DistillConfig, DistillResult, run_distill  # noqa: E402
 from .models.load import REGISTRY as MODELS  # noqa: E402
 from .models.load import Loaded, load_model, set_threads  # noqa: E402
+from .report.html import ReportResult, build_report  # noqa: E402
 from .synth import GRIDS as SYNTH_GRIDS  # noqa: E402
 from .synth import PRESETS as SYNTH_PRESETS  # noqa: E402
 from .synth import GridResult as SynthGridResult  # noqa: E402
@@ -72,6 +73,7 @@ __all__ = [
     "Active", "Baseline", "Buckets", "CompareResult", "DistillConfig", "DistillResult", "GAConfig", "LPESResult",
     "LayerScaling", "Loaded", "Method", "MsPoE", "PosbiasError", "Prompt", "RealRollout", "Scorer", "SearchConfig",
     "ShiftingConfig", "ShiftingResult", "format_shifting", "run_shifting",
+    "ReportResult", "build_report",
     "SweepConfig", "SweepResult", "SynthGridResult", "SynthRunResult", "Task", "TheoryConfig", "TheoryResult",
     "UniformScaling",
     "__version__", "check_all", "format_compare", "format_real_rollout", "format_synth_run", "format_synth_summary",

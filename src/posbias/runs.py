@@ -21,8 +21,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import shutil
 import socket
+import sys
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -176,6 +178,18 @@ def progress(total: int | None, desc: str, unit: str, initial: int = 0, enabled:
 # ----------------------------------------------------------------------------- run folders
 
 
+def command_line() -> str:
+    """The command that started this process (`posbias sweep --n 5 ...`), for the run's provenance."""
+    argv = list(sys.argv) or [""]
+    exe = Path(argv[0])
+    head = shlex.quote(argv[0])
+    if exe.name == "posbias" or (exe.name == "__main__.py" and exe.parent.name == "cli" and exe.parent.parent.name == "posbias"):
+        head = "posbias"
+    elif exe.name == "__main__.py":  # python -m pytest ...
+        head = f"python -m {shlex.quote(exe.parent.name)}"
+    return " ".join([head, *map(shlex.quote, argv[1:])])
+
+
 def _diff(a: Any, b: Any, where: str = "") -> list[str]:
     """Paths at which two JSON values differ (for the error message), depth-first."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -250,7 +264,8 @@ class RunFolder:
             else:
                 self._clear()
             self.resuming = resume
-            write_json_atomic(self.file(MARKER), {"kind": self.kind, "fingerprint": fingerprint}, indent=2)
+            write_json_atomic(self.file(MARKER), {"kind": self.kind, "fingerprint": fingerprint, "command": command_line()},
+                              indent=2)
             yield self
 
     def finish(self, record: dict, indent: int | None = 2, allow_nan: bool = True) -> None:

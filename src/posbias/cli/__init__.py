@@ -19,12 +19,13 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from .explain import analyze_app, synth_app, theory
 from .measure import compare, models, sweep, tasks
 from .mitigate import distill_app, lpes_app
+from .report import report
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
     help="posbias: measure, explain and mitigate position bias in transformer LLMs.",
 )
-for command in (sweep, compare, theory, tasks, models):
+for command in (sweep, compare, theory, tasks, models, report):
     app.command()(command)
 app.add_typer(synth_app, name="synth")
 app.add_typer(lpes_app, name="lpes")

@@ -1,0 +1,279 @@
+"""One renderer per run kind: a run folder's result (as the run wrote it) -> the body of its section.
+
+A renderer reads the result file and the files beside it and lays them out; it never recomputes a
+number (the one figure drawn here, the distillation's training curve, plots the logged rows as they
+are). `renderer_for(kind)` falls back to `generic` (summary numbers, tables of rows, every PNG), so a
+new kind shows up before it has a renderer of its own.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .blocks import Raw, details, esc, figure, figures, fmt, key_values, para, pos_label, rows_table, scalars, table
+
+
+@dataclass
+class Run:
+    """One finished run folder: its marker (run.json), its result and where it lies."""
+
+    path: Path
+    kind: str
+    marker: dict  # run.json: kind, fingerprint, command (newer runs)
+    result: dict  # the result file's content
+    result_name: str  # e.g. sweep.json
+
+
+Renderer = Callable[[Run], str]
+RENDERERS: dict[str, Renderer] = {}
+
+
+def renderer(*kinds: str) -> Callable[[Renderer], Renderer]:
+    """Register a function as the section renderer of `kinds` (run.json's "kind"; "synth" = every synth grid)."""
+
+    def register(fn: Renderer) -> Renderer:
+        for k in kinds:
+            RENDERERS[k] = fn
+        return fn
+
+    return register
+
+
+def renderer_for(kind: str) -> Renderer:
+    if kind.startswith("synth ") and kind.endswith(" grid"):
+        return RENDERERS["synth"]
+    return RENDERERS.get(kind, generic)
+
+
+# ----------------------------------------------------------------------------- generic
+
+
+@renderer("generic")
+def generic(run: Run) -> str:
+    """Kinds without a renderer: the scalar numbers, every list of rows as a table, every PNG."""
+    r = run.result
+    parts = [key_values({k: v for k, v in r.items() if k not in ("config", "versions", "model", "model_info")}, "summary")]
+    for k, v in r.items():
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            parts.append(rows_table(v, k))
+    parts.append(figures(run.path))
+    return "".join(parts)
+
+
+# ----------------------------------------------------------------------------- sweep, comparison
+
+
+def curve_table(per_position: list[dict]) -> Raw:
+    """Accuracy per position with its 95% CI (Wilson), n, and the further metrics a task adds."""
+    base = ("position", "n", "correct", "accuracy", "ci_low", "ci_high")
+    extra = [k for k in per_position[0] if k not in base]
+    rows = [[pos_label(p["position"]), p["accuracy"], f"[{fmt(p['ci_low'])}, {fmt(p['ci_high'])}]", p["n"],
+             p.get("correct")] + [p.get(k) for k in extra] for p in per_position]
+    return table(["position", "accuracy", "95% CI", "n", "correct", *extra], rows)
+
+
+def summary_line(s: dict) -> Raw:
+    """average | best | worst | gap [CI] | std, as the sweep prints it (and per-mode averages for two hops)."""
+    gap_ci = s.get("gap_ci") or [None, None]
+    text = (f"average {fmt(s.get('average'))} | best {fmt(s.get('best'))} (pos {pos_label(s.get('best_position'))}) | "
+            f"worst {fmt(s.get('worst'))} (pos {pos_label(s.get('worst_position'))}) | gap {fmt(s.get('gap'))} "
+            f"[{fmt(gap_ci[0])}, {fmt(gap_ci[1])}] (paired bootstrap 95% CI) | std {fmt(s.get('std'))}")
+    if "modes" in s:
+        text += " | modes: " + ", ".join(f"{m} {fmt(v)}" for m, v in s["modes"].items()) + f" | mode gap {fmt(s.get('mode_gap'))}"
+    return Raw(f'<p class="summary">{esc(text)}</p>')
+
+
+@renderer("sweep")
+def sweep(run: Run) -> str:
+    r = run.result
+    cfg, method = r.get("config", {}), r.get("method") or {}
+    what = (f"task {cfg.get('task', r.get('task', {}).get('name', '?'))}, model {cfg.get('model', '?')}, "
+            f"method {method.get('label') or method.get('name') or cfg.get('method', '?')}, engine {cfg.get('engine', '?')}, "
+            f"n = {cfg.get('n', '?')} examples per position")
+    return "".join([para(what), summary_line(r["summary"]), curve_table(r["per_position"]),
+                    figures(run.path, ("curve.png", "heatmap.png"))])
+
+
+@renderer("comparison")
+def comparison(run: Run) -> str:
+    """The compare table: accuracy per position, average, gap [CI], and the paired difference vs the first entry."""
+    entries = run.result["methods"]
+    positions = [p["position"] for p in entries[0]["per_position"]]
+    first = entries[0]["label"]
+    rows = []
+    for e in entries:
+        s, v = e["summary"], e.get("vs_first")
+        accs = [Raw(f"{esc(fmt(p['accuracy']))}<br><small>[{esc(fmt(p['ci_low']))}, {esc(fmt(p['ci_high']))}]</small>")
+                for p in e["per_position"]]
+        diff = f"{v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" if v else "-"
+        rows.append([e["label"], *accs, s["average"], s["gap"], f"[{fmt(s['gap_ci'][0])}, {fmt(s['gap_ci'][1])}]", diff])
+    head = ["entry", *(f"pos {pos_label(p)}" for p in positions), "average", "gap", "gap 95% CI",
+            f"average - {first} (paired 95% CI)"]
+    parts = [para(f"{len(entries)} entries on the same examples; accuracy per position with its 95% CI (Wilson); "
+                  f"differences paired over examples (bootstrap)."), table(head, rows)]
+    if "modes" in entries[0]["summary"]:
+        modes = list(entries[0]["summary"]["modes"])
+        parts.append(table(["entry", *modes, "mode gap"],
+                           [[e["label"], *(e["summary"]["modes"][m] for m in modes), e["summary"]["mode_gap"]] for e in entries],
+                           "average per two-hop mode"))
+    parts.append(figures(run.path, ("compare.png",)))
+    for e in entries:
+        body = curve_table(e["per_position"]) + key_values(e.get("method_config") or {}, "method")
+        parts.append(details(f"{e['label']}: per position (sweep folder {e.get('dir', '?')}/)", body))
+    return "".join(parts)
+
+
+# ----------------------------------------------------------------------------- search, distillation
+
+
+def _search_history(run: Run) -> list[dict]:
+    """The fitness history: the result's, else the per-generation log files the search wrote."""
+    if run.result.get("history"):
+        return run.result["history"]
+    logs = sorted((run.path / "log").glob("generation_*.json"))
+    return [json.loads(p.read_text(encoding="utf-8")) for p in logs]
+
+
+@renderer("search")
+def search(run: Run) -> str:
+    r = run.result
+    base = r.get("baseline", {})
+    regions = list(r.get("accuracy", {}))
+    rows = [["searched factors", r.get("fitness"), *(r["accuracy"][k] for k in regions)],
+            ["baseline (all 1.0)", base.get("fitness"), *(base.get("accuracy", {}).get(k) for k in regions)]]
+    parts = [para(f"LPES search on {r.get('model', '?')}, task {r.get('task', '?')}, space {r.get('space', '?')}: "
+                  f"{r.get('evaluations', '?')} evaluations, {r.get('n_layers', '?')} layers."),
+             table(["", "fitness", *(f"accuracy {k}" for k in regions)], rows, "search split"),
+             table(["layer", *range(len(r.get("factors", [])))], [["factor", *r.get("factors", [])]], "per-layer factors"),
+             figures(run.path, ("factors.png",))]
+    history = [{k: h.get(k) for k in ("generation", "best_fitness", "mean_fitness", "evaluations", "cache_hits", "wall_s")}
+               for h in _search_history(run)]
+    parts.append(rows_table(history, "fitness history per generation"))
+    split = r.get("search_split")
+    if split:
+        parts.append(key_values(split, "search split (examples a compare must not reuse)"))
+    return "".join(parts)
+
+
+def training_curve(log: list[dict]) -> bytes | None:
+    """The logged training rows (Trainer log history) as a PNG: every logged loss term against the step."""
+    rows = [h for h in log if isinstance(h, dict) and "loss" in h and "step" in h]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in rows[0] if k not in ("step", "epoch", "learning_rate", "grad_norm") and isinstance(rows[0][k], (int, float))]
+    fig, ax = plt.subplots(figsize=(6, 3.4), dpi=110)
+    for k in keys:
+        ax.plot([h["step"] for h in rows if k in h], [h[k] for h in rows if k in h], marker=".", label=k)
+    ax.set_xlabel("step")
+    ax.set_ylabel("logged value")
+    ax.set_title("training log (train_log.json)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+@renderer("distillation")
+def distillation(run: Run) -> str:
+    r = run.result
+    parts = [para(f"Pos2Distill on {(r.get('base_model') or {}).get('name', r.get('model', '?'))}; model written to "
+                  f"{r.get('model_dir', '?')}"),
+             key_values(r.get("train", {}), "training"), key_values(r.get("data", {}), "data"),
+             key_values(r.get("anchor", {}) if isinstance(r.get("anchor"), dict) else {"anchor": r.get("anchor")}, "anchor")]
+    log_file = run.path / "train_log.json"
+    if log_file.is_file():
+        png = training_curve(json.loads(log_file.read_text(encoding="utf-8")))
+        if png:
+            parts.append(Raw(f'<div class="figs">{figure(png, "training curve (train_log.json)")}</div>'))
+    parts.append(figures(run.path))
+    return "".join(parts)
+
+
+# ----------------------------------------------------------------------------- grid, theory, synth, shifting
+
+
+@renderer("grid")
+def grid(run: Run) -> str:
+    """size x depth rows, one column per position: accuracy (CI) in each cell; the heatmap the run drew."""
+    cells = run.result.get("cells") or []
+    need = {"size", "depth", "position", "accuracy", "ci_low", "ci_high"}
+    if not cells or not all(need <= set(c) for c in cells):
+        return generic(run)
+    positions = sorted({c["position"] for c in cells}, key=lambda p: (isinstance(p, str), p))
+    by = {(c["size"], c["depth"], c["position"]): c for c in cells}
+    rows = []
+    for size, depth in sorted({(c["size"], c["depth"]) for c in cells}, key=str):
+        row: list = [size, depth]
+        for p in positions:
+            c = by.get((size, depth, p))
+            row.append(Raw(f"{esc(fmt(c['accuracy']))}<br><small>[{esc(fmt(c['ci_low']))}, {esc(fmt(c['ci_high']))}]</small>")
+                       if c else "-")
+        rows.append(row)
+    summary = {k: v for k, v in run.result.items() if k not in ("cells", "config", "versions", "model")}
+    return "".join([key_values(summary, "summary"), table(["size", "depth", *(f"pos {pos_label(p)}" for p in positions)], rows,
+                                                          "accuracy (95% CI) per context size, depth and position"),
+                    figures(run.path, ("heatmap.png",)), details("every cell", rows_table(cells))])
+
+
+@renderer("theory run")
+def theory(run: Run) -> str:
+    r = run.result
+    parts = [rows_table(r.get("summary", []), "theorems: does each check hold?")]
+    real = run.path / "real_rollout.json"
+    if real.is_file():
+        parts.append(key_values(json.loads(real.read_text(encoding="utf-8")), "real-model rollout (real_rollout.json)"))
+    parts += [figures(run.path, tuple(r.get("figures") or ())), details("every check's numbers", key_values(r.get("checks", {})))]
+    return "".join(parts)
+
+
+@renderer("synth")
+def synth(run: Run) -> str:
+    r = run.result
+    rows = [{**c.get("factors", {}), **c.get("summary", {}), "seeds": c.get("seeds")} for c in r.get("configs", [])]
+    return "".join([para(f"synthetic grid {r.get('grid', '?')}: {r.get('n_runs', '?')} runs, "
+                         f"{fmt(r.get('total_train_seconds'))} s of training; metrics are mean ± std over seeds."),
+                    rows_table(rows, "one row per configuration"), figures(run.path),
+                    details("template configuration", key_values(r.get("template", {})))])
+
+
+@renderer("shifting analysis")
+def shifting(run: Run) -> str:
+    r = run.result
+    rest = {k: v for k, v in r.items() if k not in ("per_position", "config", "model", "versions")}
+    return "".join([key_values(rest, "summary"), rows_table(r.get("per_position", []), "per placement (perplexities)"),
+                    figures(run.path, ("shifting.png",))])
+
+
+def _entry_versions(run: Run) -> dict:
+    """A comparison records no versions itself: those its first sweep folder recorded."""
+    entries = run.result.get("methods") if run.kind == "comparison" else None
+    sub = run.path / str(entries[0].get("dir", "")) / "sweep.json" if entries else None
+    if sub is None or not sub.is_file():
+        return {}
+    return json.loads(sub.read_text(encoding="utf-8")).get("versions") or {}
+
+
+def provenance(run: Run) -> str:
+    """The command that made the run, its configuration, model and library versions."""
+    r, fp = run.result, run.marker.get("fingerprint") or {}
+    config = r.get("config") if isinstance(r.get("config"), dict) else fp.get("config")
+    model = next((m for m in (r.get("model_info"), r.get("base_model"), r.get("model"), fp.get("model")) if isinstance(m, dict)), None)
+    vers = r.get("versions") or _entry_versions(run)
+    rows = [["command", Raw(f"<code>{esc(run.marker.get('command') or '-')}</code>")],
+            ["folder", Raw(f"<code>{esc(run.path)}</code>")], ["kind / result file", f"{run.kind} / {run.result_name}"],
+            ["model", ", ".join(f"{k} {fmt(v)}" for k, v in scalars(model).items()) if model else "-"],
+            ["versions", ", ".join(f"{k} {v}" for k, v in vers.items()) if vers else "-"]]
+    return "".join([Raw('<div class="prov">'), table(["provenance", ""], rows), Raw("</div>"), details("configuration", key_values(config) if config else ""),
+                    details("fingerprint (run.json)", Raw(f"<pre>{esc(json.dumps(fp, indent=1, default=str))}</pre>"))])
