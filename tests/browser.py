@@ -3,8 +3,7 @@ console errors and uncaught exceptions; or take a full-page screenshot.
 
 Drives the system browser (Debian package `chromium`) over the Chrome DevTools Protocol: the browser
 is started with --remote-debugging-port=0 and a throwaway profile, the port is read from the
-profile's DevToolsActivePort file, and a minimal WebSocket client (RFC 6455, standard library only:
-masked text frames out, ping/pong, fragmented frames in) sends the commands. Every wait has a
+profile's DevToolsActivePort file, and `websocket-client` (PyPI) carries the commands. Every wait has a
 deadline; the browser is killed and its profile removed whatever happens.
 """
 
@@ -15,8 +14,6 @@ import json
 import os
 import re
 import shutil
-import socket
-import struct
 import subprocess
 import tempfile
 import time
@@ -26,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
+
+import websocket
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
@@ -77,74 +76,11 @@ def embedded_png_problems(html: str) -> list[str]:
     return out
 
 
-class WebSocket:
-    """Just enough of a WebSocket client for the DevTools protocol (text frames, one connection)."""
-
-    def __init__(self, url: str, timeout: float):
-        assert url.startswith("ws://"), url
-        hostport, _, path = url[5:].partition("/")
-        host, _, port = hostport.partition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET /{path} HTTP/1.1\r\nHost: {hostport}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                           f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = self.sock.recv(1)
-            if not chunk:
-                raise ConnectionError("the browser closed the connection during the handshake")
-            head += chunk
-        if b" 101 " not in head.split(b"\r\n", 1)[0]:
-            raise ConnectionError(f"WebSocket handshake refused: {head[:200]!r}")
-
-    def send(self, text: str, opcode: int = 1) -> None:
-        data, mask = text.encode(), os.urandom(4)
-        n = len(data)
-        head = bytes([0x80 | opcode]) + (bytes([0x80 | n]) if n < 126 else
-                                         bytes([0x80 | 126]) + struct.pack(">H", n) if n < 65536 else
-                                         bytes([0x80 | 127]) + struct.pack(">Q", n))
-        self.sock.sendall(head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
-
-    def _exact(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = self.sock.recv(min(n - len(buf), 1 << 20))
-            if not chunk:
-                raise ConnectionError("the browser closed the connection")
-            buf += chunk
-        return bytes(buf)
-
-    def recv(self) -> str:
-        """The next whole text message (continuation frames joined; pings answered)."""
-        parts: list[bytes] = []
-        while True:
-            b0, b1 = self._exact(2)
-            n = b1 & 0x7F
-            n = struct.unpack(">H", self._exact(2))[0] if n == 126 else struct.unpack(">Q", self._exact(8))[0] if n == 127 else n
-            mask = self._exact(4) if b1 & 0x80 else None
-            data = self._exact(n)
-            if mask:
-                data = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
-            op = b0 & 0x0F
-            if op == 8:
-                raise ConnectionError("the browser closed the DevTools connection")
-            if op == 9:
-                self.send(data.decode(errors="replace"), opcode=10)
-                continue
-            if op in (0, 1, 2):
-                parts.append(data)
-                if b0 & 0x80:
-                    return b"".join(parts).decode()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @dataclass
 class Page:
     """One page over DevTools: `call` waits for a command's answer; events arriving meanwhile are kept."""
 
-    ws: WebSocket
+    ws: "websocket.WebSocket"
     deadline: float
     events: list[dict] = field(default_factory=list)
     next_id: int = 0
@@ -176,7 +112,7 @@ class Page:
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("the browser did not answer in time")
-        self.ws.sock.settimeout(left)
+        self.ws.settimeout(left)
         return json.loads(self.ws.recv())
 
 
@@ -195,7 +131,7 @@ def browser_page(timeout: float = 60.0, chromium: str | None = None) -> Iterator
         port = _devtools_port(Path(profile) / "DevToolsActivePort", proc, deadline)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
             target = next(t for t in json.load(r) if t.get("type") == "page")
-        ws = WebSocket(target["webSocketDebuggerUrl"], timeout=10)
+        ws = websocket.create_connection(target["webSocketDebuggerUrl"], timeout=10, suppress_origin=True)
         yield Page(ws, deadline)
     finally:
         if ws is not None:

@@ -69,7 +69,11 @@ def plot_shifting(summary: dict, title: str, path: str | Path) -> None:
     ax.bar([i - 0.2 for i in x], [p["ppl_anchor"]["median"] for p in per], width=0.4,
            label=f"advantageous response (anchor {summary['anchor_placement']})")
     ax.bar([i + 0.2 for i in x], [p["ppl_gold"]["median"] for p in per], width=0.4, label="gold answer")
-    ax.set_yscale("log")
+    values = [p[k]["median"] for p in per for k in ("ppl_anchor", "ppl_gold")]
+    if values and max(values) > 10 * min(values):  # log scale only where it is needed (thought shifting)
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(1.0, max(values, default=2.0) * 1.05)
     ax.set_xticks(x)
     ax.set_xticklabels(labels, rotation=60 if len(per) > 10 else 0, fontsize=7)
     ax.set_xlabel("placement of the prompt")

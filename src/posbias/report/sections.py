@@ -250,10 +250,23 @@ def synth(run: Run) -> str:
 
 @renderer("shifting analysis")
 def shifting(run: Run) -> str:
+    """Token shifting per placement: accuracy, divergence from the anchor response, single-token shifts among the
+    errors, the anchor token in the top 10, perplexities (Pos2Distill Fig. 3a, 8, 9)."""
     r = run.result
-    rest = {k: v for k, v in r.items() if k not in ("per_position", "config", "model", "versions")}
-    return "".join([key_values(rest, "summary"), rows_table(r.get("per_position", []), "per placement (perplexities)"),
-                    figures(run.path, ("shifting.png",))])
+    per = r.get("per_position") or []
+    if not per or "ppl_anchor" not in per[0]:  # an older record (perplexities only)
+        return "".join([key_values({k: v for k, v in r.items() if k not in ("per_position", "config", "model", "versions")},
+                                   "summary"), rows_table(per, "per placement"), figures(run.path, ("shifting.png",))])
+    med = lambda d: d["median"] if d else None  # noqa: E731
+    rows = [[pos_label(p["position"]) if p is not r["all"] else "all", p["n"], p["accuracy"], p["diverged"], p["errors"],
+             p["errors_single_token"], p["errors_anchor_in_top10"], p["errors_anchor_rank_median"], med(p["ppl_anchor"]),
+             med(p["ppl_gold"])] for p in [*per, r["all"]]]
+    head = ["placement", "n", "accuracy", "leaves anchor", "errors", "errors: 1-token", "errors: in top 10",
+            "errors: anchor rank (median)", "ppl anchor (median)", "ppl gold (median)"]
+    note = (f"anchor placement {pos_label(r['anchor_placement'])} (accuracy {fmt(r['all']['anchor_accuracy'])}). Errors: anchor "
+            "right, this placement wrong; 1-token: one corrected token recovers the anchor response.")
+    return "".join([para(note), table(head, rows, "token shifting per placement"),
+                    figures(run.path, ("divergence.png", "shifting.png"))])
 
 
 def _entry_versions(run: Run) -> dict:
