@@ -12,13 +12,15 @@ from the task registry (`get_task`, `register_task`, or a `Task` subclass) and t
 methods from the method registry (`get_method`, `register_method`, or a `Method` subclass).
 Mitigate: `run_search` (LPES), `run_distill` (Pos2Distill and its SFT / SeqKD baselines), with
 presets as library objects (`SearchConfig.from_preset`, `DistillConfig.from_preset`).
-Explain: `run_theory` (rollout figures, theorem checks, a real model's rollout), `run_shifting`
+Explain: `run_theory` (rollout figures, theorem checks, a real model's rollout), `run_attention` (attention
+per document by gold position, with accuracy and rollout beside it), `run_shifting`
 (perplexity of the advantageous response at the other placements: token vs thought shifting) and the synthetic
 experiments (`synth_grid_runs`, `run_synth_grid`, `synth_run_config`, `run_synth_one`).
 Every pipeline writes one output folder (create / resume / overwrite, result file written last)
 and returns a typed result whose `record` is that file's content.
 """
 
+from .analysis.attention import AttentionConfig, AttentionResult, format_attention, run_attention  # noqa: E402
 from .analysis.checks import check_all  # noqa: E402
 from .analysis.checks import format_summary as format_theory_summary
 from .analysis.rollout_real import format_real as format_real_rollout  # noqa: E402
@@ -74,6 +76,7 @@ __all__ = [
     "LayerScaling", "Loaded", "Method", "MsPoE", "PosbiasError", "Prompt", "RealRollout", "Scorer", "SearchConfig",
     "ShiftingConfig", "ShiftingResult", "format_shifting", "run_shifting",
     "ReportResult", "build_report",
+    "AttentionConfig", "AttentionResult", "format_attention", "run_attention",
     "SweepConfig", "SweepResult", "SynthGridResult", "SynthRunResult", "Task", "TheoryConfig", "TheoryResult",
     "UniformScaling",
     "__version__", "check_all", "format_compare", "format_real_rollout", "format_synth_run", "format_synth_summary",

@@ -8,15 +8,18 @@ from typing import Optional
 import typer
 
 from .. import (
+    AttentionConfig,
     PosbiasError,
     RealRollout,
     ShiftingConfig,
     TheoryConfig,
+    format_attention,
     format_real_rollout,
     format_shifting,
     format_synth_run,
     format_synth_summary,
     format_theory_summary,
+    run_attention,
     run_shifting,
     run_synth_grid,
     run_synth_one,
@@ -24,7 +27,8 @@ from .. import (
     synth_grid_runs,
     synth_run_config,
 )
-from .options import MODEL, RUN, SPLIT, TASK, Args, ints, model_fields, placements, run_kwargs, task_fields, uses, words
+from .options import (MODEL, RUN, SPLIT, TASK, Args, floats, ints, model_fields, placements, run_kwargs, task_fields,
+                      uses, words)
 
 analyze_app = typer.Typer(no_args_is_help=True, help="Why the model fails where it fails: analyses of a real model.")
 synth_app = typer.Typer(no_args_is_help=True, help="Controlled synthetic experiments (Wu et al. 2025, Sec. 5).")
@@ -172,3 +176,26 @@ def shifting(
     res = run_shifting(cfg, run.out, **run_kwargs(run))
     typer.echo(format_shifting(res))
     typer.echo(f"wrote {run.out}/shifting.json, rows.jsonl, shifting.png, divergence.png")
+
+
+@analyze_app.command()
+@uses(MODEL, TASK, SPLIT.defaults(n=20), RUN.defaults(out=Path("runs/attention")))
+def attention(
+    model: Args, task: Args, split: Args, run: Args,
+    positions: Optional[str] = typer.Option(None, help="the placements measured (default: the task's)"),
+    method: str = typer.Option("none", help="a RoPE-rescaling method: none | pi:1.2 | layers:... | lpes:DIR"),
+    rows: str = typer.Option("last", help="last (the last prompt token) | answer (every row that predicts an answer "
+                                          "token, averaged)"),
+    heads: bool = typer.Option(False, "--heads", help="also store the per-head masses"),
+    scales: Optional[str] = typer.Option(None, help="uniform RoPE factors for the LPES Fig. 5 study, e.g. 1.0,1.2,1.5"),
+    rollout: Optional[bool] = typer.Option(None, "--rollout/--no-rollout",
+                                           help="real-model rollout beside the accuracy (default: on for prompts "
+                                                "<= 1000 tokens)"),
+) -> None:
+    """Attention per document: the mass the answer-producing rows put on each item, per layer, as the gold moves
+    (Pos2Distill Fig. 7; LPES Fig. 5 with --scales), with the accuracy and the rollout's prediction beside it."""
+    cfg = AttentionConfig(**model_fields(model), **task_fields(task), **vars(split), positions=placements(task, positions),
+                          method=method, rows=rows, heads=heads, scales=floats(scales, what="`scales`"), rollout=rollout)
+    res = run_attention(cfg, run.out, **run_kwargs(run))
+    typer.echo(format_attention(res))
+    typer.echo(f"wrote {run.out}/attention.json, rows.jsonl and figures")

@@ -87,6 +87,12 @@ class Task(ABC):
     def build(self, example: Any, position: Placement) -> Prompt:
         """The prompt with the gold item at slot `position` (two-hop: the hops at (i, j)); everything else unchanged."""
 
+    def items(self, example: Any, position: Placement) -> list[str]:
+        """The texts of the n_slots items (facts / documents / pairs) in prompt order, each exactly as it appears in
+        `build(example, position).user` (what the attention analysis maps to token spans)."""
+        raise PosbiasError(f"task {self.name} does not list its items (Task.items)",
+                           "implement `items(example, position)` for it, or use kv-lookup, kv-uuid, nq, kv-2hop, musique")
+
     def config(self) -> dict:
         return {"name": self.name, "n_slots": self.n_slots, "metric": self.metric}
 

@@ -35,8 +35,13 @@ class QAExample:
     gold: int
 
 
+def doc_lines(docs: list[Doc]) -> list[str]:
+    """The study's search-result lines, "Document [i](Title: t) text", in order."""
+    return [f"Document [{i + 1}](Title: {d.title}) {d.text}" for i, d in enumerate(docs)]
+
+
 def qa_prompt(question: str, docs: list[Doc]) -> str:
-    results = "\n".join(f"Document [{i + 1}](Title: {d.title}) {d.text}" for i, d in enumerate(docs))
+    results = "\n".join(doc_lines(docs))
     return f"{INSTRUCTION}\n\n{results}\n\nQuestion: {question}\nAnswer:"
 
 
@@ -54,6 +59,9 @@ class DocQA(RecordsTask):
 
     def config(self) -> dict:
         return {**super().config(), "docs": self._n_slots, "answers": self._answers}
+
+    def items(self, ex: QAExample, position: int) -> list[str]:
+        return doc_lines(move(list(ex.docs), ex.gold, position))
 
     def build(self, ex: QAExample, position: int) -> Prompt:
         docs = move(list(ex.docs), ex.gold, position)

@@ -54,10 +54,12 @@ class KVLookup(FactsTask):
         pairs = tuple((str(numbers[2 * i]), str(numbers[2 * i + 1])) for i in range(self.facts))
         return KVFacts(id=f"kv{index}", pairs=pairs, gold=rng.randrange(self.facts))
 
+    def items(self, ex: KVFacts, position: int) -> list[str]:
+        return [f"The code for {k} is {v}." for k, v in move(list(ex.pairs), ex.gold, position)]
+
     def build(self, ex: KVFacts, position: int) -> Prompt:
-        pairs = move(list(ex.pairs), ex.gold, position)
         key, value = ex.pairs[ex.gold]
-        facts = "\n".join(f"The code for {k} is {v}." for k, v in pairs)
+        facts = "\n".join(self.items(ex, position))
         user = (
             "Below is a list of facts. Read them carefully and answer the question.\n\n"
             f"{facts}\n\nQuestion: What is the code for {key}? Reply with the code only."

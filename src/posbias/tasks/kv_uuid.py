@@ -89,6 +89,10 @@ class KVUUID(Task):
         pairs = tuple((ids[2 * i], ids[2 * i + 1]) for i in range(self.pairs))
         return KVRecords(id=f"kvg{index}", pairs=pairs, gold=rng.randrange(self.pairs))
 
+    def items(self, ex: KVRecords, position: int) -> list[str]:
+        """Each record as the JSON layout writes it, '"key": "value"' (format_records)."""
+        return [f'"{k}": "{v}"' for k, v in move(list(ex.pairs), ex.gold, position)]
+
     def build(self, ex: KVRecords, position: int) -> Prompt:
         key, value = ex.pairs[ex.gold]
         user = TEMPLATE.format(records=format_records(move(list(ex.pairs), ex.gold, position)), key=key)

@@ -96,9 +96,12 @@ class TwoHopQA(TwoHop, RecordsTask):
     def gold_target(self, prompt: Prompt) -> str:
         return f"The answer is: {prompt.answers[0]}"
 
-    def build(self, ex: HopExample, position: tuple[int, int]) -> Prompt:
+    def items(self, ex: HopExample, position: tuple[int, int]) -> list[str]:
         docs = move2(list(ex.docs), *ex.hops, *position)
-        listing = "\n".join(f"Document [{k + 1}](Title: {d.title}) {d.text}" for k, d in enumerate(docs))
+        return [f"Document [{k + 1}](Title: {d.title}) {d.text}" for k, d in enumerate(docs)]
+
+    def build(self, ex: HopExample, position: tuple[int, int]) -> Prompt:
+        listing = "\n".join(self.items(ex, position))
         user = f"{PROMPTS[self.prompt]}\n\n{listing}\n\nQuestion: {ex.question}\nAnswer:"
         return Prompt(ex.id, tuple(position), user, "", ex.answers)
 
@@ -182,10 +185,12 @@ class KV2Hop(TwoHop, FactsTask):
         distractors = [(rest[2 * k], rest[2 * k + 1]) for k in range(self.facts - 2)]
         return KVChain(f"kv2h{index}", ((a, b), (b, c), *distractors))
 
+    def items(self, ex: KVChain, position: tuple[int, int]) -> list[str]:
+        return [f"The code for {k} is {v}." for k, v in move2(list(ex.pairs), *ex.hops, *position)]
+
     def build(self, ex: KVChain, position: tuple[int, int]) -> Prompt:
-        pairs = move2(list(ex.pairs), *ex.hops, *position)
         start, answer = ex.pairs[0][0], ex.pairs[1][1]
-        facts = "\n".join(f"The code for {k} is {v}." for k, v in pairs)
+        facts = "\n".join(self.items(ex, position))
         question = f"Question: What is the code for the code for {start}?"
         if self.style == "direct":
             user = f"Below is a list of facts. Read them carefully and answer the question.\n\n{facts}\n\n{question} " \
