@@ -21,6 +21,7 @@ import pytest
 
 from browser import check_page, embedded_png_problems, find_chromium
 from posbias import (
+    AttentionConfig,
     DistillConfig,
     GAConfig,
     PosbiasError,
@@ -29,6 +30,7 @@ from posbias import (
     SweepConfig,
     TheoryConfig,
     build_report,
+    run_attention,
     run_compare,
     run_distill,
     run_search,
@@ -55,7 +57,8 @@ def chromium():
 
 
 KINDS = {"sweep": "sweep", "compare": "comparison", "search": "search", "distill": "distillation", "theory": "theory run",
-         "shifting": "shifting analysis", "synth": "synth sinks grid", "grid": "grid", "other": "attention analysis"}
+         "shifting": "shifting analysis", "synth": "synth sinks grid", "grid": "grid", "attention": "attention analysis",
+         "other": "mystery analysis"}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +77,8 @@ def runs(tmp_path_factory, model_dir, loaded):
     run_theory(TheoryConfig(seed=0, n_tokens=24, depth=6), root / "theory")
     run_shifting(ShiftingConfig(model=str(model_dir), task="kv-2hop", task_options={"facts": 5, "digits": 3}, n=2,
                                 positions="0:1,3:4,2:0", dtype="fp32"), root / "shifting", loaded=loaded, progress=False)
+    run_attention(AttentionConfig(model=str(model_dir), task_options=KV, n=2, positions="0,3", dtype="fp32", rollout=True,
+                                  scales=[1.0, 1.5]), root / "attention", loaded=loaded, progress=False)
     over = dict(iters=4, seeds=1, eval_seqs=20, sink_seqs=10, position_seqs=4, curve_seqs=8, log_points=2, n_classes=64,
                 n_labels=8, burstiness=2, n_items=4, dim=16, masks=["causal", "window3"])
     run_synth_grid("sinks", synth_grid_runs("sinks", "quick", **over), root / "synth", progress=False)
@@ -86,11 +91,11 @@ def _hand_made(root: Path, png: Path) -> None:
     cells = [{"size": s, "depth": d, "position": p, "n": 4, "accuracy": 0.25 * p, "ci_low": 0.0, "ci_high": 0.9,
               "tokens_mean": 100.0 * s} for s in (1, 2) for d in (0.0, 0.5) for p in (0, 1, 2)]
     for name, kind, result in [("grid", "grid", {"cells": cells}),
-                               ("other", "attention analysis", {"sink_share": 0.5, "note": "<img src=x onerror=alert(1)>",
+                               ("other", "mystery analysis", {"sink_share": 0.5, "note": "<img src=x onerror=alert(1)>",
                                                                 "rows": [{"layer": 0, "mass": 0.25}]})]:
         (root / name).mkdir()
         (root / name / "run.json").write_text(json.dumps({"kind": kind, "fingerprint": {}}))
-        (root / name / f"{name if name == 'grid' else 'attention'}.json").write_text(json.dumps(result))
+        (root / name / f"{name if name == 'grid' else 'mystery'}.json").write_text(json.dumps(result))
         shutil.copy(png, root / name / ("heatmap.png" if name == "grid" else "mass.png"))
 
 

@@ -269,6 +269,29 @@ def shifting(run: Run) -> str:
                     figures(run.path, ("divergence.png", "shifting.png"))])
 
 
+@renderer("attention analysis")
+def attention(run: Run) -> str:
+    """Per scale: the middle-third share of item attention by layer band; per placement the accuracy, the gold
+    item's mass and share of item mass by band, the first token's late mass and the rollout's gold share."""
+    r = run.result
+    out = []
+    for sc in r.get("per_scale") or []:
+        name = "unmodified" if sc.get("scale") is None else f"uniform scale {fmt(sc['scale'])}"
+        share = ", ".join(f"{k} {fmt(v)}" for k, v in (sc.get("middle_share") or {}).items())
+        out.append(para(f"{name}: middle-third share of the item attention (uniform {fmt(len(r.get('middle_slots') or []) / max(r['task']['n_slots'], 1))}) by layer band: {share}"))
+        rows = []
+        for p in sc.get("per_position") or []:
+            b = p.get("bands") or {}
+            rows.append([pos_label(p["position"]), p.get("n"), p.get("accuracy"),
+                         *(b.get(k, {}).get("gold") for k in ("early", "middle", "late")),
+                         b.get("late", {}).get("gold_share"), b.get("late", {}).get("first"), p.get("rollout_gold_share")])
+        out.append(table(["placement", "n", "accuracy", "gold mass early", "middle", "late", "gold share of items (late)",
+                          "first token (late)", "rollout gold share"], rows, f"{name}: attention per placement"))
+    if not out:
+        return generic(run)
+    return "".join([*out, figures(run.path, ("attention_heatmap.png", "attention_gold.png", "attention_rollout.png"))])
+
+
 def _entry_versions(run: Run) -> dict:
     """A comparison records no versions itself: those its first sweep folder recorded."""
     entries = run.result.get("methods") if run.kind == "comparison" else None
