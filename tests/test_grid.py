@@ -156,8 +156,8 @@ def test_cli_grid_prints_the_table_and_writes_the_folder(model_dir, tmp_path, mo
 
 @pytest.mark.real
 def test_smollm2_grid_finds_the_first_fact_more_than_the_middle(smollm2, tmp_path):
-    res = run_grid(GridConfig(sizes="10,20", depths="0%,50%", n=4), tmp_path / "g", loaded=smollm2, progress=False)
+    res = run_grid(GridConfig(sizes="5,10", depths="0%,50%", n=4), tmp_path / "g", loaded=smollm2, progress=False)
     acc = {(c["size"], c["depth"]): c["accuracy"] for c in res.cells}
-    assert acc[(20, 0)] > acc[(20, 50)]  # lost in the middle (README: ~0.9 first vs ~0.05 middle at 10 facts)
-    t10, t20 = (s["tokens"]["mean"] for s in res.sizes)
-    assert 150 < t10 < t20 < 2 * t10 + 50  # the model's own tokens, growing with the facts
+    assert acc[(10, 0)] > acc[(10, 50)]  # lost in the middle (README: ~0.9 first vs ~0.05 middle at 10 facts)
+    t5, t10 = (s["tokens"]["mean"] for s in res.sizes)
+    assert 150 < t5 < t10 and 60 < t10 - t5 < 150  # the model's own tokens: 12-30 per fact (measured 181 at 5 facts)
