@@ -30,6 +30,7 @@ from .core.ga import GAConfig  # noqa: E402
 from .errors import PosbiasError  # noqa: E402
 from .eval.compare import CompareResult, format_compare, run_compare  # noqa: E402
 from .eval.engines import ENGINES  # noqa: E402
+from .eval.grid import GridConfig, GridResult, format_grid, run_grid  # noqa: E402
 from .eval.scorer import Scorer  # noqa: E402
 from .eval.sweep import SweepConfig, SweepResult, format_table, run_sweep  # noqa: E402
 from .methods import (  # noqa: E402
@@ -79,6 +80,7 @@ __all__ = [
     "AttentionConfig", "AttentionResult", "format_attention", "run_attention",
     "SweepConfig", "SweepResult", "SynthGridResult", "SynthRunResult", "Task", "TheoryConfig", "TheoryResult",
     "UniformScaling",
+    "GridConfig", "GridResult", "format_grid", "run_grid",
     "__version__", "check_all", "format_compare", "format_real_rollout", "format_synth_run", "format_synth_summary",
     "format_table", "format_theory_summary", "get_method", "get_task", "load_model", "register_method",
     "register_task", "resolve_positions", "run_compare", "run_distill", "run_search", "run_sweep", "run_synth_grid",

@@ -1,0 +1,30 @@
+"""`posbias grid`: accuracy over context size x depth of the gold item (one sweep per size)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .. import GridConfig, format_grid, run_grid
+from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, model_fields, run_kwargs, task_fields, uses
+
+
+@uses(MODEL, TASK, SPLIT.defaults(n=20), SCORING, RUN.defaults(out=Path("runs/grid")))
+def grid(model: Args, task: Args, split: Args, scoring: Args, run: Args,
+         sizes: str = typer.Option("5,10,20,40,80", help="context sizes in the task's size option: kv-lookup facts, "
+                                                         "kv-uuid pairs, nq docs (10,20)"),
+         depths: str = typer.Option("0%,10%,20%,30%,40%,50%,60%,70%,80%,90%,100%",
+                                    help="depths of the gold item, percent of the context (slot = round(d/100*(size-1)))"),
+         method: str = typer.Option("none", help="none | pi:1.2 | lpes:DIR/factors.json | mspoe | buckets | layers:F1,...")
+         ) -> None:
+    """Put the gold item at each depth for each context size; a depth x length heatmap with per-cell CIs."""
+    cfg = GridConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring), sizes=sizes,
+                     depths=depths, method=method)
+    if not run.quiet:
+        typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
+    res = run_grid(cfg, run.out, **run_kwargs(run))
+    typer.echo(f"{task.task} on {model.model}: {len(res.sizes)} sizes x {len(res.record['depths'])} depths, "
+               f"{cfg.n} examples per cell, engine {res.config['engine']}")
+    typer.echo(format_grid(res))
+    typer.echo(f"wrote {run.out}/grid.json, heatmap.png and one sweep directory per size")

@@ -1,0 +1,264 @@
+"""Depth x length grid: the gold at each relative depth for each context size, one sweep per size.
+
+The grid of needle-in-a-haystack, RULER and NeedleBench (accuracy over context length x needle
+depth), here with a Wilson 95% CI per cell. The size is the task's own count option (facts,
+pairs or documents) and is reported in the model's own tokens; depth d% puts the gold at slot
+round(d/100 * (size - 1)) (tasks/placement.py, as `positions=d%`).
+
+Files in the output folder (runs.RunFolder protocol):
+  run.json       the grid's fingerprint (resume compares it)
+  size-<S>/      one normal sweep folder per size (each resumable; a finished one is reused)
+  grid.json      written atomically once every size is scored: its presence means complete
+  heatmap.png    accuracy per (size, depth) with the numbers in the cells; timing.json
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PosbiasError
+from ..methods import Method, get_method
+from ..models.load import Loaded, load_model
+from ..runs import RunFolder, versions, write_json_atomic
+from ..tasks import Task, get_task, resolve_positions
+from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, plain
+from .encode import encode
+from .scorer import Scorer
+from .sweep import SweepConfig, SweepResult, run_sweep
+
+# task -> (the option that is its size, the sizes it has; None: any)
+SIZE_OPTIONS: dict[str, tuple[str, tuple[int, ...] | None]] = {
+    "kv-lookup": ("facts", None),
+    "kv-uuid": ("pairs", None),
+    "nq": ("docs", (10, 20)),  # the shared data holds 20 passages per question; 10 = gold + the first 9
+}
+TWO_HOP = ("kv-2hop", "musique")
+DEFAULT_DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
+
+
+@dataclass
+class GridConfig(Scoring, TaskChoice, ModelChoice):
+    sizes: str = "5,10,20,40,80"  # context sizes, in the task's size option (facts | pairs | docs)
+    depths: str = DEFAULT_DEPTHS  # relative depths of the gold item, percent of the last slot: 0%,50%,100%
+    n: int = 20  # examples per cell
+    seed: int = 0  # example selection / generation seed
+    skip: int = 0  # start offset in the example order (disjoint splits)
+    method: str | Method = "none"  # a method spec (none | pi:1.2 | mspoe | ...) or object
+
+    def validate(self) -> "GridConfig":
+        self._validate_model()
+        self._validate_scoring()
+        check_split(self.n, self.skip)
+        option, allowed = size_option(self.task)
+        if option in self.task_options:
+            raise PosbiasError(f"the grid sets `{option}` itself (from `sizes`)", f"drop `{option}`, list the sizes in `sizes`")
+        sizes = self.size_list()
+        if allowed is not None and any(s not in allowed for s in sizes):
+            bad = ",".join(str(s) for s in sizes if s not in allowed)
+            raise PosbiasError(f"{plain(self.task)} has no size {bad} (the shared data has {option} "
+                               f"{' or '.join(map(str, allowed))})", f"use `sizes={','.join(map(str, allowed))}`")
+        self.depth_list()
+        return self
+
+    def size_list(self) -> list[int]:
+        """`sizes` as a list of distinct whole numbers >= 2, in the order given."""
+        try:
+            sizes = [int(s) for s in self.sizes.split(",") if s.strip()]
+        except ValueError:
+            raise PosbiasError(f"bad `sizes` {self.sizes!r}", "write comma-separated whole numbers, e.g. 5,10,20") from None
+        if not sizes or min(sizes) < 2:
+            raise PosbiasError(f"`sizes` must be whole numbers of at least 2, got {self.sizes!r}", "e.g. `sizes=5,10,20`")
+        if len(set(sizes)) != len(sizes):
+            raise PosbiasError(f"a size is listed twice in `sizes` {self.sizes}", "list each size once")
+        return sizes
+
+    def depth_list(self) -> list[float]:
+        """`depths` as percents in 0..100 ('50%' or '50'), each once, in the order given."""
+        out: list[float] = []
+        for part in (p.strip() for p in self.depths.split(",") if p.strip()):
+            try:
+                d = float(part.removesuffix("%"))
+            except ValueError:
+                raise PosbiasError(f"bad depth {part!r} in `depths` {self.depths}",
+                                   "write percents of the context, e.g. 0%,50%,100%") from None
+            if not 0 <= d <= 100:
+                raise PosbiasError(f"depth {part} is outside 0%..100%", "use depths between 0% and 100%")
+            out.append(int(d) if d == int(d) else d)
+        if not out:
+            raise PosbiasError("no depths in `depths`", "e.g. `depths=0%,50%,100%`")
+        if len(set(out)) != len(out):
+            raise PosbiasError(f"a depth is listed twice in `depths` {self.depths}", "list each depth once")
+        return out
+
+    def to_dict(self) -> dict:
+        return config_dict(self)
+
+
+@dataclass
+class GridResult:
+    cells: list[dict]  # one per (size, depth): size, depth, position, n, correct, accuracy, ci_low, ci_high, tokens_mean
+    sizes: list[dict]  # per size: size, dir, positions, tokens (mean/min/max), summary (the sweep's), merged_depths
+    config: dict
+    record: dict = field(repr=False)  # the content of grid.json
+    out: Path | None = None
+
+
+def size_option(task: str | Task) -> tuple[str, tuple[int, ...] | None]:
+    """The task option that is the grid's size, and the sizes it allows (None: any); a clear error if none."""
+    name = plain(task).partition(":")[0] if isinstance(task, str) else getattr(task, "name", str(task))
+    has = ", ".join(f"{t} ({o})" for t, (o, _) in SIZE_OPTIONS.items())
+    if name in TWO_HOP:
+        raise PosbiasError(f"{name} is a two-hop task: a depth grid places one gold item", f"use a task with a size: {has}")
+    if isinstance(task, Task) or name not in SIZE_OPTIONS:
+        raise PosbiasError(f"task {name} has no size option to grow", f"use a task with a size: {has}")
+    return SIZE_OPTIONS[name]
+
+
+def depth_slots(depths: list[float], size: int) -> list[int]:
+    """The slot of each depth at `size` items: round(d/100 * (size-1)), as `positions=d%` resolves it."""
+    return [resolve_positions(f"{d}%", size)[0] for d in depths]
+
+
+def _sweep_config(cfg: GridConfig, size: int, slots: list[int], method: Method) -> SweepConfig:
+    option, _ = size_option(cfg.task)
+    return SweepConfig(model=cfg.model, dtype=cfg.dtype, device=cfg.device, chat=cfg.chat, task=cfg.task,
+                       task_options={**cfg.task_options, option: size}, data_dir=cfg.data_dir, engine=cfg.engine,
+                       max_new_tokens=cfg.max_new_tokens, batch_tokens=cfg.batch_tokens, max_batch=cfg.max_batch,
+                       positions=",".join(map(str, sorted(set(slots)))), n=cfg.n, seed=cfg.seed, skip=cfg.skip,
+                       method=method)
+
+
+def check_window(loaded: Loaded, cfg: GridConfig, tasks: dict[int, Task]) -> None:
+    """Build every size's prompts and refuse the grid, before anything runs, if one would not fit the window."""
+    window, option = loaded.context_window, size_option(cfg.task)[0]
+    over = []
+    for size, task in tasks.items():
+        scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch)
+        slots = sorted(set(depth_slots(cfg.depth_list(), size)))
+        rows = [encode(loaded.tokenizer, task.build(ex, p), scorer.chat)
+                for ex in task.examples(cfg.n, cfg.seed, cfg.skip) for p in slots]
+        need = max(scorer.engine.need(r, scorer.max_new_tokens) for r in rows)
+        if need > window:
+            over.append((size, need))
+    if over:
+        fits = [s for s in tasks if s not in dict(over)]
+        what = "; ".join(f"{option} {s} needs up to {t} tokens" for s, t in over)
+        raise PosbiasError(f"{what} (prompt + answer) but the model's context window is {window}",
+                           f"drop {','.join(str(s) for s, _ in over)} from `sizes`"
+                           + (f", e.g. `sizes={','.join(map(str, fits))}`" if fits else ", use fewer"))
+
+
+def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | None = None,
+             resume: bool = False, overwrite: bool = False, progress: bool = True) -> GridResult:
+    """Run (or resume) a depth x length grid: one sweep per size (OUT/size-S/), grid.json written last."""
+    cfg = (cfg or GridConfig()).validate()
+    method = get_method(cfg.method)  # parse (and read factor files) before loading anything
+    option, _ = size_option(cfg.task)
+    sizes, depths = cfg.size_list(), cfg.depth_list()
+    tasks = {s: get_task(cfg.task, data_dir=cfg.data_dir, **{**cfg.task_options, option: s}) for s in sizes}
+    folder = RunFolder(out, "grid", "grid.json", (*(f"size-{s}" for s in sizes), "heatmap.png", "timing.json"))
+    folder.check(resume, overwrite)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)
+    method.check(loaded)
+    check_window(loaded, cfg, tasks)  # every size, before the first one runs
+    slots = {s: depth_slots(depths, s) for s in sizes}
+    fingerprint = {"config": cfg.to_dict(), "size_option": option, "slots": {str(s): v for s, v in slots.items()},
+                   "model": loaded.info, "method": method.config()}
+    with folder.open(fingerprint, resume, overwrite):
+        t0 = time.perf_counter()
+        results = {}
+        for s in sizes:
+            sub = folder.file(f"size-{s}") if folder.path is not None else None
+            started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
+            results[s] = run_sweep(_sweep_config(cfg, s, slots[s], method), sub, loaded=loaded,
+                                   resume=folder.resuming and started, progress=progress)
+        record = grid_record(cfg, option, depths, slots, results, loaded, method)
+        if folder.path is not None:
+            _write(folder, record, time.perf_counter() - t0)
+    return GridResult(record["cells"], record["sizes"], record["config"], record, folder.path)
+
+
+def grid_record(cfg: GridConfig, option: str, depths: list[float], slots: dict[int, list[int]],
+                results: dict[int, SweepResult], loaded: Loaded, method: Method) -> dict:
+    """The content of grid.json: config, model, versions, per-size token counts and summaries, tidy cells."""
+    first = next(iter(results.values()))
+    resolved = {**cfg.to_dict(), **{k: first.config[k] for k in ("engine", "max_new_tokens", "chat_used")},
+                "size_option": option}
+    sizes, cells = [], []
+    for s, res in results.items():
+        merged = _merged(depths, slots[s])
+        sizes.append({"size": s, "dir": f"size-{s}", "positions": slots[s], "tokens": _tokens(res.rows),
+                      "task": res.record["task"], "summary": res.summary, "merged_depths": merged})
+        cells += _cells(s, depths, slots[s], res)
+    return {"config": resolved, "model": loaded.info, "method": method.config(), "versions": versions(),
+            "task": plain(cfg.task), "size_option": option, "sizes": sizes, "depths": depths, "cells": cells}
+
+
+def _tokens(rows: list[dict]) -> dict:
+    """Prompt length in the model's own tokens over a sweep's rows."""
+    t = np.array([r["prompt_tokens"] for r in rows])
+    return {"mean": float(t.mean()), "min": int(t.min()), "max": int(t.max())}
+
+
+def _merged(depths: list[float], slots: list[int]) -> list[dict]:
+    """Slots that several depths resolve to at this size (small sizes): said, not silently dropped."""
+    by_slot: dict[int, list[float]] = {}
+    for d, p in zip(depths, slots):
+        by_slot.setdefault(p, []).append(d)
+    return [{"position": p, "depths": ds} for p, ds in by_slot.items() if len(ds) > 1]
+
+
+def _cells(size: int, depths: list[float], slots: list[int], res: SweepResult) -> list[dict]:
+    """One tidy row per depth: the sweep's statistics at the depth's slot, the mean prompt tokens there."""
+    per = {r["position"]: r for r in res.per_position}
+    out = []
+    for d, p in zip(depths, slots):
+        r = per[p]
+        toks = [row["prompt_tokens"] for row in res.rows if row["position"] == p]
+        out.append({"size": size, "depth": d, "position": p, "n": r["n"], "correct": r["correct"],
+                    "accuracy": r["accuracy"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
+                    "tokens_mean": float(np.mean(toks)),
+                    "same_slot_as": [o for o, q in zip(depths, slots) if q == p and o != d]})
+    return out
+
+
+def _write(folder: RunFolder, record: dict, seconds: float) -> None:
+    from ..report.grid_plots import plot_grid_heatmap
+
+    c = record["config"]
+    m = "" if record["method"].get("name", "none") == "none" else f", {c['method']}"
+    title = f"{record['task']} on {c['model']}{m} (n={c['n']} per cell, {c['engine']})"
+    plot_grid_heatmap(record, title, folder.file("heatmap.png"))
+    write_json_atomic(folder.file("timing.json"), {"seconds_this_run": seconds}, indent=2)
+    folder.finish(record)  # last: its presence means "complete"
+
+
+def format_grid(res: GridResult | dict) -> str:
+    """Accuracy per cell: rows = depth, columns = size (with its mean tokens); then each size's average and gap."""
+    rec = res.record if isinstance(res, GridResult) else res
+    option, sizes = rec["size_option"], rec["sizes"]
+    acc = {(c["size"], c["depth"]): c for c in rec["cells"]}
+    heads = [f"{s['size']} {option}" for s in sizes]
+    w = max(12, *(len(h) + 1 for h in heads))
+    lines = [f"{'depth':>6}" + "".join(f"{h:>{w}}" for h in heads),
+             f"{'tokens':>6}" + "".join(f"{'~' + str(round(s['tokens']['mean'])):>{w}}" for s in sizes)]
+    for d in rec["depths"]:
+        cells = [acc[(s["size"], d)] for s in sizes]
+        lines.append(f"{str(d) + '%':>6}" + "".join(f"{_cell(c):>{w}}" for c in cells))
+    lines.append(f"{'avg':>6}" + "".join(f"{s['summary']['average']:>{w}.3f}" for s in sizes))
+    lines.append(f"{'gap':>6}" + "".join(f"{s['summary']['gap']:>{w}.3f}" for s in sizes))
+    lines.append("cells: accuracy (slot); 95% Wilson CIs per cell in grid.json; gap = best - worst slot "
+                 "(paired-bootstrap CI in grid.json)")
+    for s in sizes:
+        for m in s["merged_depths"]:
+            lines.append(f"note: at {s['size']} {option}, depths {', '.join(f'{d}%' for d in m['depths'])} "
+                         f"share slot {m['position']} (same numbers)")
+    return "\n".join(lines)
+
+
+def _cell(c: dict) -> str:
+    return f"{c['accuracy']:.2f} ({c['position']})"
