@@ -19,6 +19,21 @@ def _keeps_logits(model) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
+def _answer_logits(model, seqs: list[list[int]], alen: list[int], pad_id: int,
+                   prompt_end: Callable[[torch.Tensor], None] | None) -> torch.Tensor:
+    """One left-padded forward of `seqs` (prompt + answer); float logits of the last max(alen) + 1 columns,
+    [S, a_max+1, V]. prompt_end, if given, is told the column of each sequence's last prompt token first
+    (input-dependent methods such as Ms-PoE measure there, as generation would)."""
+    batch = left_pad(seqs, pad_id)
+    a_max = max(alen)
+    if prompt_end is not None:
+        prompt_end(batch["input_ids"].shape[1] - 1 - torch.tensor(alen))
+    kw = {"logits_to_keep": a_max + 1} if _keeps_logits(model) else {}
+    dev = next(model.parameters()).device
+    out = model(**{k: v.to(dev) for k, v in batch.items()}, use_cache=False, **kw)
+    return out.logits[:, -(a_max + 1) :].float()
+
+
 @torch.inference_mode()
 def score_teacher_forced(model, tokenizer, rows: list[Encoded], pad_id: int,
                          prompt_end: Callable[[torch.Tensor], None] | None = None) -> list[dict]:
@@ -32,14 +47,8 @@ def score_teacher_forced(model, tokenizer, rows: list[Encoded], pad_id: int,
             seqs.append(row.prompt_ids + ans)
             owner.append(r)
             alen.append(len(ans))
-    batch = left_pad(seqs, pad_id)
     a_max = max(alen)
-    dev = next(model.parameters()).device
-    if prompt_end is not None:
-        prompt_end(batch["input_ids"].shape[1] - 1 - torch.tensor(alen))
-    kw = {"logits_to_keep": a_max + 1} if _keeps_logits(model) else {}
-    out = model(**{k: v.to(dev) for k, v in batch.items()}, use_cache=False, **kw)
-    logits = out.logits[:, -(a_max + 1) :].float()  # [S, a_max+1, V]; column j predicts token j+1
+    logits = _answer_logits(model, seqs, alen, pad_id, prompt_end)  # [S, a_max+1, V]; column j predicts token j+1
     logp = torch.log_softmax(logits, dim=-1)
     greedy = logits.argmax(-1)  # [S, a_max+1]
 
@@ -71,14 +80,8 @@ def token_details(model, tokenizer, rows: list[Encoded], pad_id: int,
     `top` most probable tokens as [text, probability] pairs."""
     seqs = [row.prompt_ids + row.answer_ids[0] for row in rows]
     alen = [len(row.answer_ids[0]) for row in rows]
-    batch = left_pad(seqs, pad_id)
     a_max = max(alen)
-    dev = next(model.parameters()).device
-    if prompt_end is not None:
-        prompt_end(batch["input_ids"].shape[1] - 1 - torch.tensor(alen))
-    kw = {"logits_to_keep": a_max + 1} if _keeps_logits(model) else {}
-    out = model(**{k: v.to(dev) for k, v in batch.items()}, use_cache=False, **kw)
-    logp = torch.log_softmax(out.logits[:, -(a_max + 1) :].float(), dim=-1)  # [S, a_max+1, V]
+    logp = torch.log_softmax(_answer_logits(model, seqs, alen, pad_id, prompt_end), dim=-1)  # [S, a_max+1, V]
     results = []
     for s, n in enumerate(alen):
         lp = logp[s, a_max - n : a_max]  # [n, V]: step t predicts answer token t
