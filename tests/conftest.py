@@ -88,6 +88,20 @@ def random_seqs(lengths, vocab: int, seed: int = 0):
     return [torch.randint(4, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
+def dies_after(monkeypatch, owner, name: str, calls: int):
+    """Make owner.name raise KeyboardInterrupt (as a kill would) on call number `calls`; return the restorer."""
+    real, seen = getattr(owner, name), {"n": 0}
+
+    def dying(*a, **k):
+        seen["n"] += 1
+        if seen["n"] == calls:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(owner, name, dying)
+    return lambda: monkeypatch.setattr(owner, name, real)
+
+
 def save_tiny_llama(d):
     """A tiny Llama with q.k sharpened x16 (so the gold position changes the output), saved as an HF dir."""
     lo = tiny_loaded("llama")

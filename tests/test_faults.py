@@ -29,6 +29,7 @@ from posbias import (
     run_search,
     run_sweep,
 )
+from conftest import dies_after
 from posbias.eval import engines
 from posbias.runs import JsonlLog
 
@@ -39,20 +40,6 @@ OPTS = {"facts": 4, "digits": 3}
 def _sweep_cfg(model_dir, **kw) -> SweepConfig:
     return SweepConfig(**{"model": str(model_dir), "task_options": OPTS, "positions": "0,2,3", "n": 6, "dtype": "fp32",
                           "max_batch": 4, **kw})
-
-
-def _dies_after(monkeypatch, module, name: str, calls: int):
-    """Make module.name raise KeyboardInterrupt (as a kill would) on call number `calls`; return the restorer."""
-    real, seen = getattr(module, name), {"n": 0}
-
-    def dying(*a, **k):
-        seen["n"] += 1
-        if seen["n"] == calls:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(module, name, dying)
-    return lambda: monkeypatch.setattr(module, name, real)
 
 
 def _tear(path) -> None:
@@ -78,7 +65,7 @@ def test_an_append_after_a_torn_line_starts_a_fresh_line(tmp_path):
 def test_compare_killed_in_its_second_sweep_resumes_to_the_same_result(model_dir, loaded, tmp_path, monkeypatch):
     methods = ["none", "pi:1.5", "buckets:10000,30000"]
     whole = run_compare(_sweep_cfg(model_dir), methods, tmp_path / "a", loaded=loaded, progress=False)
-    restore = _dies_after(monkeypatch, engines, "score_teacher_forced", 7)  # 5 batches a sweep: dies in the second
+    restore = dies_after(monkeypatch, engines, "score_teacher_forced", 7)  # 5 batches a sweep: dies in the second
     with pytest.raises(KeyboardInterrupt):
         run_compare(_sweep_cfg(model_dir), methods, tmp_path / "b", loaded=loaded, progress=False)
     restore()
@@ -103,7 +90,7 @@ def _search_cfg(model_dir, **kw) -> SearchConfig:
 def test_search_killed_mid_evaluation_with_a_torn_log_resumes_to_the_same_result(model_dir, loaded, tmp_path,
                                                                                    monkeypatch):
     whole = run_search(_search_cfg(model_dir), tmp_path / "a", loaded=loaded, progress=False).record
-    restore = _dies_after(monkeypatch, engines, "score_teacher_forced", 9)  # inside generation 1's batch
+    restore = dies_after(monkeypatch, engines, "score_teacher_forced", 9)  # inside generation 1's batch
     with pytest.raises(KeyboardInterrupt):
         run_search(_search_cfg(model_dir), tmp_path / "b", loaded=loaded, progress=False)
     restore()

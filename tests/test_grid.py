@@ -10,6 +10,7 @@ import pytest
 
 from posbias import GridConfig, PosbiasError, SweepConfig, format_grid, run_grid, run_sweep
 from posbias.cli import main
+from conftest import dies_after
 from posbias.eval import engines
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -65,18 +66,10 @@ def test_a_cell_equals_the_single_sweep_on_the_same_examples(model_dir, loaded, 
 
 def test_a_grid_killed_in_its_second_size_resumes_to_the_same_grid(model_dir, loaded, tmp_path, monkeypatch):
     whole = run_grid(_cfg(model_dir), tmp_path / "a", loaded=loaded, progress=False)
-    real, seen = engines.score_teacher_forced, {"n": 0}
-
-    def dies(*a, **k):
-        seen["n"] += 1
-        if seen["n"] == 5:  # size 3: 3 slots x 4 examples = 3 batches; dies in size 6's second batch
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(engines, "score_teacher_forced", dies)
+    restore = dies_after(monkeypatch, engines, "score_teacher_forced", 5)  # size 3: 3 batches; dies in size 6's second
     with pytest.raises(KeyboardInterrupt):
         run_grid(_cfg(model_dir), tmp_path / "b", loaded=loaded, progress=False)
-    monkeypatch.setattr(engines, "score_teacher_forced", real)
+    restore()
     b = tmp_path / "b"
     assert (b / "size-3" / "sweep.json").exists() and not (b / "size-6" / "sweep.json").exists()
     assert not (b / "grid.json").exists() and not (b / ".lock").exists()

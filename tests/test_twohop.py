@@ -19,6 +19,7 @@ from posbias import (
     run_sweep,
 )
 from posbias.core.metrics import final_answer, reasoning_em, subspan
+from conftest import dies_after
 from posbias.eval import engines
 from posbias.tasks import mode_of, move2, resolve_pairs
 
@@ -114,18 +115,10 @@ def test_pair_sweep_reports_modes_draws_a_heatmap_and_resumes(model_dir, loaded,
     assert set(s["modes"]) == {"connected", "disconnected", "reversed"}
     assert s["mode_gap"] == pytest.approx(max(s["modes"].values()) - min(s["modes"].values()))
     assert (tmp_path / "a" / "heatmap.png").stat().st_size > 1000 and isinstance(s["best_position"], str)
-    real, calls = engines.score_teacher_forced, {"n": 0}
-
-    def dies(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(engines, "score_teacher_forced", dies)
+    restore = dies_after(monkeypatch, engines, "score_teacher_forced", 3)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(_cfg(model_dir), tmp_path / "b", loaded=loaded, progress=False)
-    monkeypatch.setattr(engines, "score_teacher_forced", real)
+    restore()
     run_sweep(_cfg(model_dir), tmp_path / "b", loaded=loaded, resume=True, progress=False)
     assert (tmp_path / "b" / "sweep.json").read_text() == (tmp_path / "a" / "sweep.json").read_text()
 
