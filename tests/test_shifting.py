@@ -46,6 +46,7 @@ def test_summary_counts_single_token_shifts_among_errors_only():
     ]
     s = summarize(rows)
     assert s["errors"] == 2 and s["errors_single_token"] == 0.5 and s["errors_anchor_in_top10"] == 0.5
+    assert s["diverged_single_token"] == pytest.approx(2 / 3) and s["diverged_anchor_in_top10"] == pytest.approx(2 / 3)
     assert s["diverged"] == 0.75 and s["accuracy"] == 0.5 and s["diverge_at_mean"] == pytest.approx(5 / 3)
 
 

@@ -127,8 +127,9 @@ def _median_mean(values: list[float]) -> dict | None:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Rates over rows: accuracy, anchor accuracy, how often the response leaves the anchor's, and of the errors
-    (anchor right, this placement wrong) how many are single-token shifts and keep the anchor's token in the top 10."""
+    """Rates over rows: accuracy, anchor accuracy, how often the response leaves the anchor's, and of those
+    divergences, and of the errors (anchor right, this placement wrong), how many are single-token shifts and keep
+    the anchor's token in the top 10 (on a task where the anchor is rarely right the divergences are what counts)."""
     n = len(rows)
     diverged = [r for r in rows if r.get("diverge_at") is not None]
     errors = [r for r in rows if r["anchor_correct"] and not r["correct"]]
@@ -139,7 +140,9 @@ def summarize(rows: list[dict]) -> dict:
 
     return {
         "n": n, "accuracy": share(rows, lambda r: r["correct"]), "anchor_accuracy": share(rows, lambda r: r["anchor_correct"]),
-        "diverged": share(rows, lambda r: r.get("diverge_at") is not None), "errors": len(errors),
+        "diverged": share(rows, lambda r: r.get("diverge_at") is not None),
+        "diverged_single_token": share(diverged, lambda r: r["mismatches"] == 1),  # every divergence, right or wrong
+        "diverged_anchor_in_top10": share(diverged, lambda r: r["anchor_rank"] <= 10), "errors": len(errors),
         "errors_single_token": share(err_div, lambda r: r["mismatches"] == 1),
         "errors_anchor_in_top10": share(err_div, lambda r: r["anchor_rank"] <= 10),
         "errors_anchor_rank_median": statistics.median([r["anchor_rank"] for r in err_div]) if err_div else None,
@@ -203,14 +206,15 @@ def format_shifting(res: ShiftingResult) -> str:
     s, lines = res.record, []
     f = lambda v, d=3: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
     lines.append(f"{s['task']}: anchor placement {label(s['anchor_placement'])} (accuracy {f(s['all']['anchor_accuracy'])})")
-    lines.append(f"{'placement':>9}  {'acc':>5}  {'diverged':>8}  {'errors':>6}  {'1-token':>7}  {'in top10':>8}  "
-                 f"{'ppl anchor':>10}  {'ppl gold':>8}")
+    lines.append(f"{'placement':>9}  {'acc':>5}  {'diverged':>8}  {'1-token':>7}  {'errors':>6}  {'1-token':>7}  "
+                 f"{'in top10':>8}  {'ppl anchor':>10}  {'ppl gold':>8}")
     for p in [*res.per_position, {"position": "all", **s["all"]}]:
         a, g = p["ppl_anchor"], p["ppl_gold"]
         lines.append(f"{label(p['position']) if p['position'] != 'all' else 'all':>9}  {f(p['accuracy'], 2):>5}  "
-                     f"{f(p['diverged'], 2):>8}  {p['errors']:>6}  {f(p['errors_single_token'], 2):>7}  "
+                     f"{f(p['diverged'], 2):>8}  {f(p['diverged_single_token'], 2):>7}  {p['errors']:>6}  "
+                     f"{f(p['errors_single_token'], 2):>7}  "
                      f"{f(p['errors_anchor_in_top10'], 2):>8}  {f(a and a['median']):>10}  {f(g and g['median']):>8}")
     lines.append("diverged: the greedy response leaves the anchor's; errors: anchor right, here wrong; 1-token: of the "
-                 "errors, one corrected token recovers the anchor response; in top10: the anchor's token is among the "
-                 "10 most probable at the first divergence; ppl: medians")
+                 "divergences / of the errors, one corrected token recovers the anchor response; in top10: of the errors, "
+                 "the anchor's token is among the 10 most probable at the first divergence; ppl: medians")
     return "\n".join(lines)

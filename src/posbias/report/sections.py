@@ -258,10 +258,12 @@ def shifting(run: Run) -> str:
         return "".join([key_values({k: v for k, v in r.items() if k not in ("per_position", "config", "model", "versions")},
                                    "summary"), rows_table(per, "per placement"), figures(run.path, ("shifting.png",))])
     med = lambda d: d["median"] if d else None  # noqa: E731
-    rows = [[pos_label(p["position"]) if p is not r["all"] else "all", p["n"], p["accuracy"], p["diverged"], p["errors"],
+    rows = [[pos_label(p["position"]) if p is not r["all"] else "all", p["n"], p["accuracy"], p["diverged"],
+             p.get("diverged_single_token"), p.get("diverged_anchor_in_top10"), p["errors"],
              p["errors_single_token"], p["errors_anchor_in_top10"], p["errors_anchor_rank_median"], med(p["ppl_anchor"]),
              med(p["ppl_gold"])] for p in [*per, r["all"]]]
-    head = ["placement", "n", "accuracy", "leaves anchor", "errors", "errors: 1-token", "errors: in top 10",
+    head = ["placement", "n", "accuracy", "leaves anchor", "of those: 1-token", "of those: in top 10", "errors",
+            "errors: 1-token", "errors: in top 10",
             "errors: anchor rank (median)", "ppl anchor (median)", "ppl gold (median)"]
     note = (f"anchor placement {pos_label(r['anchor_placement'])} (accuracy {fmt(r['all']['anchor_accuracy'])}). Errors: anchor "
             "right, this placement wrong; 1-token: one corrected token recovers the anchor response.")
