@@ -55,3 +55,16 @@ def test_smollm2_two_hops_adjacent_late_beat_apart_early(smollm2, tmp_path):
     acc = {tuple(r["position"]): r["accuracy"] for r in res.per_position}
     assert acc[(8, 9)] >= 0.1 and acc[(8, 9)] >= acc[(0, 4)] + 0.1, acc
     assert set(res.record["summary"]["modes"]) == {"connected", "disconnected"}
+
+
+def test_smollm2_token_shifting_keeps_the_right_token_near_the_top(smollm2, tmp_path):
+    """Pos2Distill Fig. 8 on the real model: where a middle-slot answer leaves the sink's, the sink's token is still
+    among the 10 most probable (measured: in all 84 errors at n = 30, docs/analyses.md)."""
+    from posbias import ShiftingConfig, run_shifting
+
+    res = run_shifting(ShiftingConfig(task="kv-lookup", positions="0,5", n=6), tmp_path / "s", loaded=smollm2,
+                       progress=False)
+    s = res.summary
+    assert s["anchor_accuracy"] >= 0.8 and s["diverged"] >= 0.5  # slot 0 right, slot 5 mostly not (0.83 diverged)
+    assert s["diverged_anchor_in_top10"] >= 0.8
+    assert all(r["diverge_at"] is None or r["anchor_rank"] >= 1 for r in res.rows)
