@@ -22,6 +22,7 @@ import pytest
 from browser import check_page, embedded_png_problems, find_chromium
 from posbias import (
     AttentionConfig,
+    GridConfig,
     DistillConfig,
     GAConfig,
     PosbiasError,
@@ -33,6 +34,7 @@ from posbias import (
     run_attention,
     run_compare,
     run_distill,
+    run_grid,
     run_search,
     run_shifting,
     run_sweep,
@@ -82,21 +84,20 @@ def runs(tmp_path_factory, model_dir, loaded):
     over = dict(iters=4, seeds=1, eval_seqs=20, sink_seqs=10, position_seqs=4, curve_seqs=8, log_points=2, n_classes=64,
                 n_labels=8, burstiness=2, n_items=4, dim=16, masks=["causal", "window3"])
     run_synth_grid("sinks", synth_grid_runs("sinks", "quick", **over), root / "synth", progress=False)
+    run_grid(GridConfig(model=str(model_dir), task_options={"digits": 3}, sizes="3,5", depths="0%,50%,100%", n=2,
+                        dtype="fp32"), root / "grid", loaded=loaded, progress=False)
     _hand_made(root, root / "sweep" / "curve.png")
     return root
 
 
 def _hand_made(root: Path, png: Path) -> None:
-    """A grid folder in the format its pipeline writes (cells: tidy rows) and a kind with no renderer of its own."""
-    cells = [{"size": s, "depth": d, "position": p, "n": 4, "accuracy": 0.25 * p, "ci_low": 0.0, "ci_high": 0.9,
-              "tokens_mean": 100.0 * s} for s in (1, 2) for d in (0.0, 0.5) for p in (0, 1, 2)]
-    for name, kind, result in [("grid", "grid", {"cells": cells}),
-                               ("other", "mystery analysis", {"sink_share": 0.5, "note": "<img src=x onerror=alert(1)>",
+    """A kind with no renderer of its own (the generic section), with a string that must be escaped."""
+    for name, kind, result in [("other", "mystery analysis", {"sink_share": 0.5, "note": "<img src=x onerror=alert(1)>",
                                                                 "rows": [{"layer": 0, "mass": 0.25}]})]:
         (root / name).mkdir()
         (root / name / "run.json").write_text(json.dumps({"kind": kind, "fingerprint": {}}))
-        (root / name / f"{name if name == 'grid' else 'mystery'}.json").write_text(json.dumps(result))
-        shutil.copy(png, root / name / ("heatmap.png" if name == "grid" else "mass.png"))
+        (root / name / "mystery.json").write_text(json.dumps(result))
+        shutil.copy(png, root / name / "mass.png")
 
 
 def _pngs(root: Path) -> int:

@@ -206,25 +206,33 @@ def distillation(run: Run) -> str:
 
 @renderer("grid")
 def grid(run: Run) -> str:
-    """size x depth rows, one column per position: accuracy (CI) in each cell; the heatmap the run drew."""
+    """Rows = depth, columns = context size (with its prompt tokens): accuracy [95% CI] (slot) per cell; per size the
+    sweep's average and gap; the heatmap the run drew."""
     cells = run.result.get("cells") or []
     need = {"size", "depth", "position", "accuracy", "ci_low", "ci_high"}
     if not cells or not all(need <= set(c) for c in cells):
         return generic(run)
-    positions = sorted({c["position"] for c in cells}, key=lambda p: (isinstance(p, str), p))
-    by = {(c["size"], c["depth"], c["position"]): c for c in cells}
-    rows = []
-    for size, depth in sorted({(c["size"], c["depth"]) for c in cells}, key=str):
-        row: list = [size, depth]
-        for p in positions:
-            c = by.get((size, depth, p))
-            row.append(Raw(f"{esc(fmt(c['accuracy']))}<br><small>[{esc(fmt(c['ci_low']))}, {esc(fmt(c['ci_high']))}]</small>")
-                       if c else "-")
-        rows.append(row)
-    summary = {k: v for k, v in run.result.items() if k not in ("cells", "config", "versions", "model")}
-    return "".join([key_values(summary, "summary"), table(["size", "depth", *(f"pos {pos_label(p)}" for p in positions)], rows,
-                                                          "accuracy (95% CI) per context size, depth and position"),
-                    figures(run.path, ("heatmap.png",)), details("every cell", rows_table(cells))])
+    sizes = sorted({c["size"] for c in cells})
+    depths = sorted({c["depth"] for c in cells}, key=float)
+    by = {(c["size"], c["depth"]): c for c in cells}
+    tokens = {c["size"]: c.get("tokens_mean") for c in cells}
+    unit = run.result.get("size_option") or "size"
+    head = ["depth %", *(f"{sz} {unit}" + (f" (~{tokens[sz]:.0f} tok)" if tokens.get(sz) else "") for sz in sizes)]
+    rows = [[fmt(d), *(_grid_cell(by.get((sz, d))) for sz in sizes)] for d in depths]
+    summ = [[f"{x['size']} {unit}", round(x.get("tokens", {}).get("mean") or 0), x["summary"].get("average"),
+             x["summary"].get("gap"),
+             "[" + ", ".join(fmt(v) for v in x["summary"].get("gap_ci") or []) + "]"]
+            for x in run.result.get("sizes") or [] if isinstance(x.get("summary"), dict)]
+    return "".join([table(head, rows, "accuracy [95% CI] (slot) per depth and context size"),
+                    table(["size", "prompt tokens (mean)", "average", "gap", "gap 95% CI"], summ, "per size") if summ else "",
+                    figures(run.path, ("heatmap.png",))])
+
+
+def _grid_cell(c: dict | None):
+    if c is None:
+        return "-"
+    return Raw(f"{esc(fmt(c['accuracy']))} <small>[{esc(fmt(c['ci_low']))}, {esc(fmt(c['ci_high']))}] "
+               f"({esc(pos_label(c['position']))})</small>")
 
 
 @renderer("theory run")
