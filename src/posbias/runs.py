@@ -259,13 +259,13 @@ class RunFolder:
             return
         self.path.mkdir(parents=True, exist_ok=True)
         with self._lock():
-            if resume:
+            if resume:  # run.json stays as the run's first command wrote it (same fingerprint: checked)
                 self._compare(fingerprint)
             else:
                 self._clear()
+                write_json_atomic(self.file(MARKER), {"kind": self.kind, "fingerprint": fingerprint,
+                                                      "command": command_line()}, indent=2)
             self.resuming = resume
-            write_json_atomic(self.file(MARKER), {"kind": self.kind, "fingerprint": fingerprint, "command": command_line()},
-                              indent=2)
             yield self
 
     def finish(self, record: dict, indent: int | None = 2, allow_nan: bool = True) -> None:
