@@ -381,3 +381,11 @@ def test_random_search_budget_cache_and_resume():
     again = RandomSearch(space, cfg, Fitness(space), budget=70)
     again.load_state_dict(json.loads(json.dumps(part.state_dict())))
     assert again.run() == res.individual and again.result() == res and _strip(again.history) == _strip(rs.history)
+
+
+def test_converged_at_is_the_first_generation_with_the_final_best():
+    from posbias.mitigate.lpes.search import converged_at
+
+    hist = lambda *b: [{"generation": g, "best_fitness": f} for g, f in enumerate(b)]  # noqa: E731
+    assert converged_at(hist(0.4, 0.5, 0.5, 0.5)) == 1  # nothing better after generation 1
+    assert converged_at(hist(0.4, 0.45, 0.5)) == 2 and converged_at(hist(0.5)) == 0 and converged_at([]) is None

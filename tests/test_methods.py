@@ -100,6 +100,8 @@ def test_lpes_search_files_and_held_out_check(model_dir, loaded, tmp_path):
     assert saved["factors"] == res["factors"] and len(res["factors"]) == 2
     assert all(1.0 <= f <= 2.0 for f in res["factors"])
     assert len(saved["history"]) == 4 and len(list((out / "log").glob("generation_*.json"))) == 4
+    bests = [h["best_fitness"] for h in saved["history"]]
+    assert saved["converged_at"] == bests.index(max(bests)) and bests[saved["converged_at"]] == saved["fitness"]
     keys = [json.loads(x)["key"] for x in (out / "evals.jsonl").read_text().splitlines()]
     assert len(keys) == len(set(keys)) == res["evaluations"]  # never the same individual twice
     assert (out / "factors.png").stat().st_size > 1000

@@ -64,7 +64,8 @@ def search(
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = run_search(cfg, run.out, **run_kwargs(run))
     acc, base = res.accuracy, res.baseline["accuracy"]
-    typer.echo(f"best fitness {res.fitness:.3f} (unmodified {res.baseline['fitness']:.3f}) after {res.evaluations} evaluations")
+    typer.echo(f"best fitness {res.fitness:.3f} (unmodified {res.baseline['fitness']:.3f}) after {res.evaluations} evaluations;"
+               f" reached at generation {res.record['converged_at']} of {len(res.record['history']) - 1}")
     typer.echo("search split accuracy  begin/middle/end: " + " / ".join(f"{acc[k]:.3f}" for k in acc)
                + "   unmodified: " + " / ".join(f"{base[k]:.3f}" for k in base))
     typer.echo("per-layer factors: " + " ".join(f"{f:.3f}" for f in res.factors))

@@ -145,8 +145,10 @@ def search(run: Run) -> str:
     regions = list(r.get("accuracy", {}))
     rows = [["searched factors", r.get("fitness"), *(r["accuracy"][k] for k in regions)],
             ["baseline (all 1.0)", base.get("fitness"), *(base.get("accuracy", {}).get(k) for k in regions)]]
+    conv = r.get("converged_at")
     parts = [para(f"LPES search on {r.get('model', '?')}, task {r.get('task', '?')}, space {r.get('space', '?')}: "
-                  f"{r.get('evaluations', '?')} evaluations, {r.get('n_layers', '?')} layers."),
+                  f"{r.get('evaluations', '?')} evaluations, {r.get('n_layers', '?')} layers"
+                  + (f"; best fitness first reached at generation {conv} (Table 7's convergence)." if conv is not None else ".")),
              table(["", "fitness", *(f"accuracy {k}" for k in regions)], rows, "search split"),
              table(["layer", *range(len(r.get("factors", [])))], [["factor", *r.get("factors", [])]], "per-layer factors"),
              figures(run.path, ("factors.png",))]

@@ -86,7 +86,7 @@ def run_search(cfg: SearchConfig | None = None, out: str | Path | None = None, *
                          "fitness": weighted_fitness(base_acc, cfg.weights)},
             **space.describe(best),
             "search_split": {"task": task.name, "seed": cfg.seed, "skip": cfg.skip, "n": cfg.n, "positions": fitness.positions},
-            "history": search.history, "evaluations": len(fitness.seen),
+            "history": search.history, "converged_at": converged_at(search.history), "evaluations": len(fitness.seen),
             "seconds_this_call": time.perf_counter() - t0, "config": cfg.to_dict(), "model_info": loaded.info,
         }
         if folder.path is not None and is_main_process():
@@ -136,3 +136,12 @@ def _run(search, folder: RunFolder, progress: bool):
         return search.run(on_generation=on_generation)
     finally:
         bar.close()
+
+
+def converged_at(history: list[dict], tol: float = 1e-12) -> int | None:
+    """Table 7's convergence: the first generation whose best fitness already equals the search's final best (the
+    generations after it found nothing better); None for an empty history."""
+    if not history:
+        return None
+    final = history[-1]["best_fitness"]
+    return next(h["generation"] for h in history if h["best_fitness"] >= final - tol)
