@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..core.rollout import iter_rollout
-from ..eval.encode import render
+from ..eval.spans import item_spans
 from ..models.attention import layer_attentions
 from ..models.load import Loaded
 from ..runs import write_json_atomic
@@ -34,31 +34,19 @@ class Spans:
     segments: dict[str, list[int]]  # segment -> token indices
 
 
-def _token_span(offsets: list[tuple[int, int]], a: int, b: int) -> list[int]:
-    return [k for k, (s, e) in enumerate(offsets) if e > a and s < b and e > s]
-
-
 def kv_spans(loaded: Loaded, task: KVLookup, example, position: int, chat: bool) -> Spans:
-    """Token indices of each segment of a kv-lookup prompt with the gold fact at `position`."""
-    prompt = task.build(example, position)
-    text = render(loaded.tokenizer, prompt, chat)
-    enc = loaded.tokenizer(text, add_special_tokens=not chat, return_offsets_mapping=True)
-    offsets = [tuple(o) for o in enc["offset_mapping"]]
-    lines = [ln for ln in prompt.user.splitlines() if ln.startswith("The code for")]
-    start = text.index(lines[0])
-    fact_tokens, cursor = [], start
-    for ln in lines:
-        a = text.index(ln, cursor)
-        cursor = a + len(ln)
-        fact_tokens.append(_token_span(offsets, a, cursor))
-    f = len(lines)
+    """Token indices of each segment of a kv-lookup prompt with the gold fact at `position` (the facts' token
+    spans from eval.spans, shared with the attention analysis)."""
+    spans = item_spans(loaded.tokenizer, task.build(example, position), task.items(example, position), chat)
+    fact_tokens = [spans.tokens(i) for i in range(spans.n_items)]
+    f = spans.n_items
     third = [range(0, f // 3), range(f // 3, f - f // 3), range(f - f // 3, f)]
     seg = {name: sorted({t for i in rng for t in fact_tokens[i]}) for name, rng in zip(("begin", "middle", "end"), third)}
     seg["first"] = [0]
     seg["gold"] = fact_tokens[position]
     taken = set(seg["first"]) | {t for toks in fact_tokens for t in toks}
-    seg["other"] = [k for k in range(len(enc["input_ids"])) if k not in taken]
-    return Spans(list(enc["input_ids"]), seg)
+    seg["other"] = [k for k in range(len(spans.ids)) if k not in taken]
+    return Spans(list(spans.ids), seg)
 
 
 def _masses(layers: torch.Tensor, spans: Spans, residual: float) -> dict[str, list[float]]:
