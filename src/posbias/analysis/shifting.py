@@ -27,6 +27,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..errors import PosbiasError
 from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict
 from ..eval.scorer import Scorer
 from ..methods import Method, get_method
@@ -54,8 +55,6 @@ class ShiftingConfig(TaskChoice, ModelChoice):
         self._validate_model()
         check_split(self.n, self.skip)
         if self.top < 1:
-            from ..errors import PosbiasError
-
             raise PosbiasError(f"`top` must be at least 1, got {self.top}", "use `top=10`")
         return self
 
