@@ -45,8 +45,12 @@ def tiny_model(arch: str, vocab: int, max_pos: int = 2048, seed: int = 0, layers
     if arch == "gpt2":
         cfg = tf.GPT2Config(n_embd=64, n_layer=layers, n_head=4, n_positions=max_pos, **common)
     else:
-        cls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig}[arch]
-        cfg = cls(
+        cls = {"llama": tf.LlamaConfig, "qwen2": tf.Qwen2Config, "mistral": tf.MistralConfig, "gemma3": tf.Gemma3TextConfig}[arch]
+        extra = {} if arch != "gemma3" else dict(  # Gemma-3's two RoPE kinds; a window short enough to matter
+            head_dim=16, sliding_window=8, layer_types=(["sliding_attention"] * (layers - 1) + ["full_attention"]),
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}})
+        cfg = cls(**extra,
             hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=max_pos, **common,
         )

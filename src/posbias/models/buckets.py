@@ -36,32 +36,48 @@ _REFERENCE_THETA = 10000.0
 _BATCH_KEYS = ("input_ids", "inputs_embeds")
 
 
-def default_bases(model) -> tuple[float, ...]:
-    """The original ToolBench bases relative to Llama-2's theta, scaled to this model's rope_theta."""
+def default_bases(model, rag: bool = False) -> tuple[float, ...]:
+    """The original ToolBench (or, rag=True, RAG) bases relative to Llama-2's theta, scaled to this model's
+    main rope_theta (Gemma-3: the global layers' 1e6; its sliding layers get the same list scaled to theirs)."""
     theta = rope_info(model).rope_theta or _REFERENCE_THETA
-    return tuple(theta * b / _REFERENCE_THETA for b in TOOLBENCH_BASES)
+    return tuple(theta * b / _REFERENCE_THETA for b in (RAG_BASES if rag else TOOLBENCH_BASES))
 
 
-def base_inv_freq(model, info: RopeInfo, base: float) -> torch.Tensor:
-    """(D/2,) float32 inverse frequencies the model would use with rope_theta = base (same RoPE type otherwise)."""
-    if info.rope_theta is not None and float(base) == info.rope_theta:
-        return info.inv_freq
+def kind_bases(info: RopeInfo, bases: Sequence[float]) -> list[tuple[float, ...]]:
+    """Per RoPE kind, the bases its layers use: `bases` refer to the main kind; another kind (Gemma-3's sliding
+    layers, theta 1e4 against the global 1e6) gets them scaled by theta_kind / theta_main, so every layer keeps
+    its own base's ratio to the original (Attention Buckets perturbs the base multiplicatively)."""
+    main = info.rope_theta
+    out = []
+    for kind in info.kinds:
+        ratio = (kind.rope_theta / main) if (main and kind.rope_theta) else 1.0
+        out.append(tuple(b * ratio for b in bases))
+    return out
+
+
+def base_inv_freq(model, info: RopeInfo, base: float, kind: int | None = None) -> torch.Tensor:
+    """(D/2,) float32 inverse frequencies the model would use with rope_theta = base for the RoPE kind `kind`
+    (default: the main one), same RoPE type otherwise."""
+    k = info.kinds[info.main if kind is None else kind]
+    if k.rope_theta is not None and float(base) == k.rope_theta:
+        return k.inv_freq
     params = getattr(model.config, "rope_parameters", None)
-    if not isinstance(params, dict) or "rope_theta" not in params:
-        raise PosbiasError(
-            f"model type '{info.model_type}' has no single rope_theta in config.rope_parameters",
-            "use a Llama/Qwen2/Mistral-family model",
-        )
+    multi = len(info.kinds) > 1
+    own = params.get(k.name) if multi and isinstance(params, dict) else params
+    if not isinstance(own, dict) or "rope_theta" not in own:
+        raise PosbiasError(f"model type '{info.model_type}' has no rope_theta in config.rope_parameters",
+                           "use a Llama/Qwen2/Mistral/Gemma-3 model")
     cfg = copy.deepcopy(model.config)
-    cfg.rope_parameters = {**params, "rope_theta": float(base)}
-    if info.rope_type == "default":
-        inv, _ = type(info.rotary).compute_default_rope_parameters(cfg)
+    cfg.rope_parameters = {**params, k.name: {**own, "rope_theta": float(base)}} if multi else {**own, "rope_theta": float(base)}
+    extra = {"layer_type": k.name} if multi else {}
+    if k.rope_type == "default":
+        inv, _ = type(info.rotary).compute_default_rope_parameters(cfg, **extra)
     else:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-        inv, _ = ROPE_INIT_FUNCTIONS[info.rope_type](cfg)
+        inv, _ = ROPE_INIT_FUNCTIONS[k.rope_type](cfg, **extra)
     # mimic the model's buffer precision (a bf16-cast inv_freq buffer is rounded), then compute in fp32
-    return inv.to(info.rotary.inv_freq.dtype).float().to(info.inv_freq.device)
+    return inv.to(k.buffer_dtype).float().to(k.inv_freq.device)
 
 
 def combine_bucket_logits(logits: torch.Tensor, n: int) -> torch.Tensor:
@@ -107,19 +123,19 @@ def _combine_hook(n: int):
     return hook
 
 
-def _rope_hook(tables: RopeTables):
-    rows: dict[tuple[int, torch.device], torch.Tensor] = {}
+def _rope_hook(tables: RopeTables, n: int, offset: int, rows: dict):
+    """Copy j of the batch (rows j*B..) gets table offset + j (offset: the layer's RoPE kind x n)."""
 
     def hook(module, args, kwargs):
         pos = position_ids_of(kwargs)
         hidden = kwargs.get("hidden_states", args[0] if args else None)
-        r, n = hidden.shape[0], tables.groups
+        r = hidden.shape[0]
         if r % n:
             raise PosbiasError(f"{r} rows reached self_attn under attention_buckets with {n} bases",
                                "call the model itself (its forward hooks expand the batch), not its inner modules")
-        key = (r, pos.device)
+        key = (r, pos.device, offset)
         if key not in rows:
-            rows[key] = (torch.arange(r, device=pos.device) // (r // n))[:, None]  # (R, 1): base of each row
+            rows[key] = offset + (torch.arange(r, device=pos.device) // (r // n))[:, None]  # (R, 1): table of each row
         cos, sin = tables.lookup(pos.expand(r, -1) if pos.shape[0] != r else pos, rows[key])
         return args, replace_position_embeddings(kwargs, cos, sin)
 
@@ -145,14 +161,17 @@ def attention_buckets(model, bases: Sequence[float] | None = None, max_positions
     """
     info = rope_info(model)
     bs = _check_bases(bases if bases is not None else default_bases(model))
-    invs = torch.stack([base_inv_freq(model, info, b) for b in bs])  # (n, D/2)
-    handles, tables = [], None
+    per_kind = kind_bases(info, bs)
+    invs = torch.stack([base_inv_freq(model, info, b, k) for k, kb in enumerate(per_kind) for b in kb])  # (K*n, D/2)
+    handles, tables, rows = [], None, {}
     with rope_guard(model):
         try:
-            if not all(torch.equal(inv, info.inv_freq) for inv in invs):  # else: no copy needs other cos/sin
+            own = torch.stack([info.kinds[k].inv_freq for k in range(len(per_kind)) for _ in bs])
+            if not torch.equal(invs, own):  # else: no copy needs other cos/sin
                 size = max_positions or info.max_positions or 2048
-                tables = RopeTables(invs, [1.0] * len(bs), info.attention_scaling, model_dtype(model), info.inv_freq.device, size)
-                handles += [a.register_forward_pre_hook(_rope_hook(tables), with_kwargs=True) for a in info.attns]
+                tables = RopeTables(invs, [1.0] * len(invs), info.attention_scaling, model_dtype(model), invs.device, size)
+                handles += [a.register_forward_pre_hook(_rope_hook(tables, len(bs), k * len(bs), rows), with_kwargs=True)
+                            for a, k in zip(info.attns, info.layer_kinds)]
             handles.append(model.register_forward_pre_hook(_expand_hook(len(bs)), with_kwargs=True))
             handles.append(model.register_forward_hook(_combine_hook(len(bs)), with_kwargs=True))
             yield model

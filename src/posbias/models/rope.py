@@ -28,29 +28,92 @@ _ACTIVE = "_posbias_rope_active"  # attribute set on the model while one of our 
 
 
 @dataclass
-class RopeInfo:
-    """What the RoPE methods need from a model.
+class RopeKind:
+    """One rotary table of a model. Most models have one ("default"); Gemma-3 has one per layer type
+    ("sliding_attention" with theta 1e4, "full_attention" with theta 1e6), each layer using its type's.
 
     inv_freq: (D/2,) float32, as the model multiplies positions by it; attention_scaling multiplies cos and sin.
     """
 
-    rotary: nn.Module
+    name: str
     inv_freq: torch.Tensor
     attention_scaling: float
-    attns: list[nn.Module]
-    model_type: str
     rope_type: str
     rope_theta: float | None
+    buffer_dtype: torch.dtype  # the model's inv_freq buffer dtype (a bf16 buffer is rounded)
+
+
+@dataclass
+class RopeInfo:
+    """What the RoPE methods need from a model: its rotary module, its RoPE kinds, and per decoder
+    layer the self_attn module and the kind it uses (`layer_kinds[i]` indexes `kinds`).
+
+    `inv_freq`, `attention_scaling`, `rope_type` and `rope_theta` are the main kind's (the only one, or
+    Gemma-3's "full_attention"): the base a single-number option such as a bucket base refers to.
+    """
+
+    rotary: nn.Module
+    kinds: list[RopeKind]
+    layer_kinds: list[int]
+    attns: list[nn.Module]
+    model_type: str
     max_positions: int
+    main: int = 0  # index of the main kind
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        return self.kinds[self.main].inv_freq
+
+    @property
+    def attention_scaling(self) -> float:
+        return self.kinds[self.main].attention_scaling
+
+    @property
+    def rope_type(self) -> str:
+        return self.kinds[self.main].rope_type
+
+    @property
+    def rope_theta(self) -> float | None:
+        return self.kinds[self.main].rope_theta
+
+
+def _kind(name: str, inv: torch.Tensor, scaling, rope_type, params) -> RopeKind:
+    if str(rope_type) in _DYNAMIC:
+        raise PosbiasError(
+            f"rope_type '{rope_type}' makes the frequencies change with the sequence length",
+            "use a model with a static RoPE (default, linear, llama3 or yarn)",
+        )
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return RopeKind(name, inv.detach().float(), float(scaling if scaling is not None else 1.0), str(rope_type),
+                    float(theta) if theta is not None else None, inv.dtype)
+
+
+def _kinds(rot: nn.Module, cfg, n_layers: int) -> tuple[list[RopeKind], list[int], int]:
+    """The model's RoPE kinds, the kind of each layer, and the main kind: one table (Llama/Qwen2/Mistral:
+    `rotary.inv_freq`) or one per layer type (Gemma-3: `rotary.<type>_inv_freq`, `config.layer_types`)."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    if getattr(rot, "inv_freq", None) is not None:
+        kind = _kind("default", rot.inv_freq, getattr(rot, "attention_scaling", 1.0), getattr(rot, "rope_type", "default"), params)
+        return [kind], [0] * n_layers, 0
+    types = list(getattr(cfg, "layer_types", None) or [])
+    names = sorted(set(types))
+    if len(types) != n_layers or not names or any(getattr(rot, f"{t}_inv_freq", None) is None for t in names):
+        raise PosbiasError(f"model type '{getattr(cfg, 'model_type', '?')}' has a rotary module this method cannot read",
+                           f"use {_FAMILIES}")
+    rtypes = getattr(rot, "rope_type", {})
+    kinds = [_kind(t, getattr(rot, f"{t}_inv_freq"), getattr(rot, f"{t}_attention_scaling", 1.0),
+                   rtypes.get(t, "default") if isinstance(rtypes, dict) else rtypes, params.get(t, {})) for t in names]
+    main = names.index("full_attention") if "full_attention" in names else 0
+    return kinds, [names.index(t) for t in types], main
 
 
 def rope_info(model) -> RopeInfo:
-    """The rotary module, inv_freq, attention_scaling and the decoder layers' self_attn modules of a RoPE model."""
+    """The rotary module, RoPE kinds and the decoder layers' self_attn modules of a RoPE model."""
     cfg = model.config
     mtype = getattr(cfg, "model_type", type(model).__name__)
     base = getattr(model, "base_model", model)
     rot, layers = getattr(base, "rotary_emb", None), getattr(base, "layers", None)
-    if rot is None or getattr(rot, "inv_freq", None) is None or layers is None:
+    if rot is None or layers is None:
         raise PosbiasError(
             f"model type '{mtype}' has no rotary position embedding (RoPE) this method can rescale",
             f"use {_FAMILIES}",
@@ -58,24 +121,12 @@ def rope_info(model) -> RopeInfo:
     attns = [getattr(layer, "self_attn", None) for layer in layers]
     if any(a is None for a in attns):
         raise PosbiasError(f"model type '{mtype}' has decoder layers without a self_attn module", f"use {_FAMILIES}")
-    rope_type = str(getattr(rot, "rope_type", "default"))
-    if rope_type in _DYNAMIC:
-        raise PosbiasError(
-            f"model type '{mtype}' uses rope_type '{rope_type}', whose frequencies change with the sequence length",
-            "use a model with a static RoPE (default, linear, llama3 or yarn)",
-        )
-    params = getattr(cfg, "rope_parameters", None) or {}
-    theta = params.get("rope_theta") if isinstance(params, dict) else None
-    return RopeInfo(
-        rotary=rot,
-        inv_freq=rot.inv_freq.detach().float(),
-        attention_scaling=float(getattr(rot, "attention_scaling", 1.0)),
-        attns=attns,
-        model_type=mtype,
-        rope_type=rope_type,
-        rope_theta=float(theta) if theta is not None else None,
-        max_positions=int(getattr(cfg, "max_position_embeddings", 0) or 0),
-    )
+    try:
+        kinds, layer_kinds, main = _kinds(rot, cfg, len(attns))
+    except PosbiasError as e:
+        raise PosbiasError(f"model type '{mtype}': {e.problem}", e.fix) from None
+    return RopeInfo(rotary=rot, kinds=kinds, layer_kinds=layer_kinds, attns=attns, model_type=mtype,
+                    max_positions=int(getattr(cfg, "max_position_embeddings", 0) or 0), main=main)
 
 
 def model_dtype(model) -> torch.dtype:
@@ -214,24 +265,29 @@ def layer_rope_scaling(model, factors: Sequence[float], max_positions: int | Non
     """Layer h sees positions i / s_h (LPES eq. 2: f'(x, i) = f(x, i / s_h)) inside the block; reversible.
 
     factors: one s_h > 0 per decoder layer. Layers with s_h == 1.0 are left untouched (bit-identical).
-    Tables (G distinct factors, P = max_positions or max_position_embeddings, D) are built once on entry and
-    grow if a larger position appears. Works with batched left-padded teacher forcing (position_ids =
-    cumsum(mask) - 1) and with model.generate's KV cache (position ids continue past the prompt).
+    Eq. 2 scales positions, not the base, so a model with several RoPE kinds (Gemma-3: sliding layers
+    with theta 1e4, global layers with 1e6) applies each layer's factor to that layer's own frequencies.
+    Tables (G distinct (kind, factor) pairs, P = max_positions or max_position_embeddings, D) are built
+    once on entry and grow if a larger position appears. Works with batched left-padded teacher forcing
+    (position_ids = cumsum(mask) - 1) and with model.generate's KV cache (position ids continue past the prompt).
     """
     info = rope_info(model)
     fs = _check_factors(factors, len(info.attns), info.model_type)
-    distinct = sorted({f for f in fs if f != 1.0})
+    distinct = sorted({(k, f) for k, f in zip(info.layer_kinds, fs) if f != 1.0})
     handles, tables = [], None
     with rope_guard(model):
         try:
             if distinct:
                 size = max_positions or info.max_positions or 2048
-                inv = info.inv_freq[None].expand(len(distinct), -1)
-                tables = RopeTables(inv, distinct, info.attention_scaling, model_dtype(model), info.inv_freq.device, size)
-                for attn, f in zip(info.attns, fs):
+                inv = torch.stack([info.kinds[k].inv_freq for k, _ in distinct])  # (G, D/2)
+                scaling = {info.kinds[k].attention_scaling for k, _ in distinct}
+                if len(scaling) > 1:
+                    raise PosbiasError(f"model type '{info.model_type}' has RoPE kinds with different attention scalings",
+                                       f"use {_FAMILIES}")
+                tables = RopeTables(inv, [f for _, f in distinct], scaling.pop(), model_dtype(model), inv.device, size)
+                for attn, k, f in zip(info.attns, info.layer_kinds, fs):
                     if f != 1.0:
-                        hook = _layer_hook(tables, distinct.index(f))
-                        handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
+                        handles.append(attn.register_forward_pre_hook(_layer_hook(tables, distinct.index((k, f))), with_kwargs=True))
             yield model
         finally:
             for h in handles:
