@@ -31,6 +31,7 @@ from .errors import PosbiasError  # noqa: E402
 from .eval.compare import CompareResult, format_compare, run_compare  # noqa: E402
 from .eval.engines import ENGINES  # noqa: E402
 from .eval.grid import GridConfig, GridResult, format_grid, run_grid  # noqa: E402
+from .eval.length_gain import format_length_gain, run_length_gain  # noqa: E402
 from .eval.scorer import Scorer  # noqa: E402
 from .eval.sweep import SweepConfig, SweepResult, format_table, run_sweep  # noqa: E402
 from .methods import (  # noqa: E402
@@ -81,7 +82,7 @@ __all__ = [
     "SweepConfig", "SweepResult", "SynthGridResult", "SynthRunResult", "Task", "TheoryConfig", "TheoryResult",
     "UniformScaling",
     "GridConfig", "GridResult", "format_grid", "run_grid",
-    "__version__", "check_all", "format_compare", "format_real_rollout", "format_synth_run", "format_synth_summary",
+    "__version__", "check_all", "format_compare", "format_length_gain", "run_length_gain", "format_real_rollout", "format_synth_run", "format_synth_summary",
     "format_table", "format_theory_summary", "get_method", "get_task", "load_model", "register_method",
     "register_task", "resolve_positions", "run_compare", "run_distill", "run_search", "run_sweep", "run_synth_grid",
     "run_synth_one", "run_theory", "set_threads", "split_specs", "synth_grid_runs", "synth_run_config",

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .. import DistillConfig, SearchConfig, run_distill, run_search
+from .. import DistillConfig, SearchConfig, format_length_gain, run_distill, run_length_gain, run_search
 from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, floats, model_fields, run_kwargs, task_fields, uses
 
 lpes_app = typer.Typer(no_args_is_help=True, help="LPES: search per-layer RoPE scaling factors (training-free).")
@@ -70,6 +70,18 @@ def search(
                + "   unmodified: " + " / ".join(f"{base[k]:.3f}" for k in base))
     typer.echo("per-layer factors: " + " ".join(f"{f:.3f}" for f in res.factors))
     typer.echo(f"wrote {run.out}/factors.json and factors.png; use it with --method lpes:{run.out}/factors.json")
+
+
+@lpes_app.command()
+def gain(
+    dirs: list[Path] = typer.Argument(..., help="`posbias compare` folders: the same methods at different context lengths"),
+    out: Path = typer.Option(Path("runs/lpes-gain"), help="output folder (gain.json, gain.png)"),
+    overwrite: bool = typer.Option(False, help="replace an existing result in OUT"),
+) -> None:
+    """Gain of each method over the unmodified model (paired 95% CI) against prompt length -> OUT/gain.png."""
+    rec = run_length_gain(dirs, out, overwrite=overwrite)
+    typer.echo(format_length_gain(rec))
+    typer.echo(f"wrote {out}/gain.json and gain.png")
 
 
 TRAIN = Group(

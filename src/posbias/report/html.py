@@ -24,7 +24,7 @@ from .blocks import PNG_URI, esc
 from .sections import Run, provenance, renderer_for
 
 # result file per kind; any other kind: the first word of the kind + ".json" (grid -> grid.json)
-RESULT_FILES = {"comparison": "compare.json", "search": "factors.json", "distillation": "distill.json"}
+RESULT_FILES = {"comparison": "compare.json", "search": "factors.json", "distillation": "distill.json", "length-gain": "gain.json"}
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d232b;background:#f5f6f8}

@@ -33,3 +33,26 @@ def plot_search(result: dict, path: str | Path) -> None:
     b.grid(alpha=0.3)
     fig.suptitle(f"LPES search: {result['model']} on {result['task']} ({result['space']})", fontsize=9)
     save_figure(fig, path)
+
+
+def plot_gain_vs_length(points: list[dict], path: str | Path) -> None:
+    """Average minus the unmodified model's (paired 95% CI) against prompt length, one line per (model, method)."""
+    from .plots import plt, save_figure
+
+    fig, ax = plt.subplots(figsize=(7, 3.8), dpi=120)
+    lines: dict[tuple, list[dict]] = {}
+    for p in points:
+        if not p.get("reference"):  # the first entry of each comparison is what the others are measured against
+            lines.setdefault((p["model"], p["label"]), []).append(p)
+    for (model, lab), ps in sorted(lines.items()):
+        ps = sorted(ps, key=lambda p: p["tokens"])
+        x, y = [p["tokens"] for p in ps], [p["difference"] for p in ps]
+        err = [[p["difference"] - p["ci"][0] for p in ps], [p["ci"][1] - p["difference"] for p in ps]]
+        ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, label=f"{lab} ({model})")
+    ax.axhline(0.0, color="k", lw=0.7)
+    ax.set_xscale("log")
+    ax.set_xlabel("prompt length (model tokens, log scale)")
+    ax.set_ylabel("average accuracy - unmodified\n(paired 95% CI)")
+    ax.legend(fontsize=6, loc="best")
+    ax.grid(alpha=0.3)
+    save_figure(fig, path)

@@ -1,0 +1,75 @@
+"""Method gain against context length (LPES Table 17's question on one model): read several `compare`
+folders (the same methods on the same model at different context lengths), and for every method the
+paired difference to the first entry (its average minus the unmodified model's, bootstrap 95% CI over
+the same examples, as `compare` computed it) against the mean prompt length in model tokens.
+
+Files in OUT: gain.json (atomic, last) and gain.png (one line per method with CI bars).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import PosbiasError
+from ..runs import RunFolder
+
+
+def _read_compare(path: Path) -> dict:
+    f = path / "compare.json"
+    if not f.exists():
+        raise PosbiasError(f"{path} holds no finished comparison (no compare.json)",
+                           "pass folders written by `posbias compare` (finish or --resume them first)")
+    return json.loads(f.read_text())
+
+
+def _mean_tokens(path: Path, entry: dict) -> float:
+    """Mean prompt length (model tokens) over the entry's rows."""
+    lens = [json.loads(line).get("prompt_tokens") for line in (path / entry["dir"] / "examples.jsonl").open()]
+    lens = [n for n in lens if n is not None]
+    if not lens:
+        raise PosbiasError(f"{path / entry['dir']} rows carry no prompt_tokens", "re-run that comparison with this version")
+    return sum(lens) / len(lens)
+
+
+def length_points(dirs: Sequence[str | Path]) -> list[dict]:
+    """One point per (comparison, method): model, task, task options, mean tokens, n, average, difference, CI."""
+    points = []
+    for d in map(Path, dirs):
+        rec = _read_compare(d)
+        cfg = rec["config"]
+        tokens = _mean_tokens(d, rec["methods"][0])
+        for i, e in enumerate(rec["methods"]):
+            v = e.get("vs_first") or {"difference": 0.0, "ci": [0.0, 0.0]}
+            points.append({"compare": str(d), "model": cfg.get("model") or e["model"], "task": cfg["task"],
+                           "task_options": cfg.get("task_options", {}), "tokens": round(tokens, 1),
+                           "n": cfg["n"], "positions": cfg.get("positions_resolved"), "method": e["method"],
+                           "label": e["label"], "reference": i == 0, "average": e["summary"]["average"],
+                           "difference": v["difference"], "ci": v["ci"]})
+    return points
+
+
+def run_length_gain(dirs: Sequence[str | Path], out: str | Path, *, overwrite: bool = False) -> dict:
+    """gain.json + gain.png in `out` from the comparisons in `dirs` (at least one)."""
+    if not dirs:
+        raise PosbiasError("no comparison folders given", "pass two or more `posbias compare` output folders")
+    points = length_points(dirs)  # reads everything before the folder is touched
+    folder = RunFolder(out, "length-gain", "gain.json", ("gain.png",))
+    folder.check(False, overwrite)
+    with folder.open({"compares": [str(Path(d)) for d in dirs]}, False, overwrite):
+        from ..report.lpes_plots import plot_gain_vs_length
+
+        plot_gain_vs_length(points, folder.file("gain.png"))
+        record = {"points": points}
+        folder.finish(record)
+    return record
+
+
+def format_length_gain(record: dict) -> str:
+    """A table: method, tokens, average, difference to the first entry (paired 95% CI)."""
+    lines = [f"{'method':<28} {'model':<14} {'tokens':>7} {'n':>4} {'average':>8}  difference (paired 95% CI)"]
+    for p in sorted(record["points"], key=lambda p: (p["label"], p["model"], p["tokens"])):
+        lines.append(f"{p['label'][:28]:<28} {str(p['model'])[:14]:<14} {p['tokens']:>7.0f} {p['n']:>4} {p['average']:>8.3f}"
+                     f"  {p['difference']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]")
+    return "\n".join(lines)
