@@ -77,7 +77,7 @@ def test_compare_runs_every_method_on_the_same_examples(model_dir, tmp_path):
         ids[m["dir"]] = [json.loads(x)["example_id"] for x in lines]
     assert len({tuple(sorted(v)) for v in ids.values()}) == 1
     assert "buckets" in format_compare(rec)
-    assert rec["methods"][0]["vs_first"] == {"difference": 0.0, "ci": [0.0, 0.0]}
+    assert rec["methods"][0]["vs_first"] == {"difference": 0.0, "ci": [0.0, 0.0], "se": 0.0, "mde80": 0.0}
     assert all(-1 <= m["vs_first"]["ci"][0] <= m["vs_first"]["difference"] <= m["vs_first"]["ci"][1] <= 1
                for m in rec["methods"])
     again = run_compare(_cfg(model_dir), ["none", "pi:1.5", "buckets:10000,30000"], tmp_path / "c", resume=True,

@@ -54,3 +54,19 @@ def test_summarize_curve():
     assert s.std == pytest.approx(np.std([1, 0.25, 0.5]))
     assert s.gap_ci[0] <= s.gap <= s.gap_ci[1]
     assert summarize_curve([0, 5, 9], m).gap_ci == s.gap_ci  # seeded: reproducible
+
+
+def test_paired_difference_power_figure_by_hand():
+    """16 examples, one position: b gains on 4 (d = 1), loses on none -> d has mean 1/4 and sample sd
+    sqrt(4 * (3/4)^2 + 12 * (1/4)^2) / sqrt(15) = sqrt(3/15); se = that / 4; mde80 = 2.8016 * se."""
+    import numpy as np
+
+    from posbias.core.metrics import paired_difference
+
+    a = np.zeros((16, 1), dtype=bool)
+    b = a.copy()
+    b[:4] = True
+    r = paired_difference(a, b)
+    assert r["difference"] == 0.25
+    se = (3 / 15) ** 0.5 / 4
+    assert abs(r["se"] - se) < 1e-12 and abs(r["mde80"] - 2.8016 * se) < 1e-12

@@ -167,7 +167,7 @@ def format_compare(record: dict | CompareResult) -> str:
     first = rows[0]["label"]
     what = "method" if record["config"].get("model") else "model"  # compare --models: entries are models
     head = (f"{what:<{w}} " + " ".join(f"{label(p):>6}" for p in positions) + f" {'avg':>6} {'gap':>6}  gap 95% CI"
-            + f"        avg - {first} (paired 95% CI)")
+            + f"        avg - {first} (paired 95% CI)  detectable at 80% power")
     lines = [head]
     for r in rows:
         s = r["summary"]
@@ -175,6 +175,8 @@ def format_compare(record: dict | CompareResult) -> str:
         ci = f"[{s['gap_ci'][0]:.3f}, {s['gap_ci'][1]:.3f}]"
         v = r.get("vs_first")
         vs = f"{v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" if v else ""
+        if v and v.get("mde80"):  # older compare.json files have no power figure
+            vs += f"  {v['mde80']:.3f}"
         lines.append(f"{r['label']:<{w}} {accs} {s['average']:>6.3f} {s['gap']:>6.3f}  {ci:<16}  {vs}")
     if "modes" in rows[0]["summary"]:  # two-hop placements: the average of each mode and the gap between modes
         modes = list(rows[0]["summary"]["modes"])
