@@ -4,6 +4,7 @@ training, resume after a kill, bad input, and one short real-model check."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -120,7 +121,7 @@ def test_balance_loss_is_constant_at_top_k_n_and_balanced_at_its_minimum():
     logits = [torch.randn(2, 5, 3, 4, generator=torch.Generator().manual_seed(i), requires_grad=True) for i in range(2)]
     full = load_balancing_loss(logits, 4)
     assert abs(float(full.detach()) - 4.0) < 1e-5  # top_k = N: N * sum_j P_j = N
-    assert float(load_balancing_loss(logits, 1)) > 1.0
+    assert float(load_balancing_loss(logits, 1).detach()) > 1.0
     uniform = [torch.zeros(2, 5, 3, 4)]
     assert abs(float(load_balancing_loss(uniform, 1)) - 1.0) < 1e-5  # f_j = 1/N at best (ties -> expert 0: not here)
     mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])
@@ -225,3 +226,29 @@ def test_real_smollm2_applies_and_restores_bit_identically(smollm2, tmp_path):
         after = smollm2.model(input_ids=ids).logits
     assert torch.equal(before, after) and not torch.equal(before, inside)
     assert torch.isfinite(inside).all()
+
+
+def test_cli_trains_and_compare_uses_the_routers_but_not_on_their_examples(model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from posbias import SweepConfig, run_compare
+    from posbias.cli import app
+
+    out = tmp_path / "m"
+    args = ["moice", "train", "--model", str(model_dir), "--dtype", "fp32", "--task", "kv-lookup", "--facts", "3",
+            "--digits", "3", "--steps", "2", "--batch", "2", "--top-k", "2", "--bases", "10000,20000,40000",
+            "--out", str(out), "--quiet"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert f"--method moice:{out}" in res.output
+    assert json.loads((out / "run.json").read_text())["kind"] == "moice"
+    rec = json.loads((out / "moice.json").read_text())
+    assert rec["bases"] == [10000.0, 20000.0, 40000.0] and rec["top_k"] == 2 and rec["steps"] == 2
+    sweep = SweepConfig(model=str(model_dir), task="kv-lookup", task_options={"facts": 3, "digits": 3}, positions="0,2",
+                        n=2, dtype="fp32")
+    cmp = run_compare(sweep, ["none", f"moice:{out}"], tmp_path / "cmp", progress=False).record
+    assert len(cmp["methods"]) == 2
+    with pytest.raises(PosbiasError, match="3000..3003"):
+        run_compare(replace(sweep, skip=2999), ["none", f"moice:{out}"], tmp_path / "c2", progress=False)
+    res = CliRunner().invoke(app, args)  # the folder holds a finished run: one line, exit 2 through main()
+    assert res.exit_code != 0
