@@ -4,13 +4,15 @@ target here LPES <= 1.02x); (b) the search's cost: fitness evaluations per minut
 and wall time of a finished search (read from its factors.json), and one fitness evaluation timed.
 
     python benchmarks/lpes_speed.py [--factors runs/lpes/factors.json] [--search-dir runs/lpes]
-                                    [--n 16] [--rounds 3] [--max-new-tokens 8]
+                                    [--moice runs/moice] [--n 16] [--rounds 3] [--max-new-tokens 8]
 
 Per-example time = greedy generation of one prompt at a time (batch 1, KV cache, up to
 --max-new-tokens tokens; no early stop so every method decodes the same number of tokens), the
 setting of the paper's Table 5. Methods run interleaved round by round (none, lpes, pi, mspoe,
-buckets, none, ...) so machine noise hits all alike; the median over rounds is reported.
+buckets, moice, none, ...) so machine noise hits all alike; the median over rounds is reported.
 Entering a method (precomputing its cos/sin tables) happens once per sweep and is timed apart.
+MoICE uses trained routers with --moice DIR; without it, seeded untrained routers of the same shape
+(its cost does not depend on the router values; the script says so when it does this).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +39,16 @@ def generate_each(model, rows, max_new: int) -> float:
     return (time.perf_counter() - t0) / len(rows)
 
 
+def seeded_routers(loaded) -> str:
+    """A folder with seeded, untrained MoICE routers for the model (latency does not depend on their values)."""
+    from posbias.models.moice import Routers
+
+    d = tempfile.mkdtemp(prefix="moice-seeded-")
+    Routers.for_model(loaded.model, seed=0).save(f"{d}/routers.safetensors")
+    print(f"moice: no --moice DIR given, so seeded untrained routers ({d}); latency does not depend on router values")
+    return d
+
+
 def inference(a, loaded) -> None:
     task = get_task(a.task)
     rows = Scorer(loaded, task).rows(task.examples(a.n, 0, 5000), [task.n_slots // 2])
@@ -43,7 +56,7 @@ def inference(a, loaded) -> None:
     ramp = ",".join(f"{1 + 0.3 * h / (n_layers - 1):.4f}" for h in range(n_layers))
     lpes = f"lpes:{a.factors}" if a.factors else f"layers:{ramp}"
     specs = {"none": "none", "lpes": lpes, "pi": f"pi:{a.factors}" if a.factors else "pi:1.15", "mspoe": "mspoe",
-             "buckets": "buckets"}
+             "buckets": "buckets", "moice": f"moice:{a.moice or seeded_routers(loaded)}"}
     methods = {k: get_method(v) for k, v in specs.items()}
     times: dict[str, list[float]] = {k: [] for k in specs}
     enter: dict[str, float] = {}
@@ -93,6 +106,7 @@ def main() -> None:
     ap.add_argument("--task", default="kv-lookup")
     ap.add_argument("--factors", help="a factors.json for LPES and PI (default: a synthetic 1.0 -> 1.3 ramp)")
     ap.add_argument("--search-dir", help="a finished `posbias lpes search` directory to report the cost of")
+    ap.add_argument("--moice", help="a `posbias moice train` folder (default: seeded untrained routers)")
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=8)

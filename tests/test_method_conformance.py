@@ -22,6 +22,7 @@ import torch
 from conftest import char_tokenizer, position_sensitive, random_seqs, tiny_model
 from posbias import METHODS, Active, Loaded, get_method
 from posbias.eval.encode import left_pad
+from posbias.models.moice import PAPER_BASES, Routers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,8 +33,11 @@ ARCHS = ("llama", "qwen2")
 def _examples(tmp_path) -> dict[str, str]:
     factors = tmp_path / "factors.json"
     factors.write_text(json.dumps({"factors": [1.0, 1.5, 2.0, 1.5]}))
+    routers = tmp_path / "moice"  # seeded (untrained) routers: MoICE's plumbing does not depend on their values
+    routers.mkdir(exist_ok=True)
+    Routers(LAYERS, 4, 16, PAPER_BASES, top_k=3, seed=0).save(routers / "routers.safetensors")
     return {"none": "none", "pi": "pi:1.5", "layers": "layers:1,2,1,2", "lpes": f"lpes:{factors}",
-            "mspoe": "mspoe:1.2-1.8", "buckets": "buckets:10000,30000"}
+            "mspoe": "mspoe:1.2-1.8", "buckets": "buckets:10000,30000", "moice": f"moice:{routers}"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)

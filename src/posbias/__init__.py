@@ -42,6 +42,7 @@ from .methods import (  # noqa: E402
     Buckets,
     LayerScaling,
     Method,
+    MoICE,
     MsPoE,
     UniformScaling,
     get_method,
@@ -51,6 +52,8 @@ from .methods import (  # noqa: E402
 from .mitigate.lpes import PRESETS as LPES_PRESETS  # noqa: E402
 from .mitigate.lpes import SPACES as LPES_SPACES  # noqa: E402
 from .mitigate.lpes import LPESResult, SearchConfig, run_search  # noqa: E402
+from .mitigate.moice import PRESETS as MOICE_PRESETS  # noqa: E402
+from .mitigate.moice import MoICEConfig, MoICEResult, train_moice  # noqa: E402
 from .mitigate.pos2distill import ABLATIONS as DISTILL_ABLATIONS  # noqa: E402
 from .mitigate.pos2distill import METHODS as DISTILL_METHODS  # noqa: E402
 from .mitigate.pos2distill import PRESETS as DISTILL_PRESETS  # noqa: E402
@@ -82,7 +85,9 @@ __all__ = [
     "SweepConfig", "SweepResult", "SynthGridResult", "SynthRunResult", "Task", "TheoryConfig", "TheoryResult",
     "UniformScaling",
     "GridConfig", "GridResult", "format_grid", "run_grid",
-    "__version__", "check_all", "format_compare", "format_length_gain", "run_length_gain", "format_real_rollout", "format_synth_run", "format_synth_summary",
+    "MOICE_PRESETS", "MoICE", "MoICEConfig", "MoICEResult", "train_moice",
+    "__version__", "check_all", "format_compare", "format_length_gain", "run_length_gain", "format_real_rollout",
+    "format_synth_run", "format_synth_summary",
     "format_table", "format_theory_summary", "get_method", "get_task", "load_model", "register_method",
     "register_task", "resolve_positions", "run_compare", "run_distill", "run_search", "run_sweep", "run_synth_grid",
     "run_synth_one", "run_theory", "set_threads", "split_specs", "synth_grid_runs", "synth_run_config",

@@ -20,6 +20,7 @@ from .explain import analyze_app, synth_app, theory
 from .grid import grid
 from .measure import compare, models, sweep, tasks
 from .mitigate import distill_app, lpes_app
+from .moice import moice_app
 from .report import report
 
 app = typer.Typer(
@@ -31,12 +32,13 @@ for command in (sweep, compare, grid, theory, tasks, models, report):
 app.add_typer(synth_app, name="synth")
 app.add_typer(lpes_app, name="lpes")
 app.add_typer(distill_app, name="distill")
+app.add_typer(moice_app, name="moice")
 app.add_typer(analyze_app, name="analyze")
 
 # Python parameter -> flag, where the flag is not --the-parameter-name
 _FLAGS = {"n_parents": "--parents", "n_crossover": "--crossovers", "n_mutation": "--mutations", "n_points": "--points",
           "n_tokens": "--tokens", "n_items": "--items", "n_classes": "--classes", "n_labels": "--labels",
-          "component_std": "--std", "eval_seqs": "--eval-seqs"}
+          "component_std": "--std", "eval_seqs": "--eval-seqs", "aux_coef": "--aux"}
 _FLAG_VALUES = {("correct_only", "False"): "--keep-all", ("correct_only", "True"): "--correct-only",
                 ("lora", "False"): "--full"}
 

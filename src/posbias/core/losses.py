@@ -1,4 +1,5 @@
-"""Distillation losses of Pos2Distill-R1 (Wang et al. 2025, Sec. 4.2), pure torch.
+"""Distillation losses of Pos2Distill-R1 (Wang et al. 2025, Sec. 4.2), pure torch; and MoICE's router
+load-balancing term (`load_balancing_loss`, Lin et al. 2024).
 
 Shapes: S sequences, T response tokens (padded), V vocabulary. `mask[s, t]` is True where
 token t of sequence s is a real response token. Row t of a logits tensor is the distribution
@@ -110,3 +111,27 @@ def ce_loss(student_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Ten
     if not m.any():
         return student_logits.sum() * 0.0  # keeps the graph; no target tokens
     return F.cross_entropy(student_logits[m].float(), targets[m])
+
+
+def load_balancing_loss(logits: list[torch.Tensor], top_k: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Switch-Transformer load balancing over router logits, as MoICE's public code computes it (its
+    `load_balancing_loss_func`): every (layer, token, head) is one routed item;
+
+        loss = N * sum_{i, j} f_ij * P_j,  f_ij = fraction of items whose i-th choice (of top_k) is expert j,
+                                           P_j  = mean router probability of expert j,
+
+    averaged over the items that are not padding. logits: one (B, T, H, N) tensor per layer; mask (B, T), 1 =
+    real token. With top_k == N every expert is some item's i-th choice for each i, so sum_i f_ij = 1 and the
+    loss is the constant N (no gradient): the paper's setting (7 experts, top-k 7) trains on the LM loss alone."""
+    stacked = torch.stack([x.float() for x in logits])  # (L, B, T, H, N)
+    n = stacked.shape[-1]
+    probs = torch.softmax(stacked, dim=-1)
+    chosen = F.one_hot(stacked.topk(top_k, dim=-1).indices, n).float()  # (L, B, T, H, k, N)
+    if mask is None:
+        weight = torch.ones(stacked.shape[:-1], device=stacked.device)
+    else:
+        weight = mask.to(stacked.device, torch.float32)[None, :, :, None].expand(stacked.shape[:-1])  # (L, B, T, H)
+    total = weight.sum().clamp(min=1.0)
+    f = (chosen * weight[..., None, None]).sum(dim=(0, 1, 2, 3)) / total  # (k, N)
+    p = (probs * weight[..., None]).sum(dim=(0, 1, 2, 3)) / total  # (N,)
+    return n * (f * p[None]).sum()

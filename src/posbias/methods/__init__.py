@@ -6,15 +6,17 @@
   lpes:DIR/factors.json          the per-layer factors an LPES search found
   mspoe | mspoe:1.2-1.8          Ms-PoE per-head scaling
   buckets | buckets:B1,B2        Attention Buckets (several RoPE bases)
+  moice:DIR                      MoICE routers trained by `posbias moice train` (the model stays frozen)
 """
 
 from .base import Active, Baseline, Method
 from .buckets import Buckets
+from .moice import MoICE
 from .mspoe import MsPoE
 from .registry import METHODS, get_method, register_method, split_specs
 from .scaling import LPES, LayerScaling, UniformScaling, read_factors
 
 __all__ = [
-    "LPES", "METHODS", "Active", "Baseline", "Buckets", "LayerScaling", "Method", "MsPoE", "UniformScaling",
+    "LPES", "METHODS", "Active", "Baseline", "Buckets", "LayerScaling", "Method", "MoICE", "MsPoE", "UniformScaling",
     "get_method", "read_factors", "register_method", "split_specs",
 ]

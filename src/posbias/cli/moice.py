@@ -1,0 +1,48 @@
+"""`posbias moice train`: train MoICE routers (the model frozen); `--method moice:OUT` applies them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .. import MoICEConfig, train_moice
+from .options import MODEL, RUN, SPLIT, TASK, Args, floats, model_fields, run_kwargs, task_fields, uses
+
+moice_app = typer.Typer(no_args_is_help=True, help="MoICE: routers that mix attention over several RoPE bases (trained).")
+
+
+@moice_app.callback()
+def _moice_group() -> None:
+    """MoICE: routers that mix attention over several RoPE bases (trained)."""
+
+
+@moice_app.command()
+@uses(MODEL, TASK, SPLIT.defaults(n=None, skip=None), RUN.defaults(out=Path("runs/moice")))
+def train(
+    model: Args, task: Args, split: Args, run: Args,
+    preset: str = typer.Option("cpu", help="cpu (2-core budget; mitigate/moice/config.py) | paper (train.sh: 7 x 32, lr 1e-4)"),
+    steps: Optional[int] = typer.Option(None, help="optimizer steps (preset)"),
+    batch: Optional[int] = typer.Option(None, help="examples per step (preset; paper 32)"),
+    micro_batch: int = typer.Option(4, help="examples per forward (memory only)"),
+    lr: Optional[float] = typer.Option(None, help="AdamW learning rate, constant (preset; paper 1e-4)"),
+    top_k: Optional[int] = typer.Option(None, help="experts kept per token and head (preset; paper 7)"),
+    bases: Optional[str] = typer.Option(None, help="RoPE bases B1,... of the main kind (default: the paper's 7 scaled to theta)"),
+    aux: Optional[float] = typer.Option(None, help="load-balancing loss coefficient (paper 0.3)"),
+    router_seed: int = typer.Option(0, help="router initialisation seed"),
+) -> None:
+    """Train per-head MoICE routers on the task's training split; write OUT/moice.json and OUT/routers.safetensors.
+
+    The split is examples SKIP.. (default 3000, or three quarters into a file task's pool); sweeps use examples 0.."""
+    cfg = MoICEConfig.from_preset(preset, **model_fields(model), **task_fields(task), **vars(split), steps=steps, batch=batch,
+                                  micro_batch=micro_batch, lr=lr, top_k=top_k, bases=floats(bases, None, "bases"),
+                                  aux_coef=aux, router_seed=router_seed)
+    if not run.quiet:
+        typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
+    res = train_moice(cfg, run.out, **run_kwargs(run))
+    rec = res.record
+    typer.echo(f"{rec['steps']} steps of {cfg.batch} examples, {rec['seconds'] / 60:.1f} min; "
+               f"loss {rec['first_loss']:.4f} -> {rec['last_loss']:.4f} (ce {res.losses[0]['ce']:.4f} -> {res.losses[-1]['ce']:.4f})")
+    typer.echo(f"bases {', '.join(f'{b:g}' for b in rec['bases'])}; top-k {rec['top_k']}")
+    typer.echo(f"wrote {run.out}/moice.json; use it with --method moice:{run.out}")
