@@ -9,7 +9,7 @@ Qwen2, grouped-query attention), must
   forward told where the prompt ends: what generation and teacher forcing each rely on.
 
 A newly registered method fails `test_every_registered_method_has_an_example` until it is added
-to EXAMPLES, so it cannot skip the suite.
+to the examples, so it cannot skip the suite; EXTRA names further modes of a method (Ms-PoE per query head).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from posbias.eval.encode import left_pad
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+EXTRA = ("mspoe-query",)  # further modes of a registered method, each through the whole suite
 LAYERS = 4  # Ms-PoE leaves the first two layers alone by default: a 4-layer model has two it changes
 ARCHS = ("llama", "qwen2")
 
@@ -33,7 +34,7 @@ def _examples(tmp_path) -> dict[str, str]:
     factors = tmp_path / "factors.json"
     factors.write_text(json.dumps({"factors": [1.0, 1.5, 2.0, 1.5]}))
     return {"none": "none", "pi": "pi:1.5", "layers": "layers:1,2,1,2", "lpes": f"lpes:{factors}",
-            "mspoe": "mspoe:1.2-1.8", "buckets": "buckets:10000,30000"}
+            "mspoe": "mspoe:1.2-1.8", "mspoe-query": "mspoe:1.2-1.8:query", "buckets": "buckets:10000,30000"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -45,7 +46,7 @@ def loaded(request):
     return Loaded(model, tok, {"name": f"tiny-{request.param}", "context_window": 2048})
 
 
-@pytest.fixture(params=sorted(METHODS))
+@pytest.fixture(params=sorted({*METHODS, *EXTRA}))
 def method(request, tmp_path):
     return get_method(_examples(tmp_path)[request.param])
 
@@ -55,7 +56,7 @@ def _ids(n: int = 48, seed: int = 0) -> torch.Tensor:
 
 
 def test_every_registered_method_has_an_example(tmp_path):
-    assert set(_examples(tmp_path)) == set(METHODS)
+    assert set(_examples(tmp_path)) == set(METHODS) | set(EXTRA)
 
 
 def test_spec_and_config_round_trip(method):
