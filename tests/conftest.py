@@ -37,8 +37,9 @@ def char_tokenizer(chat: bool = True):
     return tok
 
 
-def tiny_model(arch: str, vocab: int, max_pos: int = 2048, seed: int = 0, layers: int = 2):
-    """A small random causal LM of the given family (2 layers by default), fp32, eval mode."""
+def tiny_model(arch: str, vocab: int, max_pos: int = 2048, seed: int = 0, layers: int = 2, kv_heads: int = 2):
+    """A small random causal LM of the given family (2 layers, 4 query heads over `kv_heads` KV heads by default),
+    fp32, eval mode."""
     import transformers as tf
 
     common = dict(vocab_size=vocab, pad_token_id=0, bos_token_id=2, eos_token_id=3)
@@ -52,7 +53,7 @@ def tiny_model(arch: str, vocab: int, max_pos: int = 2048, seed: int = 0, layers
                              "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}})
         cfg = cls(**extra,
             hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=max_pos, **common,
+            num_key_value_heads=kv_heads, max_position_embeddings=max_pos, **common,
         )
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(cfg).eval()

@@ -9,7 +9,7 @@ Qwen2, grouped-query attention), must
   forward told where the prompt ends: what generation and teacher forcing each rely on.
 
 A newly registered method fails `test_every_registered_method_has_an_example` until it is added
-to EXAMPLES, so it cannot skip the suite.
+to the examples, so it cannot skip the suite; EXTRA names further modes of a method (Ms-PoE per query head).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from posbias.models.moice import PAPER_BASES, Routers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+EXTRA = ("mspoe-query",)  # further modes of a registered method, each through the whole suite
 LAYERS = 4  # Ms-PoE leaves the first two layers alone by default: a 4-layer model has two it changes
 ARCHS = ("llama", "qwen2")
 
@@ -37,7 +38,8 @@ def _examples(tmp_path) -> dict[str, str]:
     routers.mkdir(exist_ok=True)
     Routers(LAYERS, 4, 16, PAPER_BASES, top_k=3, seed=0).save(routers / "routers.safetensors")
     return {"none": "none", "pi": "pi:1.5", "layers": "layers:1,2,1,2", "lpes": f"lpes:{factors}",
-            "mspoe": "mspoe:1.2-1.8", "buckets": "buckets:10000,30000", "moice": f"moice:{routers}"}
+            "mspoe": "mspoe:1.2-1.8", "mspoe-query": "mspoe:1.2-1.8:query", "buckets": "buckets:10000,30000",
+            "moice": f"moice:{routers}"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -49,7 +51,7 @@ def loaded(request):
     return Loaded(model, tok, {"name": f"tiny-{request.param}", "context_window": 2048})
 
 
-@pytest.fixture(params=sorted(METHODS))
+@pytest.fixture(params=sorted({*METHODS, *EXTRA}))
 def method(request, tmp_path):
     return get_method(_examples(tmp_path)[request.param])
 
@@ -59,7 +61,7 @@ def _ids(n: int = 48, seed: int = 0) -> torch.Tensor:
 
 
 def test_every_registered_method_has_an_example(tmp_path):
-    assert set(_examples(tmp_path)) == set(METHODS)
+    assert set(_examples(tmp_path)) == set(METHODS) | set(EXTRA)
 
 
 def test_spec_and_config_round_trip(method):

@@ -146,8 +146,8 @@ def run_attention(cfg: AttentionConfig | None = None, out: str | Path | None = N
                   resume: bool = False, overwrite: bool = False, progress: bool = True) -> AttentionResult:
     """Measure (or resume) the attention per item; out=None writes nothing; `loaded` reuses a loaded model."""
     cfg = (cfg or AttentionConfig()).validate()
-    pairs = cfg.methods()
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
+    pairs = [(s, m.for_task(task)) for s, m in cfg.methods()]  # resolved once, as the fingerprint records them
     positions = task.placements(cfg.positions)
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
     task.items(examples[0], positions[0])  # a task without items fails here, before anything loads

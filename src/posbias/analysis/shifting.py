@@ -164,6 +164,7 @@ def run_shifting(cfg: ShiftingConfig | None = None, out: str | Path | None = Non
     cfg = (cfg or ShiftingConfig()).validate()
     method = get_method(cfg.method)
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
+    method = method.for_task(task)  # a task-dependent default resolved once: the fingerprint records what runs
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)  # fails early on a bad split
     folder = RunFolder(out, "shifting analysis", "shifting.json", FILES)
     folder.check(resume, overwrite)

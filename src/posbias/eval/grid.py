@@ -160,6 +160,7 @@ def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, lo
     option, _ = size_option(cfg.task)
     sizes, depths = cfg.size_list(), cfg.depth_list()
     tasks = {s: get_task(cfg.task, data_dir=cfg.data_dir, **{**cfg.task_options, option: s}) for s in sizes}
+    method = method.for_task(tasks[sizes[0]])  # every size is the same kind of task; recorded resolved
     folder = RunFolder(out, "grid", "grid.json", (*(f"size-{s}" for s in sizes), "heatmap.png", "timing.json"))
     folder.check(resume, overwrite)
     loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)

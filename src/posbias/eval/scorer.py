@@ -84,11 +84,15 @@ class Scorer:
                 "use fewer facts/documents/pairs, a lower `max_new_tokens`, or a model with a longer context",
             )
 
+    def method(self, method: str | Method | None) -> Method:
+        """The method (spec, object, None: unmodified) as it runs on this scorer's task (`Method.for_task`)."""
+        return get_method(method if method is not None else "none").for_task(self.task)
+
     def score(self, rows: list[Encoded], method: str | Method | None = None, done: set | None = None,
               on_batch: Callable[[list[dict]], None] | None = None) -> list[dict]:
         """Score rows under `method` (default: the unmodified model); batches whose rows are all in
         `done` are skipped (resume). Returns the new result dicts, in batch order."""
-        method = get_method(method if method is not None else "none")
+        method = self.method(method)
         done = done or set()
         costs = [self.engine.cost(r, self.max_new_tokens) for r in rows]
         out: list[dict] = []
@@ -108,7 +112,7 @@ class Scorer:
     def details(self, rows: list[Encoded], method: str | Method | None = None, top: int = 10) -> list[dict]:
         """Token-level teacher-forced details of each row's first answer under `method` (teacher_forced.token_details),
         one dict per row in the order of `rows`, keyed like `score`'s results."""
-        method = get_method(method if method is not None else "none")
+        method = self.method(method)
         costs = [len(r.prompt_ids) + len(r.answer_ids[0]) for r in rows]
         out: list[dict | None] = [None] * len(rows)
         tok = self.loaded.tokenizer

@@ -83,6 +83,7 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     cfg = (cfg or SweepConfig()).validate()
     method = get_method(cfg.method)  # parse (and read factor files) before loading anything
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
+    method = method.for_task(task)  # a task-dependent default resolved once: the fingerprint records what runs
     positions = task.placements(cfg.positions)
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
     folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)

@@ -19,6 +19,7 @@ from typing import ClassVar, Iterator
 
 from ..errors import PosbiasError
 from ..models.load import Loaded
+from ..tasks import Task
 
 
 class Active:
@@ -50,6 +51,12 @@ class Method(ABC):
     @abstractmethod
     def config(self) -> dict:
         """JSON-able description (name and every parameter)."""
+
+    def for_task(self, task: Task) -> "Method":
+        """The method as it runs on `task`: self, or a resolved copy for a method whose default depends on the
+        task (Attention Buckets' base list). Every pipeline calls it once, before it fingerprints the run, so
+        config() and run.json record what actually runs; calling it again on the result returns that result."""
+        return self
 
     def check(self, loaded: Loaded) -> None:
         """Raise PosbiasError if the method cannot be applied to this model (called before a run writes anything)."""

@@ -1,6 +1,7 @@
 """Ms-PoE (Zhang et al. 2024): per-head position scaling from min to max ratio, heads ordered by
-how position-aware their attention is on the current input. The model-side work is in
-models/mspoe.py; this is the Method wrapper."""
+how position-aware their attention is on the current input. Under grouped-query attention one ratio
+per KV group (`mspoe`, mode "group") or one per query head (`mspoe:query`, the paper's rule). The
+model-side work is in models/mspoe.py; this is the Method wrapper."""
 
 from __future__ import annotations
 
@@ -16,31 +17,42 @@ from .registry import register_method
 @register_method
 class MsPoE(Method):
     name = "mspoe"
-    usage = "mspoe[:MIN-MAX]"
+    usage = "mspoe[:MIN-MAX][:query]"
+    modes = ("group", "query")  # one ratio per KV group (default) | per query head (the paper's rule)
 
-    def __init__(self, min_ratio: float = 1.2, max_ratio: float = 1.8, layers: list[int] | None = None):
+    def __init__(self, min_ratio: float = 1.2, max_ratio: float = 1.8, layers: list[int] | None = None,
+                 mode: str = "group"):
         if not 0 < min_ratio <= max_ratio:
             raise PosbiasError(f"Ms-PoE ratios must satisfy 0 < min <= max, got {min_ratio}-{max_ratio}",
                                "write it as mspoe:1.2-1.8")
+        if mode not in self.modes:
+            raise PosbiasError(f"unknown Ms-PoE mode {mode!r}", "write mspoe (per KV group) or mspoe:query (per query head)")
         self.min_ratio, self.max_ratio = min_ratio, max_ratio
         self.layers = layers  # None: every layer but the first two (the public scripts' choice)
+        self.mode = mode
 
     @classmethod
     def from_spec(cls, arg: str) -> "MsPoE":
-        if not arg:
-            return cls()
+        """`` (defaults), `MIN-MAX`, `query` / `group`, or `MIN-MAX:query` / `MIN-MAX:group`."""
+        parts = arg.split(":") if arg else []
+        mode = parts.pop() if parts and parts[-1] in cls.modes else "group"
+        if not parts:
+            return cls(mode=mode)
         try:
-            lo, hi = (float(x) for x in arg.split("-"))
+            (ratios,) = parts
+            lo, hi = (float(x) for x in ratios.split("-"))
         except ValueError:
-            raise PosbiasError(f"bad Ms-PoE ratios {arg!r}", "write them as mspoe:MIN-MAX, e.g. mspoe:1.2-1.8") from None
-        return cls(lo, hi)
+            raise PosbiasError(f"bad Ms-PoE spec {arg!r}",
+                               "write it as mspoe[:MIN-MAX][:query], e.g. mspoe:1.2-1.8 or mspoe:1.2-1.8:query") from None
+        return cls(lo, hi, mode=mode)
 
     @property
     def label(self) -> str:
-        return f"mspoe:{self.min_ratio:g}-{self.max_ratio:g}"
+        return f"mspoe:{self.min_ratio:g}-{self.max_ratio:g}:{self.mode}"
 
     def config(self) -> dict:
-        return {"name": "mspoe", "min_ratio": self.min_ratio, "max_ratio": self.max_ratio, "layers": self.layers}
+        return {"name": "mspoe", "min_ratio": self.min_ratio, "max_ratio": self.max_ratio, "layers": self.layers,
+                "mode": self.mode}
 
     def check(self, loaded: Loaded) -> None:
         from ..models.mspoe import check_model
@@ -51,7 +63,7 @@ class MsPoE(Method):
     def apply(self, loaded: Loaded) -> Iterator[Active]:
         from ..models.mspoe import mspoe
 
-        with mspoe(loaded.model, min_ratio=self.min_ratio, max_ratio=self.max_ratio, layers=self.layers) as ms:
+        with mspoe(loaded.model, self.min_ratio, self.max_ratio, self.layers, self.mode) as ms:
             yield _MsPoEActive(ms)
 
 

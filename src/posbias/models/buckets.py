@@ -12,7 +12,8 @@ and uses base lists [10000, 17500, 18000, 19000, 20000, 25000] (ToolBench, infer
 [10000, 13000, 16000, 19000, 22000, 25000, 28000] (RAG, base_rag/test_nq_kl.py) for Llama-2 (rope_theta 1e4).
 We apply the same rule at every position (teacher forcing gives each position the logits the incremental
 decoder would see), run all copies in ONE batched forward (the original loops over chunks of `bsz` bases, with
-batch size 1), and by default scale the ToolBench list to the model's own rope_theta (theta * b / 1e4).
+batch size 1), and scale a named list (ToolBench by default; methods/buckets.py picks RAG on document tasks) to the
+model's own rope_theta (theta * b / 1e4).
 
 Within `attention_buckets(model)`, callers see a normal batch of B rows: inputs are repeated to n*B rows
 (copy-major: row r uses base r // B), the KV cache holds n*B rows, and logits come back as (B, T, V) float32.
@@ -32,15 +33,15 @@ from .rope import RopeInfo, RopeTables, model_dtype, position_ids_of, replace_po
 
 TOOLBENCH_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 25000.0)  # original default (Llama-2, theta 1e4)
 RAG_BASES = (10000.0, 13000.0, 16000.0, 19000.0, 22000.0, 25000.0, 28000.0)
-_REFERENCE_THETA = 10000.0
+REFERENCE_THETA = 10000.0
 _BATCH_KEYS = ("input_ids", "inputs_embeds")
 
 
 def default_bases(model, rag: bool = False) -> tuple[float, ...]:
     """The original ToolBench (or, rag=True, RAG) bases relative to Llama-2's theta, scaled to this model's
     main rope_theta (Gemma-3: the global layers' 1e6; its sliding layers get the same list scaled to theirs)."""
-    theta = rope_info(model).rope_theta or _REFERENCE_THETA
-    return tuple(theta * b / _REFERENCE_THETA for b in (RAG_BASES if rag else TOOLBENCH_BASES))
+    theta = rope_info(model).rope_theta or REFERENCE_THETA
+    return tuple(theta * b / REFERENCE_THETA for b in (RAG_BASES if rag else TOOLBENCH_BASES))
 
 
 def kind_bases(info: RopeInfo, bases: Sequence[float]) -> list[tuple[float, ...]]:

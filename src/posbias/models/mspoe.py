@@ -14,60 +14,56 @@ inference.py / src/ms_poe.sh for the settings):
   weight > 4 * mean. Heads are argsorted by that count, most outliers first.
 - Ratios: r_k = min + (max - min) * k / H for k = 0..H-1 (max_ratio itself is never reached).
 - Assignment: it indexes the ratio table with the argsort result, cos[head_order], so head h gets
-  ratio index head_order[h] -- the inverse of the intended permutation (head_order[k] is the head
-  *ranked* k; head h should get index rank[h] = argsort(head_order)[h]). The two agree only when the
-  ordering is its own inverse (identity, disjoint swaps).
+  ratio index head_order[h] -- the inverse of the intended permutation (head h should get index
+  rank[h] = argsort(head_order)[h]). The two agree only when the ordering is its own inverse.
 - GQA: keys take the ratio of query head g * G of their group (cos[::G] after the permutation); the
   other G - 1 query heads of the group use different ratios than the keys they attend to, so their
   logits no longer depend on relative position alone.
-- Layers: the scripts patch layers 2..31 of 32 (the first two keep plain RoPE).
-- Decode: the ordering is computed once at prefill, kept for all decode steps (the KV cache holds
-  keys rotated with their head's ratio) and reset by hand after each generate(); batch size 1 only
-  (with a batch the score tensor has the wrong shape), and the rebuilt causal mask ignores padding.
+- Layers: the scripts patch layers 2..31 of 32. Decode: the ordering is computed once at prefill and
+  reset by hand after each generate(); batch size 1 only, and the rebuilt causal mask ignores padding.
 
 What this module does, and where it deliberately differs:
-- Score (same statistic): per query head, from un-rotated q and k, softmax of the query row of
-  each batch row's last real token (or `MsPoE.order_query`) over its valid (unpadded, causal) keys;
-  score = #{j : a_j > alpha / n} / n with n the number of valid keys.  Computed per batch row, so
-  batched and left-padded inputs get each row's own ordering.
-- GQA: ratios are assigned per KV group, not per query head. Keys are rotated once per KV head,
-  so the only consistent choice is one ratio per group, used for the group's keys and all its
-  queries; then every head's logits depend on (i - j) / r only. Groups are ranked by the mean score
-  of their query heads (the natural summary of "how position-aware is this group"); with
-  H_kv == H (multi-head attention) this is exactly the paper's per-head scheme.
-- Ratios: the ladder is linspace(min_ratio, max_ratio, H_kv), endpoints included ("from 1.2 to
-  1.8"); rank 0 (highest score) gets min_ratio. Ties are broken by head index (stable sort), so
-  the ordering is deterministic.
+- Score (same statistic, mspoe_heads.py): per query head, from un-rotated q and k (after Gemma-3's
+  q_norm/k_norm, which precede RoPE), softmax of the query row of each batch row's last real token (or
+  `MsPoE.order_query`) over the keys its own mask row allows (padding, causality, a sliding window);
+  score = #{j : a_j > alpha / n} / n with n the number of those keys. Per batch row.
+- GQA, two modes. "group" (default): one ratio per KV group, linspace(min, max, H_kv); groups ranked by
+  their query heads' mean score; the group's keys and all its queries use it, so every logit depends on
+  (i - j) / r only. "query" (the paper's rule, one ratio per query head): linspace(min, max, H_q), each
+  query head ranked by its own score; the keys are repeated per query head (h reads KV head h // G) and
+  rotated with that head's ratio, so each head again sees (i - j) / r_h. Its cost: keys rotated and cached
+  per query head (G times the key cache; values stay per KV head and are repeated for the backend, as
+  the backend does anyway). With H_q == H_kv the two modes are the same computation.
+- Ratios: endpoints included ("from 1.2 to 1.8"); rank 0 (highest score) gets min_ratio; ties by index.
 - Layers: `layers=None` patches all but the first two layers, like the paper's scripts.
-- Decode: each patched layer stores its ordering at prefill (a forward whose cache is empty or
-  absent) and reuses it for later forwards on the same cache (decode steps, chunked continuation).
-  Keys enter the cache already rotated with their group's ratio. A new generate() call starts with
-  an empty cache and so measures a new ordering; no manual reset.
-- Teacher forcing prompt + answer in one forward ranks the heads on the row's last token (an answer
-  token) unless `MsPoE.order_query` names the last prompt column; with it, the ordering and the
-  logits equal what generate() computes from the prompt alone (tested).
-- Scope: Llama/Qwen2/Mistral (Ms-PoE needs RoPE; GPT-2 etc. raise PosbiasError); rope types whose
-  frequencies depend on the sequence length (dynamic, longrope) are refused. Tested with the sdpa
-  and eager backends; others are passed through but untested, and flex BlockMasks are refused.
+- Decode: each patched layer stores its ordering at prefill (a forward whose cache is empty or absent)
+  and reuses it for later forwards on the same cache; keys enter the cache already rotated with their
+  ratio. A new generate() starts with an empty cache and so measures a new ordering; no manual reset.
+- Teacher forcing prompt + answer in one forward ranks the heads on the row's last token unless
+  `MsPoE.order_query` names the last prompt column; with it, the ordering and the logits equal what
+  generate() computes from the prompt alone (tested).
+- Scope: Llama/Qwen2/Mistral and Gemma-3 (text). Gemma-3 has two RoPE kinds (sliding layers theta 1e4,
+  global layers 1e6): each layer is rotated with its own kind's frequencies at positions / r (its rotary
+  module called with the layer's type). Rope types whose frequencies depend on the sequence length
+  (dynamic, longrope) are refused. Tested with the sdpa and eager backends; flex BlockMasks are refused.
 
-How it hooks into transformers (checked on 5.23; Llama/Qwen2/Mistral attention):
+How it hooks into transformers (checked on 5.23):
 - `self_attn.forward` rotates q/k with `position_embeddings`, updates `past_key_values`, then calls
-  `ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`. Per-head rotation cannot go through one
-  cos/sin pair, so a forward pre-hook on each patched `self_attn` (with_kwargs) replaces
-  `position_embeddings` by the identity (cos = 1, sin = 0; q * 1 + rotate_half(q) * 0 == q exactly)
-  and takes `past_key_values` away from the stock code. The model is switched to a registered
-  attention function ("posbias_mspoe_<type>_<backend>") that receives the un-rotated q/k, the mask
-  and `position_ids`, ranks the heads (prefill), rotates q/k per group with the model's own rotary
-  module evaluated at positions / r, writes the rotated keys into the cache itself, and then calls
-  the original backend (sdpa/eager/...). Unpatched layers go straight to the backend.
-- The mask function of the original backend is registered under the same name
-  (AttentionMaskInterface); without it `create_causal_mask` returns None and padding is ignored.
-- On exit the hooks are removed and the original attention implementation is set back, so logits
-  are bit-identical to before. With all ratios 1 the rotation reproduces stock RoPE bit for bit.
+  `ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`. A forward pre-hook on each patched `self_attn`
+  replaces `position_embeddings` by the identity (cos = 1, sin = 0) and takes `past_key_values` away from
+  the stock code. The model is switched to a registered attention function ("posbias_mspoe_<type>_<backend>")
+  that receives the un-rotated q/k, the layer's mask (sliding or full) and `position_ids`, ranks the heads
+  (prefill), rotates q/k with the rotary module evaluated at positions / r, writes the rotated keys into the
+  cache itself, and calls the original backend (query mode: with values repeated per query head and the
+  module seen as having one query head per KV head). Unpatched layers go straight to the backend.
+- The mask function of the original backend is registered under the same name (AttentionMaskInterface);
+  without it `create_causal_mask` returns None and padding is ignored.
+- On exit the hooks are removed and the original attention implementation is set back, so logits are
+  bit-identical to before. With all ratios 1 the rotation reproduces stock RoPE bit for bit.
 
-Paper equations implemented: f(x, i / r_h) in `_rotate` (rotation with the rotary module evaluated at
-position_ids / r), the position-awareness (outlier) score in `outlier_scores`, the ratio ladder and
-ranking in `ratio_ladder` / `rank_groups`. (Equation numbers are not quoted: not checked against the PDF.)
+Paper equations implemented: f(x, i / r_h) in `mspoe_heads.rotate_heads`, the position-awareness (outlier)
+score in `outlier_scores`, the ratio ladder and ranking in `ratio_ladder` / `rank_groups`. (Equation numbers
+are not quoted: not checked against the PDF.)
 """
 
 from __future__ import annotations
@@ -80,63 +76,17 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import PosbiasError
+from .mspoe_heads import ALPHA, outlier_scores, probe_valid, rank_groups, ratio_ladder, rotate_heads
+from .rope import rope_info
 
-ALPHA = 4.0  # outlier threshold: weight > ALPHA * row mean (public code and paper)
+__all__ = ["ALPHA", "MODES", "MsPoE", "check_model", "mspoe", "outlier_scores", "rank_groups", "ratio_ladder"]
+
 SKIP_FIRST = 2  # default: leave the first two layers on plain RoPE (public scripts: layers 2..31)
-SUPPORTED = ("llama", "qwen2", "mistral")
-_LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+SUPPORTED = ("llama", "qwen2", "mistral", "gemma3_text")
+MODES = ("group", "query")  # one ratio per KV group | per query head (the paper's rule)
 
 # self_attn module -> its _LayerState, for the layers of models currently inside `mspoe`.
 _ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-# ----------------------------------------------------------------------------- the math
-
-
-def ratio_ladder(min_ratio: float, max_ratio: float, n: int) -> torch.Tensor:
-    """The n scaling ratios, min_ratio .. max_ratio inclusive (rank k gets entry k)."""
-    if n == 1:
-        return torch.tensor([float(min_ratio)])
-    return torch.linspace(float(min_ratio), float(max_ratio), n)
-
-
-def outlier_scores(q_row: torch.Tensor, k: torch.Tensor, valid: torch.Tensor, scaling: float) -> torch.Tensor:
-    """Position-awareness score per query head: the fraction of valid keys with weight > ALPHA / n.
-
-    q_row: [B, Hq, D] un-rotated query of the probed token; k: [B, Hk, S, D] un-rotated keys;
-    valid: [B, S] keys the probed query may attend to. -> [B, Hq] float32.
-    Query head h reads KV head h // G (transformers' repeat_kv order).
-    """
-    b, hq, d = q_row.shape
-    hk = k.shape[1]
-    q = q_row.float().view(b, hk, hq // hk, d)
-    logits = torch.einsum("bkgd,bksd->bkgs", q, k.float()).reshape(b, hq, -1) * scaling
-    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
-    weights = torch.softmax(logits, dim=-1)
-    n = valid.sum(-1).clamp(min=1).float()[:, None, None]  # [B, 1, 1]
-    outliers = (weights > ALPHA / n) & valid[:, None, :]
-    return outliers.sum(-1).float() / n[..., 0]
-
-
-def rank_groups(scores: torch.Tensor, groups: int) -> torch.Tensor:
-    """[B, Hq] head scores -> [B, Hk] rank of each KV group (0 = highest mean score).
-
-    Ties go to the lower group index (stable sort), so equal scores give a deterministic ordering.
-    """
-    b, hq = scores.shape
-    group_score = scores.view(b, hq // groups, groups).mean(-1)  # [B, Hk]
-    order = torch.sort(-group_score, dim=-1, stable=True).indices  # order[:, k] = group ranked k
-    return torch.argsort(order, dim=-1)  # inverse permutation: rank of each group
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """f(x, i / r_h): x [B, H, T, D] with per-head cos/sin [B, H, T, D] (same formula as transformers)."""
-    return (x * cos) + (_rotate_half(x) * sin)
 
 
 # ----------------------------------------------------------------------------- state
@@ -146,7 +96,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class _LayerState:
     shared: MsPoE
     layer: int
-    rank: torch.Tensor | None = None  # [B, Hk] ratio index of each KV group (last prefill)
+    kind: int = 0  # the layer's RoPE kind (rope_info: Gemma-3's sliding / global tables)
+    rank: torch.Tensor | None = None  # [B, Hk] (group) or [B, Hq] (query) ratio index of each unit (last prefill)
     scores: torch.Tensor | None = None  # [B, Hq] position-awareness scores (last prefill)
     prefill: bool = True
     cache: object | None = None  # the real past_key_values, held only during one forward
@@ -161,16 +112,19 @@ class MsPoE:
     token when teacher-forcing prompt + answer, to get the ordering generation would use.
     """
 
-    ratios: torch.Tensor  # [Hk] ladder, rank k -> ratios[k]
+    ratios: torch.Tensor  # [U] ladder, rank k -> ratios[k]; U = Hk (group) or Hq (query)
     groups: int  # query heads per KV head
     layers: tuple[int, ...]
+    mode: str = "group"
     order_query: torch.Tensor | None = None
     _states: dict[int, _LayerState] = field(default_factory=dict, repr=False)
-    _tables: tuple = field(default=(None, None, None), repr=False)  # (position_ids, cos, sin)
+    _tables: dict = field(default_factory=dict, repr=False)  # kind -> (position_ids, cos, sin)
     _rotary: object = field(default=None, repr=False)
+    _kinds: tuple = field(default=(), repr=False)  # extra rotary argument per kind: () or (layer_type,)
 
     def ranks(self, layer: int) -> torch.Tensor:
-        """[B, Hk] rank of each KV group at the last prefill (0 = most position-aware)."""
+        """Rank of each ratio unit at the last prefill (0 = most position-aware): [B, Hk] KV groups (group
+        mode) or [B, Hq] query heads (query mode)."""
         st = self._states[layer]
         if st.rank is None:
             raise PosbiasError(f"layer {layer} has seen no prefill yet", "run a forward pass inside the context first")
@@ -182,72 +136,49 @@ class MsPoE:
         return self._states[layer].scores
 
     def head_ratios(self, layer: int) -> torch.Tensor:
-        """[B, Hq] ratio r_h used by each query head (its KV group's ratio)."""
-        return self.ratios[self.ranks(layer)].repeat_interleave(self.groups, dim=1)
+        """[B, Hq] ratio r_h used by each query head (group mode: its KV group's ratio)."""
+        r = self.ratios[self.ranks(layer)]
+        return r if self.mode == "query" else r.repeat_interleave(self.groups, dim=1)
 
-    def tables(self, position_ids: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [R, B', T, D] at position_ids / r for every ratio r, computed once per forward."""
-        pos, cos, sin = self._tables
+    def tables(self, position_ids: torch.Tensor, like: torch.Tensor, kind: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [R, B', T, D] at position_ids / r for every ratio r, with RoPE kind `kind`'s frequencies
+        (the model's rotary module called as the model calls it for that kind); computed once per forward."""
+        pos, cos, sin = self._tables.get(kind, (None, None, None))
         if pos is not position_ids or cos.dtype != like.dtype or cos.device != like.device:
             r = self.ratios.to(like.device)
             scaled = position_ids.float()[None] / r[:, None, None]  # [R, B', T]
-            cos, sin = self._rotary(like, scaled.flatten(0, 1))
+            cos, sin = self._rotary(like, scaled.flatten(0, 1), *self._kinds[kind])
             shape = (*scaled.shape, cos.shape[-1])
             cos, sin = cos.view(shape), sin.view(shape)
-            self._tables = (position_ids, cos, sin)  # holding the reference keeps the identity check valid
+            self._tables[kind] = (position_ids, cos, sin)  # holding the reference keeps the identity check valid
         return cos, sin
 
 
 # ----------------------------------------------------------------------------- hooks
 
 
-def _valid_keys(mask, b: int, s: int, device) -> torch.Tensor:
-    """[B, S] keys visible to each row's last query, from any of the backends' mask formats."""
-    if mask is None:  # sdpa without padding: plain causal, the last row sees everything
-        return torch.ones(b, s, dtype=torch.bool, device=device)
-    if not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 4):
-        raise PosbiasError(
-            f"mspoe cannot read an attention mask of type {type(mask).__name__}",
-            "use the sdpa or eager attention implementation",
-        )
-    row = mask[:, 0, -1, :s] if mask.dim() == 4 else mask[:, :s]
-    if row.dtype != torch.bool:
-        row = row > torch.finfo(row.dtype).min if row.is_floating_point() else row != 0
-    return row.expand(b, s)
-
-
-def _probe_valid(hs: MsPoE, mask, b: int, s: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(query column [B], valid keys [B, S]) of the row whose attention ranks the heads."""
-    valid = _valid_keys(mask, b, s, device)
-    cols = torch.arange(s, device=device)
-    if hs.order_query is None:
-        probe = (valid * cols).argmax(-1)  # last real token of each row (left or right padding)
-    else:
-        probe = hs.order_query.to(device).long().view(-1).expand(b)
-    return probe, valid & (cols[None] <= probe[:, None])
-
-
 def _rank_heads(st: _LayerState, module, q, k, mask, kw) -> None:
-    """Prefill: score every query head on this input and store the per-group ranks."""
+    """Prefill: score every query head on this input and store the ranks (per KV group or per query head)."""
     hs = st.shared
     b, s = q.shape[0], k.shape[2]
-    probe, valid = _probe_valid(hs, mask, b, s, q.device)
+    probe, valid = probe_valid(mask, b, s, q.device, hs.order_query)
     q_row = q[torch.arange(b, device=q.device), :, probe]  # [B, Hq, D]
     scaling = kw.get("scaling") or module.head_dim**-0.5
     st.scores = outlier_scores(q_row, k, valid, scaling)
-    st.rank = rank_groups(st.scores, hs.groups)
+    st.rank = rank_groups(st.scores, 1 if hs.mode == "query" else hs.groups)
 
 
-def _rotate_per_group(st: _LayerState, q, k, position_ids):
-    """Rotate q [B, Hq, T, D] and k [B, Hk, T, D] with their KV group's ratio."""
-    cos, sin = st.shared.tables(position_ids, q)  # [R, B', T, D]
-    b = q.shape[0]
-    cos = cos.expand(-1, b, -1, -1).transpose(0, 1)  # [B, R, T, D]
-    sin = sin.expand(-1, b, -1, -1).transpose(0, 1)
-    rows = torch.arange(b, device=q.device)[:, None]
-    idx_k = st.rank.to(q.device)
-    idx_q = idx_k.repeat_interleave(st.shared.groups, dim=1)
-    return _rotate(q, cos[rows, idx_q], sin[rows, idx_q]), _rotate(k, cos[rows, idx_k], sin[rows, idx_k])
+class _OneGroup:
+    """The attention module as the backend sees it in query mode: keys and values already have one head per
+    query head, so the backend must not repeat them again (num_key_value_groups = 1)."""
+
+    num_key_value_groups = 1
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
 
 
 def _make_attention(backend):
@@ -257,7 +188,7 @@ def _make_attention(backend):
         st = _ACTIVE.get(module)
         if st is None:
             return backend(module, query, key, value, attention_mask, **kwargs)
-        position_ids = kwargs.get("position_ids")
+        hs = st.shared
         if st.prefill:
             _rank_heads(st, module, query, key, attention_mask, kwargs)
         elif st.rank is None or st.rank.shape[0] != query.shape[0]:
@@ -265,10 +196,15 @@ def _make_attention(backend):
                 "mspoe: a cached forward without a matching prefill (no stored head ordering for this batch)",
                 "start generation inside the mspoe context, with the same batch",
             )
-        query, key = _rotate_per_group(st, query, key, position_ids)
+        cos, sin = hs.tables(kwargs.get("position_ids"), query, st.kind)  # [R, B', T, D]
+        per_query = hs.mode == "query" and hs.groups > 1
+        query, key = rotate_heads(query, key, cos, sin, st.rank, hs.groups, per_query)
         cache, st.cache = st.cache, None
-        if cache is not None:  # the cache stores keys already rotated with their group's ratio
+        if cache is not None:  # the cache stores keys already rotated with their ratio (query mode: [B, Hq, S, D])
             key, value = cache.update(key, value, module.layer_idx)
+        if per_query:
+            value = value.repeat_interleave(hs.groups, dim=1)  # [B, Hq, S, D], the order of repeat_kv
+            module = _OneGroup(module)
         return backend(module, query, key, value, attention_mask, **kwargs)
 
     return attention
@@ -293,22 +229,21 @@ def _pre_hook(module, args, kwargs):
 
 
 def _check_model(model):
-    """-> (base model with rotary_emb and layers, model_type) or a PosbiasError."""
-    cfg = model.config
-    kind = getattr(cfg, "model_type", "?")
+    """-> (base model with rotary_emb and layers, model_type, rope_info) or a PosbiasError."""
+    kind = getattr(model.config, "model_type", "?")
     base = getattr(model, getattr(model, "base_model_prefix", ""), model)
     if kind not in SUPPORTED or getattr(base, "rotary_emb", None) is None or not hasattr(base, "layers"):
         raise PosbiasError(
-            f"mspoe needs a RoPE model of the Llama/Qwen2/Mistral families; got model_type={kind!r}",
-            "Ms-PoE rescales rotary position embeddings; use a RoPE model (e.g. SmolLM2, Qwen2, Mistral)",
+            f"mspoe needs a RoPE model of the Llama/Qwen2/Mistral/Gemma-3 families; got model_type={kind!r}",
+            "Ms-PoE rescales rotary position embeddings; use a RoPE model (e.g. SmolLM2, Qwen2, Mistral, Gemma-3)",
         )
-    rope = getattr(cfg, "rope_parameters", None) or {}
-    rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
-    if rope_type in _LENGTH_DEPENDENT_ROPE:
-        raise PosbiasError(f"mspoe does not support rope_type={rope_type!r} (its frequencies depend on length)")
+    try:
+        info = rope_info(model)  # every RoPE kind must be static (dynamic / longrope frequencies depend on length)
+    except PosbiasError as e:
+        raise PosbiasError(f"mspoe: {e.problem}", e.fix) from None
     if any(layer.self_attn in _ACTIVE for layer in base.layers):
         raise PosbiasError("mspoe is already active on this model", "do not nest mspoe contexts")
-    return base, kind
+    return base, kind, info
 
 
 def _pick_layers(layers, n_layers: int) -> tuple[int, ...]:
@@ -325,7 +260,7 @@ def _pick_layers(layers, n_layers: int) -> tuple[int, ...]:
 
 def check_model(model, layers=None) -> None:
     """PosbiasError if `mspoe(model, layers=layers)` would refuse the model (a check without side effects)."""
-    base, _ = _check_model(model)
+    base, _, _ = _check_model(model)
     _pick_layers(layers, len(base.layers))
 
 
@@ -350,37 +285,48 @@ def _register(model, base, kind: str) -> tuple[str, str]:
     return old, name
 
 
+def _handle(model, info, min_ratio: float, max_ratio: float, layers, mode: str) -> MsPoE:
+    """The MsPoE handle: ladder (one entry per KV group or per query head), layers, the rotary and its kinds."""
+    cfg = model.config
+    n_q = cfg.num_attention_heads
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_q
+    chosen = _pick_layers(layers, len(info.attns))
+    handle = MsPoE(ratio_ladder(min_ratio, max_ratio, n_q if mode == "query" else n_kv), n_q // n_kv, chosen, mode)
+    handle._rotary = info.rotary
+    handle._kinds = tuple(() if len(info.kinds) == 1 else (k.name,) for k in info.kinds)
+    return handle
+
+
 @contextmanager
-def mspoe(model, min_ratio: float = 1.2, max_ratio: float = 1.8, layers=None):
+def mspoe(model, min_ratio: float = 1.2, max_ratio: float = 1.8, layers=None, mode: str = "group"):
     """Apply Ms-PoE to `model` inside the block; restore it exactly on exit. Yields an `MsPoE` handle.
 
-    min_ratio/max_ratio: the ratio ladder (rank 0, the most position-aware KV group, gets min_ratio).
+    min_ratio/max_ratio: the ratio ladder (rank 0, the most position-aware unit, gets min_ratio).
     layers: indices of the layers to patch; None = all but the first two (the paper's setting).
+    mode: "group" (one ratio per KV group) or "query" (one per query head, the paper's rule).
     Works for batched left-padded forwards (pass position_ids = cumsum(mask) - 1) and for
     model.generate with the KV cache; the head ordering is measured at each prefill.
     """
     if not 0 < min_ratio <= max_ratio:
         raise PosbiasError(f"mspoe: need 0 < min_ratio <= max_ratio, got {min_ratio}, {max_ratio}")
-    base, kind = _check_model(model)
-    cfg = model.config
-    n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    chosen = _pick_layers(layers, len(base.layers))
-    handle = MsPoE(ratio_ladder(min_ratio, max_ratio, n_kv), cfg.num_attention_heads // n_kv, chosen)
-    handle._rotary = base.rotary_emb
+    if mode not in MODES:
+        raise PosbiasError(f"mspoe: unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
+    base, kind, info = _check_model(model)
+    handle = _handle(model, info, min_ratio, max_ratio, layers, mode)
     old, name = _register(model, base, kind)
     hooks = []
     try:
-        for i in chosen:
+        for i in handle.layers:
             attn = base.layers[i].self_attn
-            handle._states[i] = _ACTIVE[attn] = _LayerState(handle, i)
+            handle._states[i] = _ACTIVE[attn] = _LayerState(handle, i, info.layer_kinds[i])
             hooks.append(attn.register_forward_pre_hook(_pre_hook, with_kwargs=True))
         model.set_attn_implementation(name)
         yield handle
     finally:
         for h in hooks:
             h.remove()
-        for i in chosen:
+        for i in handle.layers:
             _ACTIVE.pop(base.layers[i].self_attn, None)
         if model.config._attn_implementation != old:
             model.set_attn_implementation(old)
-        handle._tables = (None, None, None)
+        handle._tables = {}

@@ -53,6 +53,9 @@ class Task(ABC):
     multiline: bool = False  # generation goes on past a newline (a chain of thought) instead of stopping there
     also: tuple[str, ...] = ()  # further metrics scored beside `metric` (keys of core.metrics.METRICS)
     default_positions: str = "all"
+    # the items are documents (retrieved passages: nq, musique, every jsonl file, whose schema holds "documents"),
+    # not generated facts or key-value pairs; methods with a document-QA setting read it (Attention Buckets' RAG bases)
+    documents: bool = False
 
     def gold_target(self, prompt: Prompt) -> str:
         """The gold answer as a response the task scores correct (what SFT trains on)."""

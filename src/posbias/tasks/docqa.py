@@ -51,6 +51,7 @@ class DocQA(RecordsTask):
     metric = "best_subspan_em"
     default_engine = "generate"
     max_new_tokens = 48
+    documents = True
 
     def __init__(self, name: str, records: list[QAExample], n_docs: int, answers: str = "all"):
         if answers not in ANSWER_MODES:

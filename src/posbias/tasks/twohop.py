@@ -86,6 +86,7 @@ class TwoHopQA(TwoHop, RecordsTask):
     default_engine = "generate"
     multiline = True
     max_new_tokens = 256
+    documents = True
 
     def __init__(self, name: str, records: list[HopExample], n_docs: int, prompt: str = "reasoning"):
         self.name, self._records, self._n_slots, self.prompt = name, records, n_docs, _check_prompt(prompt)
