@@ -144,6 +144,11 @@ CASES = [
     (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,layers:1,2,3"], "new", "3 RoPE scaling factors"),
     # lpes search
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--weights", "0.5,0.5"], "new", "expected 3 numbers for weights"),
+    (["lpes", "gain", "{ROOT}/sweep"], "new", "holds no finished comparison"),
+    (["lpes", "gain", "{ROOT}/compare", "--out", "{ROOT}/compare"], "compare", "holds a comparison, not a length-gain"),
+    (["moice", "train", "--model", "{MODEL}", *TINY, "--top-k", "9"], "new", "--top-k must be between 1 and the number of bases (7), got 9 -- pass --top-k 7"),
+    (["moice", "train", "--model", "{MODEL}", *TINY, "--bases", "0.5,2"], "new", "must be RoPE bases > 1"),
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,moice:{ROOT}/sweep"], "new", "unfinished MoICE training"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--weights", "0.5,0.5,0.5"], "new", "--weights must be three"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--y-init", "3"], "new", "--y-init 3.0 outside"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--preset", "huge"], "new", "unknown preset 'huge'"),
@@ -198,9 +203,10 @@ def _out(env: dict, kind: str, tmp_path: Path) -> Path:
 
 
 def test_there_are_forty_cases_across_every_command():
-    commands = {c[0][0] if c[0][0] not in ("lpes", "distill", "synth") else " ".join(c[0][:2]) for c in CASES}
+    commands = {c[0][0] if c[0][0] not in ("lpes", "distill", "synth", "moice") else " ".join(c[0][:2]) for c in CASES}
     assert len(CASES) >= 40
-    assert {"sweep", "compare", "lpes search", "distill r1", "theory", "synth depth", "synth train"} <= commands
+    assert {"sweep", "compare", "lpes search", "lpes gain", "moice train", "distill r1", "theory", "synth depth",
+            "synth train"} <= commands
 
 
 @pytest.mark.parametrize("args, where, message", CASES, ids=[f"{i}-{' '.join(c[0][:2])}" for i, c in enumerate(CASES)])
@@ -208,8 +214,8 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(env, tmp_path, monke
     out = _out(env, where, tmp_path)
     before = _snapshot(out) if out.is_dir() else None
     argv = [a.format(**env, OUT=out) for a in args]
-    head = 2 if argv[0] in ("lpes", "distill", "synth") else 1
-    if argv[0] in ("sweep", "compare", "lpes", "distill") and "--task" not in argv:
+    head = 2 if argv[0] in ("lpes", "distill", "synth", "moice") else 1
+    if argv[0] in ("sweep", "compare", "lpes", "distill", "moice") and "--task" not in argv and argv[1] != "gain":
         argv = argv[:head] + KV + argv[head:]  # kv-lookup, sized for the tiny model
     if "--out" not in argv and args[0] != "frob":
         argv += ["--out", str(out)]

@@ -72,7 +72,7 @@ class MoICEConfig(TaskChoice, ModelChoice):
         n_bases = len(self.bases) if self.bases else 7
         if self.top_k is not None and not 1 <= self.top_k <= n_bases:
             raise PosbiasError(f"`top_k` must be between 1 and the number of bases ({n_bases}), got {self.top_k}",
-                               f"pass `top-k` {n_bases} or fewer")
+                               f"pass `top_k={n_bases}` or fewer")
         return self
 
     def to_dict(self) -> dict:
