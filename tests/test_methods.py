@@ -102,6 +102,7 @@ def test_lpes_search_files_and_held_out_check(model_dir, loaded, tmp_path):
     assert len(saved["history"]) == 4 and len(list((out / "log").glob("generation_*.json"))) == 4
     bests = [h["best_fitness"] for h in saved["history"]]
     assert saved["converged_at"] == bests.index(max(bests)) and bests[saved["converged_at"]] == saved["fitness"]
+    assert saved["beats_unmodified"] == (saved["fitness"] > saved["baseline"]["fitness"])
     keys = [json.loads(x)["key"] for x in (out / "evals.jsonl").read_text().splitlines()]
     assert len(keys) == len(set(keys)) == res["evaluations"]  # never the same individual twice
     assert (out / "factors.png").stat().st_size > 1000

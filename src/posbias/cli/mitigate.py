@@ -69,6 +69,9 @@ def search(
     typer.echo("search split accuracy  begin/middle/end: " + " / ".join(f"{acc[k]:.3f}" for k in acc)
                + "   unmodified: " + " / ".join(f"{base[k]:.3f}" for k in base))
     typer.echo("per-layer factors: " + " ".join(f"{f:.3f}" for f in res.factors))
+    if not res.record["beats_unmodified"]:
+        typer.echo(f"note: no individual beat the unmodified model on the search split ({res.fitness:.3f} <= "
+                   f"{res.baseline['fitness']:.3f}); these factors are expected to cost accuracy (see docs/lpes.md)", err=True)
     typer.echo(f"wrote {run.out}/factors.json and factors.png; use it with --method lpes:{run.out}/factors.json")
 
 
