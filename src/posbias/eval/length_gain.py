@@ -33,6 +33,15 @@ def _mean_tokens(path: Path, entry: dict) -> float:
     return sum(lens) / len(lens)
 
 
+def short_spec(spec: str) -> str:
+    """A method spec with any file path cut to its folder name: lpes:/x/runs/lpes-kv30/factors.json -> lpes:lpes-kv30."""
+    name, sep, arg = spec.partition(":")
+    if "/" not in arg:
+        return spec
+    p = Path(arg)
+    return f"{name}{sep}{(p.parent if p.suffix == '.json' else p).name}"
+
+
 def length_points(dirs: Sequence[str | Path]) -> list[dict]:
     """One point per (comparison, method): model, task, task options, mean tokens, n, average, difference, CI."""
     points = []
@@ -45,7 +54,7 @@ def length_points(dirs: Sequence[str | Path]) -> list[dict]:
             points.append({"compare": str(d), "model": cfg.get("model") or e["model"], "task": cfg["task"],
                            "task_options": cfg.get("task_options", {}), "tokens": round(tokens, 1),
                            "n": cfg["n"], "positions": cfg.get("positions_resolved"), "method": e["method"],
-                           "label": e["label"], "reference": i == 0, "average": e["summary"]["average"],
+                           "label": short_spec(e["method"]) if cfg.get("model") else e["label"], "reference": i == 0, "average": e["summary"]["average"],
                            "difference": v["difference"], "ci": v["ci"]})
     return points
 

@@ -74,7 +74,7 @@ class MoICE(Method):
 
     @property
     def label(self) -> str:
-        return "moice"
+        return f"moice:{Path(self.path).name}" if self.path else "moice"
 
     def config(self) -> dict:
         return {"name": "moice", "path": self.path, "sha256": self.digest, "bases": list(self.routers.bases),

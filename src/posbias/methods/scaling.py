@@ -93,6 +93,12 @@ class LPES(LayerScaling):
         method.fitted_on = rec.get("search_split")
         return method
 
+    @property
+    def label(self) -> str:
+        """`lpes:<search folder>`, so two searches in one comparison stay apart."""
+        where = Path(self.source).parent.name if self.source else ""
+        return super().label.replace(self.name, f"{self.name}:{where}" if where else self.name, 1)
+
 
 @register_method
 class UniformScaling(Method):
