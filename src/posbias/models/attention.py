@@ -23,7 +23,6 @@ On exit the original attention implementation is set back.
 
 from __future__ import annotations
 
-import sys
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import PosbiasError
+from .attn_hooks import register_attention
 
 _BACKENDS = ("sdpa", "eager")
 # self_attn module -> the SpanCapture of the model it belongs to, while `span_attention` is active.
@@ -148,21 +148,12 @@ def _make_attention(backend):
 
 def _register(model, attns) -> tuple[str, str]:
     """Register the capture attention + mask functions for the model's backend -> (old, new) names."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     old = model.config._attn_implementation
     if old not in _BACKENDS:
         raise PosbiasError(f"attention capture needs the sdpa or eager attention implementation, the model runs {old!r}"
                            " (Ms-PoE and other methods that install their own attention function cannot be captured)",
                            "load the model with sdpa or eager, and use a method that only rescales RoPE (pi, layers, lpes)")
-    backend = sys.modules[type(attns[0]).__module__].eager_attention_forward if old == "eager" \
-        else ALL_ATTENTION_FUNCTIONS[old]
-    name = f"posbias_spans_{old}"
-    AttentionInterface.register(name, _make_attention(backend))
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[old])
-    return old, name
+    return register_attention(model, attns[0], "spans", _make_attention, "attention capture")
 
 
 def _self_attns(model) -> list:

@@ -37,7 +37,6 @@ scaled by theta_kind / theta_main (models/buckets.py `kind_bases`). Default: the
 from __future__ import annotations
 
 import json
-import sys
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from torch import nn
 
 from ..errors import PosbiasError
 from .buckets import base_inv_freq, kind_bases
+from .attn_hooks import register_attention, take_rope_and_cache
 from .rope import RopeTables, model_dtype, rope_guard, rope_info
 
 PAPER_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # train.sh base_set (Llama-2, theta 1e4)
@@ -246,17 +246,7 @@ def _make_attention(backend):
 
 def _pre_hook(module, args, kwargs):
     """Before a hooked self_attn: identity RoPE (q/k reach the attention function un-rotated), cache kept aside."""
-    st = _ACTIVE[module]
-    if kwargs.get("position_ids") is None or "position_embeddings" not in kwargs:
-        raise PosbiasError("moice: self_attn was called without position_ids/position_embeddings", "use a supported model")
-    cache = kwargs.get("past_key_values")
-    st.prefill = cache is None or cache.get_seq_length(module.layer_idx) == 0
-    st.cache = cache
-    cos = kwargs["position_embeddings"][0]
-    one = torch.ones((1, 1, 1), dtype=cos.dtype, device=cos.device)
-    kwargs["position_embeddings"] = (one, torch.zeros_like(one))
-    kwargs["past_key_values"] = None
-    return args, kwargs
+    return args, take_rope_and_cache(_ACTIVE[module], module, kwargs, "moice")
 
 
 # ----------------------------------------------------------------------------- the context manager
@@ -271,20 +261,8 @@ def check_routers(model, routers: Routers) -> None:
 
 
 def _register(model, attn) -> tuple[str, str]:
-    """Register the MoICE attention + mask functions for the model's backend -> (old, new) implementation names."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    old = model.config._attn_implementation
-    backend = sys.modules[type(attn).__module__].eager_attention_forward if old == "eager" else ALL_ATTENTION_FUNCTIONS.get(old)
-    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(old)
-    if backend is None or mask_fn is None:
-        raise PosbiasError(f"moice: unsupported attention implementation {old!r}", "load the model with sdpa or eager")
-    name = f"posbias_moice_{model.config.model_type}_{old}"
-    AttentionInterface.register(name, _make_attention(backend))
-    AttentionMaskInterface.register(name, mask_fn)
-    return old, name
+    """Register the moice attention + mask functions for the model's backend -> (old, new) names."""
+    return register_attention(model, attn, f"moice_{model.config.model_type}", _make_attention, "moice")
 
 
 def _tables(model, info, bases, size: int | None) -> RopeTables:

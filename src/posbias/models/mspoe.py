@@ -68,7 +68,6 @@ are not quoted: not checked against the PDF.)
 
 from __future__ import annotations
 
-import sys
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -77,6 +76,7 @@ import torch
 
 from ..errors import PosbiasError
 from .mspoe_heads import ALPHA, outlier_scores, probe_valid, rank_groups, ratio_ladder, rotate_heads
+from .attn_hooks import register_attention, take_rope_and_cache
 from .rope import rope_info
 
 __all__ = ["ALPHA", "MODES", "MsPoE", "check_model", "mspoe", "outlier_scores", "rank_groups", "ratio_ladder"]
@@ -212,17 +212,7 @@ def _make_attention(backend):
 
 def _pre_hook(module, args, kwargs):
     """Before a patched self_attn: no stock RoPE, keep the cache for the attention function."""
-    st = _ACTIVE[module]
-    if kwargs.get("position_ids") is None or "position_embeddings" not in kwargs:
-        raise PosbiasError("mspoe: self_attn was called without position_ids/position_embeddings", "use a supported model")
-    cache = kwargs.get("past_key_values")
-    st.prefill = cache is None or cache.get_seq_length(module.layer_idx) == 0
-    st.cache = cache
-    cos = kwargs["position_embeddings"][0]
-    one = torch.ones((1, 1, 1), dtype=cos.dtype, device=cos.device)
-    kwargs["position_embeddings"] = (one, torch.zeros_like(one))
-    kwargs["past_key_values"] = None
-    return args, kwargs
+    return args, take_rope_and_cache(_ACTIVE[module], module, kwargs, "mspoe")
 
 
 # ----------------------------------------------------------------------------- the context manager
@@ -265,24 +255,8 @@ def check_model(model, layers=None) -> None:
 
 
 def _register(model, base, kind: str) -> tuple[str, str]:
-    """Register the Ms-PoE attention + mask functions for the model's backend -> (old, new) names."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    old = model.config._attn_implementation
-    attn = base.layers[0].self_attn
-    if old == "eager":
-        backend = sys.modules[type(attn).__module__].eager_attention_forward
-    else:
-        backend = ALL_ATTENTION_FUNCTIONS.get(old)
-    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(old)
-    if backend is None or mask_fn is None:
-        raise PosbiasError(f"mspoe: unsupported attention implementation {old!r}", "load the model with sdpa or eager")
-    name = f"posbias_mspoe_{kind}_{old}"
-    AttentionInterface.register(name, _make_attention(backend))
-    AttentionMaskInterface.register(name, mask_fn)
-    return old, name
+    """Register the mspoe attention + mask functions for the model's backend -> (old, new) names."""
+    return register_attention(model, base.layers[0].self_attn, f"mspoe_{kind}", _make_attention, "mspoe")
 
 
 def _handle(model, info, min_ratio: float, max_ratio: float, layers, mode: str) -> MsPoE:
