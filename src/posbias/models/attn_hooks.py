@@ -5,7 +5,8 @@ state that takes RoPE and the KV cache away from the stock code so the wrapper c
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 
@@ -43,3 +44,23 @@ def take_rope_and_cache(st, module, kwargs: dict, who: str) -> dict:
     kwargs["position_embeddings"] = (one, torch.zeros_like(one))
     kwargs["past_key_values"] = None
     return kwargs
+
+
+@contextmanager
+def patched_attention(model, old: str, name: str, states: dict, active, pre_hook) -> Iterator[None]:
+    """Inside: every self_attn in `states` has its state in `active` and `pre_hook` installed, and the model runs
+    the registered implementation `name`; on exit hooks, states and the implementation `old` are restored."""
+    hooks = []
+    try:
+        for attn, st in states.items():
+            active[attn] = st
+            hooks.append(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
+        model.set_attn_implementation(name)
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+        for attn in states:
+            active.pop(attn, None)
+        if model.config._attn_implementation != old:
+            model.set_attn_implementation(old)

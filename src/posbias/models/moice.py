@@ -47,7 +47,7 @@ from torch import nn
 
 from ..errors import PosbiasError
 from .buckets import base_inv_freq, kind_bases
-from .attn_hooks import register_attention, take_rope_and_cache
+from .attn_hooks import patched_attention, register_attention, take_rope_and_cache
 from .rope import RopeTables, model_dtype, rope_guard, rope_info
 
 PAPER_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # train.sh base_set (Llama-2, theta 1e4)
@@ -289,21 +289,12 @@ def moice(model, routers: Routers, top_k: int | None = None, max_positions: int 
     if not 1 <= k <= len(routers.bases):
         raise PosbiasError(f"moice: top_k must be between 1 and {len(routers.bases)}, got {k}")
     handle = MoICEState(routers, k, _tables(model, info, routers.bases, max_positions), len(routers.bases))
-    hooks = []
     with rope_guard(model):
         old, name = _register(model, info.attns[0])
+        states = {attn: _Layer(handle, i, kind) for i, (attn, kind) in enumerate(zip(info.attns, info.layer_kinds))}
         try:
-            for i, (attn, kind) in enumerate(zip(info.attns, info.layer_kinds)):
-                _ACTIVE[attn] = _Layer(handle, i, kind)
-                hooks.append(attn.register_forward_pre_hook(_pre_hook, with_kwargs=True))
-            model.set_attn_implementation(name)
-            yield handle
+            with patched_attention(model, old, name, states, _ACTIVE, _pre_hook):
+                yield handle
         finally:
-            for h in hooks:
-                h.remove()
-            for attn in info.attns:
-                _ACTIVE.pop(attn, None)
-            if model.config._attn_implementation != old:
-                model.set_attn_implementation(old)
             handle.tables.release()
             handle.logits.clear()

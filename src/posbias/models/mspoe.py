@@ -76,7 +76,7 @@ import torch
 
 from ..errors import PosbiasError
 from .mspoe_heads import ALPHA, outlier_scores, probe_valid, rank_groups, ratio_ladder, rotate_heads
-from .attn_hooks import register_attention, take_rope_and_cache
+from .attn_hooks import patched_attention, register_attention, take_rope_and_cache
 from .rope import rope_info
 
 __all__ = ["ALPHA", "MODES", "MsPoE", "check_model", "mspoe", "outlier_scores", "rank_groups", "ratio_ladder"]
@@ -288,19 +288,10 @@ def mspoe(model, min_ratio: float = 1.2, max_ratio: float = 1.8, layers=None, mo
     base, kind, info = _check_model(model)
     handle = _handle(model, info, min_ratio, max_ratio, layers, mode)
     old, name = _register(model, base, kind)
-    hooks = []
+    states = {base.layers[i].self_attn: _LayerState(handle, i, info.layer_kinds[i]) for i in handle.layers}
+    handle._states.update({st.layer: st for st in states.values()})
     try:
-        for i in handle.layers:
-            attn = base.layers[i].self_attn
-            handle._states[i] = _ACTIVE[attn] = _LayerState(handle, i, info.layer_kinds[i])
-            hooks.append(attn.register_forward_pre_hook(_pre_hook, with_kwargs=True))
-        model.set_attn_implementation(name)
-        yield handle
+        with patched_attention(model, old, name, states, _ACTIVE, _pre_hook):
+            yield handle
     finally:
-        for h in hooks:
-            h.remove()
-        for i in handle.layers:
-            _ACTIVE.pop(base.layers[i].self_attn, None)
-        if model.config._attn_implementation != old:
-            model.set_attn_implementation(old)
         handle._tables = {}
