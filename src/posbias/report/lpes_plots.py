@@ -39,7 +39,7 @@ def plot_gain_vs_length(points: list[dict], path: str | Path) -> None:
     """Average minus the unmodified model's (paired 95% CI) against prompt length, one line per (model, method)."""
     from .plots import plt, save_figure
 
-    fig, ax = plt.subplots(figsize=(7, 3.8), dpi=120)
+    fig, ax = plt.subplots(figsize=(9, 3.8), dpi=120)
     lines: dict[tuple, list[dict]] = {}
     for p in points:
         if not p.get("reference"):  # the first entry of each comparison is what the others are measured against
@@ -51,8 +51,11 @@ def plot_gain_vs_length(points: list[dict], path: str | Path) -> None:
         ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, label=f"{lab} ({model})")
     ax.axhline(0.0, color="k", lw=0.7)
     ax.set_xscale("log")
+    ticks = sorted({round(p["tokens"]) for p in points})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("prompt length (model tokens, log scale)")
     ax.set_ylabel("average accuracy - unmodified\n(paired 95% CI)")
-    ax.legend(fontsize=6, loc="best")
+    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3)
     save_figure(fig, path)
