@@ -217,7 +217,7 @@ def test_two_concurrent_sweeps_into_one_folder_and_sigint(model_dir, tmp_path):
     second = subprocess.run(_cli(*args, "--seed", "1", "--overwrite")[0], env=env, capture_output=True, text=True)
     assert second.returncode == 2 and f"another posbias process (pid {first.pid})" in second.stderr
     first.send_signal(signal.SIGINT)
-    _, err = first.communicate(timeout=60)
+    _, err = first.communicate(timeout=180)  # generous: a loaded 2-core CI machine once took > 60 s
     assert first.returncode == 130 and "interrupted" in err and "--resume" in err
     assert not (tmp_path / "o" / "sweep.json").exists() and not (tmp_path / "o" / ".lock").exists()
     rows = JsonlLog(tmp_path / "o" / "examples.jsonl").read(("example_id", "position", "correct"))
