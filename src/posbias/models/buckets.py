@@ -37,11 +37,22 @@ REFERENCE_THETA = 10000.0
 _BATCH_KEYS = ("input_ids", "inputs_embeds")
 
 
+def scaled_bases(model, reference: Sequence[float]) -> tuple[float, ...]:
+    """Bases published for Llama-2 (theta 1e4) scaled to this model's main rope_theta (theta * b / 1e4)."""
+    theta = rope_info(model).rope_theta or REFERENCE_THETA
+    return tuple(theta * b / REFERENCE_THETA for b in reference)
+
+
 def default_bases(model, rag: bool = False) -> tuple[float, ...]:
     """The original ToolBench (or, rag=True, RAG) bases relative to Llama-2's theta, scaled to this model's
     main rope_theta (Gemma-3: the global layers' 1e6; its sliding layers get the same list scaled to theirs)."""
-    theta = rope_info(model).rope_theta or REFERENCE_THETA
-    return tuple(theta * b / REFERENCE_THETA for b in (RAG_BASES if rag else TOOLBENCH_BASES))
+    return scaled_bases(model, RAG_BASES if rag else TOOLBENCH_BASES)
+
+
+def kind_inv_freqs(model, info: RopeInfo, bases: Sequence[float]) -> torch.Tensor:
+    """(K * n, D/2) inverse frequencies of every (RoPE kind, base): row k * n + j is kind k with base j."""
+    per_kind = kind_bases(info, bases)
+    return torch.stack([base_inv_freq(model, info, b, k) for k, kb in enumerate(per_kind) for b in kb])
 
 
 def kind_bases(info: RopeInfo, bases: Sequence[float]) -> list[tuple[float, ...]]:
@@ -162,12 +173,11 @@ def attention_buckets(model, bases: Sequence[float] | None = None, max_positions
     """
     info = rope_info(model)
     bs = _check_bases(bases if bases is not None else default_bases(model))
-    per_kind = kind_bases(info, bs)
-    invs = torch.stack([base_inv_freq(model, info, b, k) for k, kb in enumerate(per_kind) for b in kb])  # (K*n, D/2)
+    invs = kind_inv_freqs(model, info, bs)  # (K*n, D/2)
     handles, tables, rows = [], None, {}
     with rope_guard(model):
         try:
-            own = torch.stack([info.kinds[k].inv_freq for k in range(len(per_kind)) for _ in bs])
+            own = torch.stack([kind.inv_freq for kind in info.kinds for _ in bs])
             if not torch.equal(invs, own):  # else: no copy needs other cos/sin
                 size = max_positions or info.max_positions or 2048
                 tables = RopeTables(invs, [1.0] * len(invs), info.attention_scaling, model_dtype(model), invs.device, size)

@@ -46,19 +46,17 @@ import torch
 from torch import nn
 
 from ..errors import PosbiasError
-from .buckets import base_inv_freq, kind_bases
+from .buckets import kind_inv_freqs, scaled_bases
 from .attn_hooks import patched_attention, register_attention, take_rope_and_cache
 from .rope import RopeTables, model_dtype, rope_guard, rope_info
 
 PAPER_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # train.sh base_set (Llama-2, theta 1e4)
-_REFERENCE_THETA = 10000.0
 _ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # self_attn -> _Layer while inside `moice`
 
 
 def default_bases(model) -> tuple[float, ...]:
     """The public base_set scaled to the model's main rope_theta (theta * b / 1e4)."""
-    theta = rope_info(model).rope_theta or _REFERENCE_THETA
-    return tuple(theta * b / _REFERENCE_THETA for b in PAPER_BASES)
+    return scaled_bases(model, PAPER_BASES)
 
 
 def model_shape(model) -> tuple[int, int, int]:
@@ -267,8 +265,7 @@ def _register(model, attn) -> tuple[str, str]:
 
 def _tables(model, info, bases, size: int | None) -> RopeTables:
     """cos/sin of every (RoPE kind, base): groups kind * N .. kind * N + N - 1."""
-    per_kind = kind_bases(info, bases)
-    invs = torch.stack([base_inv_freq(model, info, b, k) for k, kb in enumerate(per_kind) for b in kb])  # (K*N, D/2)
+    invs = kind_inv_freqs(model, info, bases)  # (K*N, D/2)
     if len({k.attention_scaling for k in info.kinds}) > 1:
         raise PosbiasError(f"model type '{info.model_type}' has RoPE kinds with different attention scalings",
                            "use a Llama/Qwen2/Mistral/Gemma-3 model")
