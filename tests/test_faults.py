@@ -212,7 +212,10 @@ def test_two_concurrent_sweeps_into_one_folder_and_sigint(model_dir, tmp_path):
     args = ["sweep", "--model", str(model_dir), "--facts", "4", "--digits", "3", "--n", "20000", "--dtype", "fp32",
             "--max-batch", "1", "--quiet", "--out", str(tmp_path / "o")]
     cmd, env = _cli(*args)
-    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # A shell without job control starts background jobs with SIGINT ignored, and the child would inherit
+    # that (this test then failed whenever the suite ran as `cmd &`): give the child the default disposition.
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_rows(tmp_path / "o" / "examples.jsonl", 5)
     second = subprocess.run(_cli(*args, "--seed", "1", "--overwrite")[0], env=env, capture_output=True, text=True)
     assert second.returncode == 2 and f"another posbias process (pid {first.pid})" in second.stderr
