@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from posbias.core import rollout as R
 from posbias.errors import PosbiasError
 from posbias.synth.data import DataConfig, SynthTask, generator, named_position
-from posbias.synth.evaluate import EvalConfig, sink_metric, swap_tests
+from posbias.synth.evaluate import ICL_THRESHOLD, EvalConfig, icl_accuracy, learned, sink_metric, swap_tests
 from posbias.synth.experiments import grid_runs, parse_mask, run_grid
 from posbias.synth.model import MASKS, PES, AttentionOnlyNet, ModelConfig, rotate, sinusoidal
 from posbias.synth.train import RunConfig, TrainConfig, build, train
@@ -281,6 +281,34 @@ def test_swap_test_sign_convention():
     res = swap_tests(FirstLabel(t), t, EvalConfig(n_seqs=300), seed=0)
     assert res["first_vs_middle"]["gap"] == 1.0 and res["first_vs_last"]["gap"] == 1.0
     assert res["middle_vs_last"]["acc_ab"] == res["middle_vs_last"]["acc_ba"]  # both miss unless same label
+
+
+class NearestItem(torch.nn.Module):
+    """A perfect in-context learner by construction: the label of the item nearest to the query."""
+
+    def __init__(self, task: SynthTask):
+        super().__init__()
+        self.task = task
+        self.mask = R.causal_mask(task.cfg.n_tokens)
+
+    def forward(self, x):
+        items, labels = x[:, 0:-1:2], x[:, 1:-1:2]  # (b, n, d) each
+        near = (items - x[:, -1:]).norm(dim=-1).argmin(dim=1)  # (b,)
+        return (labels[torch.arange(len(x)), near] @ self.task.label_vecs.T) * 100.0
+
+
+@pytest.mark.parametrize("bias, first_label", [("none", 0.5), ("first", 1.0), ("first-last", 0.5 + 0.5 * 3 / 7)])
+def test_in_context_verdict(bias, first_label):
+    """The nearest-item rule learned in context on every data bias; the best query-blind rule (copy the label
+    at item 1) reaches the hand-computed 1/2 (two classes), 1 (its training task) and 1/2 + 1/2 * 3/7 (the
+    answer at item 8 shares item 1's class with probability 3/7) and counts as learned only for `first`."""
+    t = SynthTask(DataConfig(bias=bias), 0)
+    near = icl_accuracy(NearestItem(t), t, 4000, seed=0, batch=1000)
+    blind = icl_accuracy(FirstLabel(t), t, 4000, seed=0, batch=1000)
+    assert near > 0.95
+    assert blind == pytest.approx(first_label, abs=0.03)
+    assert (blind >= ICL_THRESHOLD) == (bias == "first")
+    assert learned(blind)["learned"] == (bias == "first") and learned(near)["learned"]
 
 
 def test_sink_metric_on_uniform_attention():

@@ -33,16 +33,25 @@ def _levels(configs: list[dict], key: str) -> list:
     return seen
 
 
+def learned(summary: dict) -> bool | None:
+    """Did every seed of this configuration learn in context? None: not recorded (older runs)."""
+    lr = summary.get("learned")
+    return None if lr is None else bool(lr["all"])
+
+
 def _gap_bars(ax, series: list[tuple[str, dict | None]]) -> None:
-    """Grouped bars: one group per pair, one bar per (label, summary) in `series`."""
+    """Grouped bars: one group per pair, one bar per (label, summary) in `series`; configurations whose
+    networks did not all learn in context are drawn faded and hatched, labelled "(not ICL)"."""
     pairs = list(PAIR_LABELS)
     width = 0.8 / max(len(series), 1)
     for k, (label, s) in enumerate(series):
         if s is None:
             continue
         x = np.arange(len(pairs)) + (k - (len(series) - 1) / 2) * width
+        weak = learned(s) is False
         ax.bar(x, [s[f"gap/{p}"]["mean"] for p in pairs], width, yerr=[s[f"gap/{p}"]["std"] for p in pairs],
-               label=label, capsize=2)
+               label=label + (" (not ICL)" if weak else ""), capsize=2, color=f"C{k}",
+               alpha=0.35 if weak else 1.0, hatch="//" if weak else None, edgecolor=f"C{k}")
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xticks(range(len(pairs)))
     ax.set_xticklabels([PAIR_LABELS[p] for p in pairs], fontsize=7)
@@ -87,7 +96,9 @@ def plot_positions(configs, rows, cols, series, path: Path) -> str:
                     continue
                 m, e = np.array(summ["accuracy_by_position"]["mean"]), np.array(summ["accuracy_by_position"]["std"])
                 x = np.arange(1, len(m) + 1)
-                ax.plot(x, m, marker="o", ms=3, label=_fmt(sk, s))
+                weak = learned(summ) is False
+                ax.plot(x, m, marker="o", ms=3, ls="--" if weak else "-", alpha=0.5 if weak else 1.0,
+                        label=_fmt(sk, s) + (" (not ICL)" if weak else ""))
                 ax.fill_between(x, m - e, m + e, alpha=0.2)
             ax.set_title(f"{_fmt(rk, r)} | {_fmt(ck, c)}", fontsize=8)
             ax.set_xlabel("answer item (1 = first)", fontsize=7)
@@ -130,9 +141,13 @@ def plot_curves(configs, path: Path) -> str:
         f = c["factors"]
         label = f"L{f['depth']} {f['mask']} {f['pe']} {'res' if f['residual'] else 'nores'} {f['bias']}"
         ls = styles[(i // 10) % len(styles)]
-        axes[0].plot(cur["step"], cur["novel_acc"]["mean"], lw=1, ls=ls, label=label)
+        acc = cur.get("icl_acc", cur["novel_acc"])
+        axes[0].plot(cur["step"], acc["mean"], lw=1, ls=ls, label=label)
         axes[1].plot(cur["step"], cur["gap/first_vs_last"]["mean"], lw=1, ls=ls)
-    axes[0].set_ylabel("novel-class accuracy", fontsize=8)
+    axes[0].set_ylabel("in-context accuracy (novel classes)", fontsize=8)
+    thr = [c["summary"]["learned"]["threshold"] for c in configs if "learned" in c["summary"]]
+    if thr:
+        axes[0].axhline(thr[0], color="grey", lw=0.6, ls=":")  # the "learned in context" threshold
     axes[1].set_ylabel("gap first vs last", fontsize=8)
     for ax in axes:
         ax.set_xlabel("training step", fontsize=8)

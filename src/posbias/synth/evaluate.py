@@ -12,8 +12,14 @@
   gap by that fraction).
 * Accuracy by answer position: for each item p, the query's class at p and an identical twin at a
   uniformly random other item (the swap test averaged over the partner position).
-* Novel-class accuracy without a twin (in-context learning at all) and accuracy on fresh training
-  sequences (the training distribution, its position bias included).
+* Novel-class accuracy without a twin, answer uniform (in-context learning at all), accuracy on fresh
+  training sequences (the training distribution, its position bias included), and the in-context
+  accuracy: novel classes with the answer drawn like the training data's (its position bias
+  included), i.e. the training task on classes never seen. A run *learned in context* when that
+  accuracy reaches ICL_THRESHOLD = 0.8. Why 0.8: with n = 8, B = 4 a sequence holds two classes,
+  so copying either context label gives 0.5, and the best label-copying rule that ignores the query
+  (always the label at item 1, with first-last training data) gives 1/2 + 1/2 * 3/7 = 0.71; above
+  0.8 the network must compare the query with the items.
 * Attention-sink metric of Gu et al. (2025) as App. K.4 writes it, per token j:
       sink_j = 1/T sum_t (1 / sum_i M_ij) sum_i 1{A_ij^(t) > tau},  tau = 0.2,
   averaged over unbiased novel-class sequences; also per layer.
@@ -26,10 +32,11 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import PosbiasError
-from .data import SynthTask, generator, named_position
+from .data import SynthTask, answer_positions, generator, named_position
 
 PAIRS = (("first", "middle"), ("first", "last"), ("middle", "last"))
 TWINS = ("other", "any")
+ICL_THRESHOLD = 0.8  # in-context accuracy at which a run counts as having learned in context (see above)
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,13 @@ def novel_accuracy(model, task: SynthTask, n: int, seed, batch: int) -> float:
     return _accuracy(model, task.novel_batch(n, generator("novel", seed)), batch)
 
 
+def icl_accuracy(model, task: SynthTask, n: int, seed, batch: int) -> float:
+    """Novel classes, no twin, the answer item drawn from the training data's position bias."""
+    g = generator("icl", seed)
+    ans = answer_positions(task.cfg.bias, n, task.cfg.n_items, g)
+    return _accuracy(model, task.novel_batch(n, g, answer=ans), batch)
+
+
 def train_accuracy(model, task: SynthTask, n: int, seed, batch: int) -> float:
     """Fresh sequences from the training distribution (training classes and position bias)."""
     return _accuracy(model, task.train_batch(n, generator("train-eval", seed)), batch)
@@ -130,6 +144,11 @@ def sink_metric(model, task: SynthTask, ecfg: EvalConfig, seed, n: int | None = 
     return {"per_token": per_layer.mean(dim=0).tolist(), "per_layer": per_layer.tolist(), "tau": ecfg.tau}
 
 
+def learned(icl: float) -> dict:
+    """{"icl_accuracy", "learned", "icl_threshold"}: the in-context verdict of a run."""
+    return {"icl_accuracy": icl, "learned": icl >= ICL_THRESHOLD, "icl_threshold": ICL_THRESHOLD}
+
+
 def evaluate(model, task: SynthTask, ecfg: EvalConfig, seed) -> dict:
     """Every metric of the final model, as plain floats and lists (JSON-ready)."""
     ecfg.validate()
@@ -138,5 +157,6 @@ def evaluate(model, task: SynthTask, ecfg: EvalConfig, seed) -> dict:
         "accuracy_by_position": accuracy_by_position(model, task, ecfg, seed),
         "novel_accuracy": novel_accuracy(model, task, ecfg.n_seqs, seed, ecfg.batch),
         "train_accuracy": train_accuracy(model, task, ecfg.n_seqs, seed, ecfg.batch),
+        **learned(icl_accuracy(model, task, ecfg.n_seqs, seed, ecfg.batch)),
         "sinks": sink_metric(model, task, ecfg, seed),
     }

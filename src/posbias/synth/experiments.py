@@ -234,6 +234,10 @@ def summarize(records: list[dict]) -> dict:
     out.update({f"acc_ba/{p}": _stats([x["swap"][p]["acc_ba"] for x in m]) for p in pairs})
     for k in ("novel_accuracy", "train_accuracy", "accuracy_by_position"):
         out[k] = _stats([x[k] for x in m])
+    if all("icl_accuracy" in x for x in m):  # runs cached before the in-context verdict existed lack it
+        out["icl_accuracy"] = _stats([x["icl_accuracy"] for x in m])
+        out["learned"] = {"seeds": sum(bool(x["learned"]) for x in m), "of": len(m),
+                          "all": all(x["learned"] for x in m), "threshold": m[0]["icl_threshold"]}
     out["sink"] = _stats([x["sinks"]["per_token"] for x in m])
     out["train_seconds"] = _stats([r["seconds"]["train"] for r in records])
     hist = [r["history"] for r in records if r["history"]]
@@ -242,6 +246,8 @@ def summarize(records: list[dict]) -> dict:
                         "novel_acc": _stats([[p["novel_acc"] for p in h] for h in hist]),
                         "train_loss": _stats([[p["train_loss"] for p in h] for h in hist]),
                         **{f"gap/{k}": _stats([[p["gaps"][k] for p in h] for h in hist]) for k in pairs}}
+        if all("icl_acc" in p for h in hist for p in h):
+            out["curve"]["icl_acc"] = _stats([[p["icl_acc"] for p in h] for h in hist])
     return out
 
 
@@ -269,8 +275,15 @@ def format_summary(result: dict | GridResult) -> str:
         f, s = c["factors"], c["summary"]
         gaps = "  ".join(f"{k[4:]} {s[k]['mean']:+.3f}±{s[k]['std']:.3f}" for k in s if k.startswith("gap/"))
         lines.append(f"L{f['depth']} {f['mask']:>8} {f['pe']:>5} {'res' if f['residual'] else 'nores':>5} "
-                     f"{f['bias']:>10} | {gaps} | novel {s['novel_accuracy']['mean']:.3f}")
+                     f"{f['bias']:>10} | {gaps} | novel {s['novel_accuracy']['mean']:.3f}{_learned_text(s)}")
     return "\n".join(lines)
+
+
+def _learned_text(s: dict) -> str:
+    if "learned" not in s:
+        return ""
+    lr = s["learned"]
+    return f" | in-context {s['icl_accuracy']['mean']:.3f}, learned {lr['seeds']}/{lr['of']}"
 
 
 def one_run_config(*, mask: str = "causal", seed: int = 0, iters: int = 4000, lr: float = 1e-3, eval_seqs: int = 5000,
@@ -295,6 +308,9 @@ def format_run(rec: dict | RunResult) -> str:
     lines = [f"{ModelConfig(**cfg['model']).label} bias={cfg['data']['bias']} seed={cfg['seed']} "
              f"iters={cfg['train']['iters']}: train {rec['seconds']['train']:.0f}s",
              f"novel-class accuracy {m['novel_accuracy']:.3f} | training-distribution accuracy {m['train_accuracy']:.3f}"]
+    if "icl_accuracy" in m:
+        lines.append(f"in-context accuracy {m['icl_accuracy']:.3f} (novel classes, training answer positions): "
+                     f"{'learned' if m['learned'] else 'NOT learned'} in context (threshold {m['icl_threshold']})")
     lines += [f"{k:16s} acc[a,b] {v['acc_ab']:.3f}  acc[b,a] {v['acc_ba']:.3f}  gap {v['gap']:+.3f}"
               for k, v in m["swap"].items()]
     lines.append("accuracy by answer item: " + " ".join(f"{a:.3f}" for a in m["accuracy_by_position"]))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..errors import PosbiasError
 from ..runs import progress as progress_bar
 from .data import DataConfig, SynthTask, generator
-from .evaluate import EvalConfig, novel_accuracy, swap_tests
+from .evaluate import EvalConfig, icl_accuracy, novel_accuracy, swap_tests
 from .model import AttentionOnlyNet, ModelConfig
 
 
@@ -117,6 +117,7 @@ def curve_point(model, task, cfg: RunConfig, step: int, acc: dict) -> dict:
     model.train()
     return {"step": step, "train_loss": acc["loss"] / acc["count"], "train_acc": acc["correct"] / acc["count"],
             "novel_acc": novel_accuracy(model, task, n, ("curve", cfg.seed), cfg.eval.batch),
+            "icl_acc": icl_accuracy(model, task, n, ("curve", cfg.seed), cfg.eval.batch),
             "gaps": {k: v["gap"] for k, v in swaps.items()}}
 
 
