@@ -19,7 +19,10 @@ every ckpt_every steps; a killed group resumes bit-identically on the same devic
 from __future__ import annotations
 
 import copy
+import hashlib
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
 from pathlib import Path
 
 import torch
@@ -27,8 +30,11 @@ import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
 from ..errors import PosbiasError
+from ..runs import cached_record, write_json_atomic
 from ..runs import progress as progress_bar
 from .data import generator
+from .evaluate import evaluate
+from .experiments import Run, versions
 from .train import RunConfig, TrainResult, _log_steps, _save, build, curve_point
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -194,3 +200,75 @@ def train_group(cfgs: list[RunConfig], ckpt: str | Path | None = None, device: s
     g.seconds += time.perf_counter() - t0
     share = g.seconds / len(cfgs)
     return [TrainResult(m, task, h, share, g.step) for m, task, h in zip(g.unstack(), g.tasks, g.histories)]
+
+
+# ----------------------------------------------------------------------------- grids
+
+
+def _group_ckpt(out_jsons: list[Path]) -> Path:
+    names = "\n".join(p.name for p in out_jsons)
+    return out_jsons[0].parent / f"group-{hashlib.sha1(names.encode()).hexdigest()[:10]}.ckpt"
+
+
+def run_group(cfgs: list[RunConfig], out_jsons: list[str | Path], device: str = "cpu", progress: bool = True,
+              threads: int | None = 1) -> list[dict]:
+    """run_one for runs of one architecture trained at once (synth.multi.train_group) on `device`.
+
+    Each run writes the record run_one writes, plus "trained_with": {"device", "group": R}, and its
+    `seconds.train` is its share of the group's wall time. Finished runs are returned from their JSONs;
+    a group checkpoint of all the runs is resumed, otherwise only the unfinished runs are trained."""
+    check_group(cfgs)
+    device, paths = resolve_device(device), [Path(p) for p in out_jsons]
+    records = [cached_record(p, c.to_dict()) for p, c in zip(paths, cfgs)]
+    todo = [i for i, r in enumerate(records) if r is None]
+    if not todo:
+        return records
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    idx = list(range(len(cfgs))) if _group_ckpt(paths).exists() else todo
+    ckpt = _group_ckpt([paths[i] for i in idx])
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        results = train_group([cfgs[i] for i in idx], ckpt, device=device, progress=progress)
+        for i, res in zip(idx, results):
+            if records[i] is None:
+                t0 = time.perf_counter()
+                metrics = evaluate(res.model, res.task, cfgs[i].eval, ("test", cfgs[i].seed))
+                records[i] = {"config": cfgs[i].to_dict(), "metrics": metrics, "history": res.history,
+                              "seconds": {"train": res.seconds, "eval": time.perf_counter() - t0},
+                              "versions": versions(), "trained_with": {"device": device, "group": len(idx)}}
+                write_json_atomic(paths[i], records[i], indent=1)
+                paths[i].with_suffix(".ckpt").unlink(missing_ok=True)  # a single-run checkpoint of an earlier call
+    finally:
+        torch.set_num_threads(before)
+    ckpt.unlink(missing_ok=True)
+    return records
+
+
+def _group_worker(cfg_dicts: list[dict], out_jsons: list[str], device: str) -> list[dict]:
+    return run_group([RunConfig.from_dict(c) for c in cfg_dicts], out_jsons, device, progress=False)
+
+
+def train_groups(runs: list[Run], records: dict, rundir: Path, how: tuple, progress: bool, bar) -> None:
+    """Partition every run of the grid (finished ones too, so a rerun finds the same groups and their
+    checkpoints) into groups of <= `group` with equal architecture; train the unfinished ones."""
+    device, group, workers = how
+    groups = [[runs[i] for i in idx] for idx in partition([shape_key(r.cfg) for r in runs], group)]
+    groups = [g for g in groups if any(r.name not in records for r in g)]
+    jobs = [([r.cfg for r in g], [rundir / f"{r.name}.json" for r in g], g) for g in groups]
+
+    def done(g: list[Run], recs: list[dict]) -> None:
+        new = sum(r.name not in records for r in g)
+        records.update({r.name: rec for r, rec in zip(g, recs)})
+        bar.update(new)
+
+    if workers == 1:
+        for cfgs, paths, g in jobs:
+            done(g, run_group(cfgs, paths, device, progress))
+        return
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as ex:
+        futs = {ex.submit(_group_worker, [c.to_dict() for c in cfgs], [str(p) for p in paths], device): g
+                for cfgs, paths, g in jobs}
+        for f in as_completed(futs):
+            done(futs[f], f.result())
