@@ -13,7 +13,12 @@ seed, s)) generated on CPU exactly as there, then moved to the device; its loss 
 cross-entropy. The learning-curve points are train.curve_point on a CPU copy of each run, and
 the training loss/accuracy sums are accumulated in float64 in the order train.train uses.
 A group checkpoint (stacked parameters, optimizer state, per-run states) is written atomically
-every ckpt_every steps; a killed group resumes bit-identically on the same device.
+every ckpt_every steps; a killed group resumes bit-identically on the same device. vmap needed no
+workaround: masked_fill, softmax, the RoPE rotation and the MLP all have batching rules.
+
+Grids (run_group, train_groups): the runs of a grid are partitioned into groups of <= `group` runs
+of equal shape_key; each finished run writes run_one's record plus "trained_with". Final evaluation
+runs on the CPU copies with synth.evaluate.evaluate (its batches are generated on CPU).
 """
 
 from __future__ import annotations
@@ -124,7 +129,12 @@ class _Group:
     def batches(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The single-run batches of this step, on CPU as in train.train, stacked: (R, b, n, d), (R, b)."""
         bs = [t.train_batch(c.train.batch, generator("train", c.seed, step)) for t, c in zip(self.tasks, self.cfgs)]
-        return torch.stack([b.x for b in bs]).to(self.device), torch.stack([b.y for b in bs]).to(self.device)
+        x, y = torch.stack([b.x for b in bs]), torch.stack([b.y for b in bs])
+        if self.device == "cpu":
+            return x, y
+        # pinned + non_blocking: the copy does not wait for the previous step's kernels, so the next
+        # step's batches are generated on CPU while the device still computes
+        return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
 
     def train_step(self, step: int) -> None:
         x, y = self.batches(step)
