@@ -1,6 +1,7 @@
 """Training speed of the synthetic-experiment networks and the wall time of the quick grids.
 
     python benchmarks/synth_speed.py [--steps 150] [--threads 1] [--workers 2] [--parallel-check]
+                                     [--device cpu|cuda|auto] [--groups 1,4,8,16] [--group-steps 60] [--only-groups]
 
 Measured (wall clock, after a warm-up of 10 steps, on the paper's data: K = 2048, L = 32, B = 4,
 n = 8, d = 64, batch 128, AdamW):
@@ -11,6 +12,10 @@ Estimated: the wall time of each quick grid = sum over its runs of (iters / step
 + final eval), divided by --workers (runs are independent processes with 1 thread each; the
 estimate assumes the workers do not slow each other down; --parallel-check measures that by
 timing two training processes at once, which occupies both cores for a few seconds).
+Several runs at once (synth.multi, --groups): for depth 2 and 6, PE none and RoPE, and each group
+size R: steps/s of the group, run-steps/s (R x steps/s) and their ratio to one run trained alone
+(the train.train loop) on the same --device; also the CPU time of one run's batch generation,
+which every grouped step still pays R times (the batches are the single-run CPU streams).
 """
 
 from __future__ import annotations
@@ -27,24 +32,70 @@ from posbias.synth.data import generator
 from posbias.synth.evaluate import evaluate
 from posbias.synth.experiments import PRESETS, grid_runs
 from posbias.synth.model import ModelConfig
+from posbias.synth.multi import _Group, resolve_device
 from posbias.synth.train import RunConfig, build, curve_point
 
 
-def steps_per_second(model_cfg: ModelConfig, steps: int, threads: int) -> float:
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def steps_per_second(model_cfg: ModelConfig, steps: int, threads: int, device: str = "cpu") -> float:
     torch.set_num_threads(threads)
     cfg = RunConfig(model=model_cfg)
     task, model = build(cfg)
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-6)
     t0 = 0.0
     for step in range(steps + 10):
         if step == 10:
+            _sync(device)
             t0 = time.perf_counter()
         b = task.train_batch(128, generator("train", 0, step))
-        loss = F.cross_entropy(model(b.x), b.y)
+        loss = F.cross_entropy(model(b.x.to(device)), b.y.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    _sync(device)
     return steps / (time.perf_counter() - t0)
+
+
+def group_steps_per_second(model_cfg: ModelConfig, r: int, steps: int, device: str) -> float:
+    """Steps/s of a group of r runs (seeds 0..r-1) trained at once by synth.multi, after 5 warm-up steps."""
+    g = _Group([RunConfig(model=model_cfg, seed=s) for s in range(r)], device)
+    t0 = 0.0
+    for step in range(steps + 5):
+        if step == 5:
+            _sync(device)
+            t0 = time.perf_counter()
+        g.train_step(step)
+    _sync(device)
+    return steps / (time.perf_counter() - t0)
+
+
+def batch_seconds(n: int = 50) -> float:
+    """CPU seconds to generate one run's training batch (paper data, batch 128)."""
+    task, _ = build(RunConfig())
+    t0 = time.perf_counter()
+    for step in range(n):
+        task.train_batch(128, generator("train", 0, step))
+    return (time.perf_counter() - t0) / n
+
+
+def group_table(groups: list[int], steps: int, device: str) -> None:
+    """Print the several-runs-at-once table: depth 2 and 6, PE none and RoPE, each group size."""
+    print(f"\nseveral runs at once on {device} ({torch.get_num_threads()} thread(s)), {steps} timed steps; "
+          f"one run's batch generation: {batch_seconds() * 1e3:.2f} ms (CPU)")
+    print("depth  pe    |    R | group steps/s | run-steps/s | vs one run alone")
+    for depth in (2, 6):
+        for pe in ("none", "rope"):
+            cfg = ModelConfig(depth=depth, pe=pe)
+            alone = steps_per_second(cfg, steps, torch.get_num_threads(), device)
+            print(f"{depth:5d}  {pe:5s} | alone| {alone:13.1f} | {alone:11.1f} | 1.00x")
+            for r in groups:
+                rate = group_steps_per_second(cfg, r, steps, device)
+                print(f"{depth:5d}  {pe:5s} | {r:4d} | {rate:13.1f} | {r * rate:11.1f} | {r * rate / alone:.2f}x")
 
 
 def eval_seconds(depth: int, threads: int) -> tuple[float, float]:
@@ -69,7 +120,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of one run (grid workers use 1)")
     ap.add_argument("--workers", type=int, default=2, help="parallel runs assumed for the grid estimate")
     ap.add_argument("--parallel-check", action="store_true", help="time two depth-2 trainings at once")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | auto, for the several-runs-at-once table")
+    ap.add_argument("--groups", default="1,4,8,16", help="group sizes R for that table ('' to skip it)")
+    ap.add_argument("--group-steps", type=int, default=60, help="timed steps per group measurement")
+    ap.add_argument("--only-groups", action="store_true", help="print only the several-runs-at-once table")
     a = ap.parse_args()
+    device = resolve_device(a.device)
+    groups = [int(x) for x in a.groups.split(",") if x]
+    if a.only_groups:
+        torch.set_num_threads(a.threads)
+        group_table(groups, a.group_steps, device)
+        return
 
     print(f"threads per run: {a.threads}; timed steps: {a.steps}")
     rates = {}
@@ -104,6 +165,8 @@ def main() -> None:
         total += sec / a.workers
         print(f"synth {grid:5s}: {len(runs):3d} runs, {sec / 60:5.1f} core-min -> ~{sec / a.workers / 60:5.1f} min wall")
     print(f"all three quick grids: ~{total / 60:.1f} min wall with {a.workers} workers")
+    if groups:
+        group_table(groups, a.group_steps, device)
 
 
 if __name__ == "__main__":

@@ -185,6 +185,8 @@ CASES = [
     (["synth", "sinks", "--masks", "windowX", "--quiet"], "new", "bad mask 'windowX'"),
     (["synth", "depth", "--residual", "maybe", "--quiet"], "new", "--residual takes on,off values"),
     (["synth", "depth", "--workers", "0", "--quiet"], "new", "--workers must be >= 1"),
+    (["synth", "depth", "--group", "0", "--quiet"], "new", "--group must be >= 1"),
+    (["synth", "bias", "--device", "tpu", "--quiet"], "new", "unknown device 'tpu'"),
     (["synth", "bias", "--biases", "sideways", "--quiet"], "new", "unknown data bias 'sideways'"),
     (["synth", "train", "--items", "5", "--quiet"], "new", "multiple of the burstiness"),
     (["synth", "train", "--pe", "alibi", "--quiet"], "new", "unknown positional encoding"),

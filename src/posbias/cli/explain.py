@@ -58,14 +58,17 @@ Kind = typer.Option(None, help="gaussian | fixed (App. L fixed vocabulary, lambd
 Twin = typer.Option(None, help="swap-test twin: other (its label is wrong) | any (public code)")
 Overwrite = typer.Option(False, "--overwrite", help="discard the finished runs in OUT and start again")
 Quiet = typer.Option(False, "--quiet", help="no progress bars")
+Device = typer.Option("cpu", help="cpu | cuda | auto (cuda if available, else cpu)")
+Group = typer.Option(1, help="runs of one architecture trained at once on --device (batched; 1: one at a time)")
 
 
-def _grid(grid, preset, out, workers, overwrite, quiet, **over) -> None:
+def _grid(grid, preset, out, workers, overwrite, quiet, device="cpu", group=1, **over) -> None:
     runs = synth_grid_runs(grid, preset, **over)
     out = out or Path(f"runs/synth-{grid}-{preset}")
     if not quiet:
         typer.echo(f"synth {grid} ({preset}): {len(runs)} runs -> {out}", err=True)
-    res = run_synth_grid(grid, runs, out, workers=workers, progress=not quiet, overwrite=overwrite)
+    res = run_synth_grid(grid, runs, out, workers=workers, progress=not quiet, overwrite=overwrite, device=device,
+                         group=group)
     typer.echo(format_synth_summary(res))
     typer.echo(f"wrote {out}/{grid}.json, {', '.join(res.figures)}")
 
@@ -75,9 +78,9 @@ def depth(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] 
           iters: Optional[int] = Iters, lr: Optional[float] = Lr, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
           depths: Optional[str] = Depths, pes: Optional[str] = Pes, residual: Optional[str] = Residual,
           kind: Optional[str] = Kind, twin: Optional[str] = Twin, overwrite: bool = Overwrite,
-          quiet: bool = Quiet) -> None:
+          quiet: bool = Quiet, device: str = Device, group: int = Group) -> None:
     """Unbiased data, causal mask: depth x PE x residual (Fig. 2, 4, 5)."""
-    _grid("depth", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
+    _grid("depth", preset, out, workers, overwrite, quiet, device, group, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
           depths=ints(depths), pes=words(pes), residuals=_bools(residual), kind=kind, twin=twin)
 
 
@@ -88,9 +91,9 @@ def bias(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] =
          pes: Optional[str] = Pes,
          biases: Optional[str] = typer.Option(None, help="comma list of first-last,first,middle,last,none"),
          depths: Optional[str] = Depths, kind: Optional[str] = Kind, twin: Optional[str] = Twin,
-         overwrite: bool = Overwrite, quiet: bool = Quiet) -> None:
+         overwrite: bool = Overwrite, quiet: bool = Quiet, device: str = Device, group: int = Group) -> None:
     """Biased training data, residual 2-layer nets: mask x PE x data bias (Fig. 3, 6)."""
-    _grid("bias", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
+    _grid("bias", preset, out, workers, overwrite, quiet, device, group, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
           masks=words(masks), pes=words(pes), biases=words(biases), depths=ints(depths), kind=kind, twin=twin)
 
 
@@ -100,9 +103,9 @@ def sinks(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] 
           masks: Optional[str] = typer.Option(None, help="comma list: causal,window5,window9,prefix2,..."),
           sink_seqs: Optional[int] = typer.Option(None, help="sequences for the sink metric"),
           residual: Optional[str] = Residual, kind: Optional[str] = Kind,
-          overwrite: bool = Overwrite, quiet: bool = Quiet) -> None:
+          overwrite: bool = Overwrite, quiet: bool = Quiet, device: str = Device, group: int = Group) -> None:
     """Attention sinks under causal, sliding-window and prefix masks (App. K.4, Fig. 8)."""
-    _grid("sinks", preset, out, workers, overwrite, quiet, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
+    _grid("sinks", preset, out, workers, overwrite, quiet, device, group, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
           masks=words(masks), sink_seqs=sink_seqs, residuals=_bools(residual), kind=kind)
 
 
@@ -125,13 +128,14 @@ def train(
     std: Optional[float] = typer.Option(None, help="component std (default 1/sqrt(d); the public code uses 1/d)"),
     out: Path = typer.Option(Path("runs/synth-train"), help="output directory (rerun to resume)"),
     quiet: bool = Quiet,
+    device: str = Device,
 ) -> None:
     """Train and evaluate one configuration; print its metrics."""
     data = dict(n_classes=classes, n_labels=labels, burstiness=burstiness, eps=eps, n_items=items, dim=dim, bias=bias,
                 kind=kind, lam=lam, component_std=std)
     cfg = synth_run_config(depth=depth, mask=mask, pe=pe, residual=residual, iters=iters, lr=lr, seed=seed,
                            eval_seqs=eval_seqs, data=data)
-    typer.echo(format_synth_run(run_synth_one(cfg, out, progress=not quiet)))
+    typer.echo(format_synth_run(run_synth_one(cfg, out, progress=not quiet, device=device)))
 
 
 def theory(

@@ -19,6 +19,7 @@ from .experiments import (
     run_single,
 )
 from .model import MASKS, PES, AttentionOnlyNet, ModelConfig
+from .multi import run_group, train_group
 from .train import RunConfig, TrainConfig, train
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "RunResult", "run_single",
     "ModelConfig", "RunConfig", "SynthTask", "TrainConfig", "evaluate", "format_run", "format_summary", "grid_runs",
     "one_run_config", "one_run_path", "parse_mask", "run_grid", "run_one", "train",
+    "run_group", "train_group",
 ]

@@ -156,7 +156,8 @@ def run_one(cfg: RunConfig, out_json: str | Path, ckpt: str | Path | None = None
         t0 = time.perf_counter()
         metrics = evaluate(res.model, res.task, cfg.eval, ("test", cfg.seed))
         record = {"config": cfg.to_dict(), "metrics": metrics, "history": res.history,
-                  "seconds": {"train": res.seconds, "eval": time.perf_counter() - t0}, "versions": versions()}
+                  "seconds": {"train": res.seconds, "eval": time.perf_counter() - t0}, "versions": versions(),
+                  "trained_with": {"device": "cpu", "group": 1}}
     finally:
         torch.set_num_threads(before)
     write_json_atomic(out_json, record, indent=1)
@@ -169,13 +170,19 @@ def _worker(cfg_dict: dict, out_json: str) -> dict:
 
 
 def run_grid(grid: str, runs: list[Run], out: str | Path, workers: int = 1, progress: bool = True,
-             overwrite: bool = False) -> GridResult:
+             overwrite: bool = False, device: str = "cpu", group: int = 1) -> GridResult:
     """Run (or continue) every run; aggregate over seeds into OUT/<grid>.json (last) and figures.
 
     A rerun into the same folder continues: runs/ caches one JSON per finished run, named by its
-    configuration's hash, so only missing runs are trained."""
+    configuration's hash, so only missing runs are trained. group > 1 (or a device other than cpu)
+    trains runs of one architecture `group` at a time on `device` (synth.multi); workers take groups."""
+    from .multi import resolve_device
+
     if workers < 1:
         raise PosbiasError(f"`workers` must be >= 1, got {workers}", "pass `workers=1` or more")
+    if group < 1:
+        raise PosbiasError(f"`group` must be >= 1, got {group}", "pass `group=1` or more")
+    device = resolve_device(device)
     folder = RunFolder(out, f"synth {grid} grid", f"{grid}.json", ("runs",))
     resume = folder.started() and not overwrite
     with folder.open({"grid": grid}, resume, overwrite):
@@ -187,7 +194,12 @@ def run_grid(grid: str, runs: list[Run], out: str | Path, workers: int = 1, prog
         bar = progress_bar(len(runs), f"synth {grid}", "run", initial=len(records), enabled=progress, position=0)
         t0 = time.perf_counter()
         try:
-            _train_all(todo, rundir, workers, progress, records, bar)
+            if group == 1 and device == "cpu":
+                _train_all(todo, rundir, workers, progress, records, bar)
+            else:
+                from .multi import train_groups
+
+                train_groups(runs, records, rundir, (device, group, workers), progress, bar)
         finally:
             bar.close()
         result = aggregate(grid, runs, records)
@@ -199,10 +211,17 @@ def run_grid(grid: str, runs: list[Run], out: str | Path, workers: int = 1, prog
     return GridResult(result["configs"], result["figures"], result)
 
 
-def run_single(cfg: RunConfig, out: str | Path, progress: bool = True) -> RunResult:
-    """One configuration into OUT (`posbias synth train`): a rerun returns the finished run or resumes its checkpoint."""
+def run_single(cfg: RunConfig, out: str | Path, progress: bool = True, device: str = "cpu") -> RunResult:
+    """One configuration into OUT (`posbias synth train`): a rerun returns the finished run or resumes its checkpoint.
+    A device other than cpu trains it through synth.multi (a group of one)."""
+    from .multi import resolve_device, run_group
+
+    device = resolve_device(device)
     check_out_dir(Path(out))
-    rec = run_one(cfg, one_run_path(out, cfg), progress=progress)
+    if device == "cpu":
+        rec = run_one(cfg, one_run_path(out, cfg), progress=progress)
+    else:
+        rec = run_group([cfg], [one_run_path(out, cfg)], device, progress)[0]
     return RunResult(rec["metrics"], rec["history"], rec)
 
 

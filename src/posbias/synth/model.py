@@ -127,12 +127,21 @@ class AttentionOnlyNet(nn.Module):
         mask = build_mask(cfg, n_tokens)
         self.register_buffer("mask", mask, persistent=False)
         self.register_buffer("blocked", ~mask, persistent=False)
-        self.bias = R.decay_bias(n_tokens, cfg.decay_m, torch.float32) if cfg.pe == "decay" else None
-        self.pos = sinusoidal(n_tokens, dim) if cfg.pe == "sin" else None
-        self.rope = None
+        # fixed tables as non-persistent buffers: .to(device) moves them, state_dict leaves them out
+        decay = R.decay_bias(n_tokens, cfg.decay_m, torch.float32) if cfg.pe == "decay" else None
+        self.register_buffer("bias", decay, persistent=False)  # (n, n) or None
+        self.register_buffer("pos", sinusoidal(n_tokens, dim) if cfg.pe == "sin" else None, persistent=False)
+        cos = sin = None
         if cfg.pe == "rope":
             ang = torch.arange(n_tokens, dtype=torch.float64)[:, None] * R.rope_angles(dim, cfg.rope_base)[None]
-            self.rope = (ang.cos().float(), ang.sin().float())  # (n, d/2) each
+            cos, sin = ang.cos().float(), ang.sin().float()  # (n, d/2) each
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def rope(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The RoPE tables (cos, sin), (n, d/2) each, or None."""
+        return None if self.rope_cos is None else (self.rope_cos, self.rope_sin)
 
     def forward(self, x: torch.Tensor, attn: bool = False):
         if self.pos is not None:
