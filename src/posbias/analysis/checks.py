@@ -7,7 +7,8 @@ one line per theorem for the CLI and theory.json.
 
 from __future__ import annotations
 
-from .theorems import check_causal, check_prefix, check_sliding_window
+from .theorems import check_causal, check_prefix
+from .theorems_window import check_sliding_window
 from .theorems_pe import check_decay_mask, check_rope
 
 
