@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from .theorems import check_causal, check_prefix
 from .theorems_window import check_sliding_window
-from .theorems_pe import check_decay_mask, check_rope
+from .theorems_pe import check_decay_mask
+from .theorems_rope import check_rope
 
 
 def check_all(seed: int = 0) -> dict[str, dict]:

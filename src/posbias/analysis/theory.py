@@ -45,14 +45,8 @@ from ..models.load import Loaded, load_model
 from ..runs import RunFolder
 from .checks import check_all, summarize_checks
 from .theorems import rollouts
-from .theorems_pe import (
-    decay_critical_distance,
-    fit_decay_constant,
-    log_binom,
-    profile_argmax,
-    rope_cone_instance,
-    rope_critical_distance,
-)
+from .theorems_pe import decay_critical_distance, log_binom, profile_argmax, rope_critical_distance
+from .theorems_rope import fit_decay_constant, rope_cone_instance
 
 THEORY_JSON = "theory.json"
 HEAT_DEPTHS = (0, 2, 8)  # heatmap depths t, plus the final one
