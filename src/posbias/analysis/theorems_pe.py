@@ -65,8 +65,9 @@ def distance_profile(p: torch.Tensor, rows: torch.Tensor, n_dist: int) -> torch.
     return p[rows[:, None], rows[:, None] - x[None, :]].mean(dim=0)
 
 
-def _non_decreasing(v) -> bool:
-    return all(a <= b for a, b in zip(v, v[1:]))
+def _non_decreasing(v, slack: float = 0) -> bool:
+    """v[0] <= v[1] + slack <= ... (each step may fall back by at most `slack`)."""
+    return all(a <= b + slack for a, b in zip(v, v[1:]))
 
 
 def _dist(n: int) -> torch.Tensor:
