@@ -117,6 +117,9 @@ def instance(n_layers: int, mask, layers, d: int, weight_norm: float, seed: int)
         if not layers:
             raise PosbiasError("a theorem check needs at least one layer", "pass a non-empty `layers` list")
         mask = as_mask(layers[0] > 0 if mask is None else mask)
+        if any(a.shape != mask.shape for a in layers):
+            raise PosbiasError(f"layers and mask disagree in shape: {tuple(layers[0].shape)} vs {tuple(mask.shape)}",
+                               "pass (N, N) layers and an (N, N) mask")
         return mask, layers
     mask = as_mask(mask)
     return mask, random_attention_layers(mask.shape[0], n_layers, mask, d, weight_norm, seed)
@@ -147,7 +150,7 @@ def check_causal(n: int = 32, n_layers: int = 40, d: int = 8, weight_norm: float
       * support:       P^(t) > 0 exactly on (t+1)-step walks (softmax keeps every edge).
     """
     injected = mask is not None or layers is not None
-    mask, layers = instance(n_layers, causal_mask(n) if mask is None else mask, layers, d, weight_norm, seed)
+    mask, layers = instance(n_layers, causal_mask(n) if mask is None and layers is None else mask, layers, d, weight_norm, seed)
     n, n_layers = mask.shape[0], len(layers)
     ps = rollouts(layers)  # (T, N, N)
     eps = min_edge_weight(layers, mask)
@@ -201,7 +204,8 @@ def check_prefix(n: int = 32, k: int = 4, n_layers: int = 40, d: int = 8, weight
       * support:           P^(t) > 0 exactly on (t+1)-step walks.
     """
     injected = mask is not None or layers is not None
-    mask, layers = instance(n_layers, prefix_mask(n, k) if mask is None else mask, layers, d, weight_norm, seed)
+    default = prefix_mask(n, k) if mask is None and layers is None else mask
+    mask, layers = instance(n_layers, default, layers, d, weight_norm, seed)
     n, n_layers = mask.shape[0], len(layers)
     if not 1 <= k < n:
         raise PosbiasError(f"prefix length must be in [1, {n - 1}], got {k}", "use a shorter prefix")
