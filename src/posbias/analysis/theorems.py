@@ -24,7 +24,6 @@ edge over all layers, Lemma A.1), plus a stated numerical tolerance for the limi
 
 from __future__ import annotations
 
-import math
 
 import torch
 
