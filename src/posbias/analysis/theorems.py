@@ -24,7 +24,6 @@ edge over all layers, Lemma A.1), plus a stated numerical tolerance for the limi
 
 from __future__ import annotations
 
-
 import torch
 
 from ..core.rollout import as_mask, causal_mask, center_nodes, iter_rollout, prefix_mask, random_attention_layers
