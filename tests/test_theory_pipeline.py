@@ -35,10 +35,11 @@ def test_files_written_and_json_complete(run):
     assert saved == data
     assert set(saved) == SECTIONS
     assert saved["figures"] == list(FIGURES)
-    assert set(saved["checks"]) == {"4.1", "4.2", "4.3", "4.4-4.5", "4.6-4.7"}
+    assert set(saved["checks"]) == {"4.1", "4.2", "4.3", "4.4-4.5", "4.6-4.7", "I.1-I.2"}
     assert [s["theorem"] for s in saved["summary"]] == list(saved["checks"])
     assert all(s["holds"] and not s["failed"] for s in saved["summary"])
-    assert len(format_summary(saved["summary"]).splitlines()) == 5
+    assert len(format_summary(saved["summary"]).splitlines()) == 6
+    assert saved["params"]["check_params"]["4.1"]["n"] == 32  # no check sizes given: the checks' own defaults
 
 
 def test_rollouts_are_row_stochastic(run):
@@ -93,7 +94,26 @@ def test_deterministic_and_stale_json_replaced(run, tmp_path):
     assert no_files["rollouts"] != json.loads((out / T.THEORY_JSON).read_text())["rollouts"]
 
 
-@pytest.mark.parametrize("kw", [dict(prefix_k=0), dict(windows=(1,)), dict(n_tokens=3), dict(decay_ms=(0.0,))])
+def test_cli_tokens_and_depth_reach_the_checks(tmp_path):
+    from typer.testing import CliRunner
+
+    from posbias.cli import app
+
+    r = CliRunner().invoke(app, ["theory", "--no-real", "--tokens", "32", "--depth", "8", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert len([line for line in r.output.splitlines() if line.startswith("Thm ")]) == 6
+    params = json.loads((tmp_path / T.THEORY_JSON).read_text())["params"]
+    assert params["n_tokens"] == params["check_tokens"] == 32 and params["depth"] == params["check_depth"] == 8
+    used = params["check_params"]
+    assert {p["n"] for p in used.values()} == {32} and used["4.1"]["n_layers"] == used["4.2"]["n_layers"] == 8
+    assert used["4.6-4.7"]["depths"] == used["I.1-I.2"]["depths"] == [1, 2, 4, 7]
+    bad = CliRunner().invoke(app, ["theory", "--no-real", "--tokens", "32", "--depth", "4", "--out", str(tmp_path / "x")])
+    assert isinstance(bad.exception, PosbiasError) and "--depth 8" in bad.exception.fix  # main() makes it exit 2
+    assert not (tmp_path / "x").exists()  # raised before anything is written
+
+
+@pytest.mark.parametrize("kw", [dict(prefix_k=0), dict(windows=(1,)), dict(n_tokens=3), dict(decay_ms=(0.0,)),
+                                dict(check_tokens=8), dict(check_depth=4)])
 def test_bad_config_raises(kw):
     with pytest.raises(PosbiasError):
         T.run_theory(T.TheoryConfig(**{"n_tokens": N, "depth": DEPTH, **kw}))

@@ -1,15 +1,20 @@
-"""Sec. 4.1 of Wu et al. (2025) as executable checks: Thm 4.1 (causal), 4.2 (sliding
-window), 4.3 (prefix). Decay mask and RoPE (Lemma 4.4 - Thm 4.7) are in `theorems_pe`;
-`theory.check_all` runs them all.
+"""Sec. 4.1 of Wu et al. (2025) as executable checks: Thm 4.1 (causal) and 4.3 (prefix), plus the
+helpers every check shares. Thm 4.2 (sliding window) is in `theorems_window`, the decay mask
+(Lemma 4.4, Thm 4.5) in `theorems_pe`, RoPE (Lemma 4.6, Thm 4.7, App. I) in `theorems_rope`;
+`checks.check_all` runs them all.
 
 Every check builds seeded random single-head SANs that satisfy A1-A2 (see
 `rollout.random_attention_layers`), computes the measured quantity and the paper's
 prediction side by side, and returns a JSON-able dict::
 
-    {"theorem": str, "holds": bool, "checks": {name: bool}, "params": {...}, ...numbers}
+    {"theorem": str, "claim": str, "holds": bool, "checks": {name: bool}, "direct": [names],
+     "proof": [names], "params": {...}, ...numbers}
 
-`holds` is the AND of `checks`; nothing is hidden: a failing check shows up as False next
-to the numbers that made it fail. Depth: "t" is the paper's index, so P^(t) has t+1 layers.
+`claim` is the theorem's statement in short. `holds` is the AND of `checks`; nothing is hidden:
+a failing check shows up as False next to the numbers that made it fail. Each check name is
+either `direct` (it tests what the theorem claims, or a consequence that follows without the
+proof's constants) or `proof` (an inequality of the proof with its constants measured on the
+instance: exact, but it tests the proof's steps, and can be vacuous). Depth: "t" is the paper's index, so P^(t) has t+1 layers.
 Indices are 0-based (paper token j is index j-1).
 
 Where a statement is a limit (t -> inf) we check what the proof gives at finite t, with the
@@ -19,19 +24,10 @@ edge over all layers, Lemma A.1), plus a stated numerical tolerance for the limi
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ..core.rollout import (
-    as_mask,
-    causal_mask,
-    center_nodes,
-    iter_rollout,
-    prefix_mask,
-    random_attention_layers,
-    sliding_window_mask,
-)
+from ..core.rollout import as_mask, causal_mask, center_nodes, iter_rollout, prefix_mask, random_attention_layers
+from ..errors import PosbiasError
 
 RTOL = 1e-9  # float64 slack on exact inequalities: a <= b is checked as a <= b (1 + RTOL) + 1e-300
 
@@ -39,10 +35,13 @@ RTOL = 1e-9  # float64 slack on exact inequalities: a <= b is checked as a <= b 
 # ---------------------------------------------------------------- shared helpers
 
 
-def result(theorem: str, params: dict, checks: dict, **numbers) -> dict:
-    """The common, JSON-able result shape; `holds` = all checks."""
+def result(theorem: str, claim: str, params: dict, checks: dict, proof=(), **numbers) -> dict:
+    """The common, JSON-able result shape; `holds` = all checks; names in `proof` are proof-constant
+    checks, the others direct."""
     checks = {k: bool(v) for k, v in checks.items()}
-    return {"theorem": theorem, "holds": all(checks.values()), "checks": checks, "params": params, **numbers}
+    return {"theorem": theorem, "claim": claim, "holds": all(checks.values()), "checks": checks,
+            "direct": [k for k in checks if k not in proof], "proof": [k for k in checks if k in proof],
+            "params": params, **numbers}
 
 
 def leq(a: torch.Tensor, b) -> bool:
@@ -86,108 +85,97 @@ def first_depth(values: torch.Tensor, threshold: float) -> int | None:
     return int(hit[0]) if len(hit) else None
 
 
+def deficit_curve(ps: torch.Tensor, targets: list[int]) -> torch.Tensor:
+    """max_i of the mass OFF the target columns, per depth: 1 - min_i P^(t)[i, targets], summed
+    directly so that it stays accurate far below float64's 1e-16 next to 1. (T,)."""
+    off = torch.ones(ps.shape[-1], dtype=torch.bool)
+    off[targets] = False
+    return ps[:, :, off].sum(dim=-1).max(dim=1).values
+
+
 def geometric_rate(deficit: torch.Tensor) -> float | None:
-    """Per-layer contraction of a deficit over the second half of the depths (None if it hit 0)."""
-    t0, t1 = len(deficit) // 2, len(deficit) - 1
-    if t1 <= t0 or deficit[t1] <= 0 or deficit[t0] <= 0:
-        return None
-    return float((deficit[t1] / deficit[t0]) ** (1 / (t1 - t0)))
+    """Per-layer contraction of a deficit: exp of the least-squares slope of log(deficit) against t
+    over the second half of the depths (where it is > 0). 0.0 if the deficit reached exactly 0;
+    None if there are fewer than 2 points to fit."""
+    tail = deficit[len(deficit) // 2:]
+    t = torch.arange(len(deficit) // 2, len(deficit), dtype=torch.float64)
+    on = tail > 0
+    if int(on.sum()) < 2:
+        return 0.0 if len(tail) and float(tail[-1]) == 0 else None
+    t, y = t[on], tail[on].log()
+    slope = ((t - t.mean()) * (y - y.mean())).sum() / ((t - t.mean()) ** 2).sum()
+    return float(slope.exp())
+
+
+def instance(n_layers: int, mask, layers, d: int, weight_norm: float, seed: int):
+    """(mask, layers): the given ones, or a seeded random SAN (A1-A2) on `mask`. A mask defaults to the
+    support of the first given layer; `layers` override n and n_layers."""
+    if layers is not None:
+        layers = [torch.as_tensor(a, dtype=torch.float64) for a in layers]
+        if not layers:
+            raise PosbiasError("a theorem check needs at least one layer", "pass a non-empty `layers` list")
+        mask = as_mask(layers[0] > 0 if mask is None else mask)
+        if any(a.shape != mask.shape for a in layers):
+            raise PosbiasError(f"layers and mask disagree in shape: {tuple(layers[0].shape)} vs {tuple(mask.shape)}",
+                               "pass (N, N) layers and an (N, N) mask")
+        return mask, layers
+    mask = as_mask(mask)
+    return mask, random_attention_layers(mask.shape[0], n_layers, mask, d, weight_norm, seed)
 
 
 # ---------------------------------------------------------------- Theorem 4.1 (causal)
 
+CLAIM_41 = ("causal mask: P^(t)(z_i = first token) -> 1 for every i as t -> inf, and for 1 < j <= i "
+            "(1-based) P^(t)(z_i = j) <= C (1 - (j-1) eps)^t with 0 < C, eps < 1, N eps < 1")
+
 
 def check_causal(n: int = 32, n_layers: int = 40, d: int = 8, weight_norm: float = 1.0, seed: int = 0,
-                 tol: float = 1e-3) -> dict:
-    """Thm 4.1: under the causal mask P^(t)(z_i = first) -> 1, and for 0 < j <= i (0-based)
-    P^(t)_ij <= C (1 - j eps)^t with C = 1 - eps (App. A, eps from Lemma A.1).
+                 tol: float = 1e-3, mask=None, layers=None) -> dict:
+    """Thm 4.1 on a seeded SAN over `mask` (default: causal; inject `mask` / `layers` to test others).
 
-    Checks (all exact consequences of the proof except `converged`):
-      * bound_j:      P^(t)_ij <= (1 - eps)(1 - j eps)^t for every t, i, j >= 1;
-      * deficit_bound: 1 - min_i P^(t)_i0 <= sum_{j>=1} (1 - eps)(1 - j eps)^t;
-      * monotone:     min_i P^(t)_i0 is non-decreasing in t (rows of P^(t+1) average rows of P^(t));
-      * support:      P^(t) > 0 exactly on the lower triangle;
-      * converged:    1 - min_i P^(T-1)_i0 <= tol (the limit, numerically, at depth T-1).
+    Direct checks (the claim itself):
+      * first_is_center: the center nodes (Def. 3.1) of the mask are exactly {first token}: the
+                         sink the theorem names is the graph's only center (False on a full mask,
+                         where every node is a center, or on a mask with another center set);
+      * monotone:   min_i P^(t)_i0 is non-decreasing in t;
+      * converged:  deficit 1 - min_i P^(T-1)_i0 <= tol at the last layer (the limit, numerically);
+      * rate:       the deficit's measured geometric rate (log-linear fit over the second half of
+                    the depths) is no slower than the proof's 1 - eps (App. A: the bound's slowest
+                    term, j = 1, contracts by 1 - eps per layer).
+    Proof-constant checks (App. A with eps = min edge weight, Lemma A.1, measured):
+      * proof_bound_j: P^(t)_ij <= (1 - eps)(1 - j eps)^t for all t, i and j >= 1 (0-based);
+      * proof_deficit: 1 - min_i P^(t)_i0 <= sum_{j>=1} (1 - eps)(1 - j eps)^t;
+      * support:       P^(t) > 0 exactly on (t+1)-step walks (softmax keeps every edge).
     """
-    mask = causal_mask(n)
-    layers = random_attention_layers(n, n_layers, mask, d, weight_norm, seed)
+    injected = mask is not None or layers is not None
+    mask, layers = instance(n_layers, causal_mask(n) if mask is None and layers is None else mask, layers, d, weight_norm, seed)
+    n, n_layers = mask.shape[0], len(layers)
     ps = rollouts(layers)  # (T, N, N)
     eps = min_edge_weight(layers, mask)
     bound = decay_bound(eps, n_layers, n)  # (T, N)
     sink = ps[:, :, 0].min(dim=1).values  # (T,) min_i P^(t)_i0
-    deficit = 1 - sink
+    deficit = deficit_curve(ps, [0])  # (T,) = 1 - sink, accurately
+    rate, centers = geometric_rate(deficit), center_nodes(mask)
     checks = {
-        "bound_j": leq(ps[:, :, 1:], bound[:, None, 1:]),
-        "deficit_bound": leq(deficit, bound[:, 1:].sum(dim=1)),
+        "first_is_center": centers == [0],
         "monotone": leq(sink[:-1], sink[1:]),
-        "support": support_matches(ps, mask),
         "converged": float(deficit[-1]) <= tol,
+        "rate": rate is not None and rate <= (1 - eps) * (1 + RTOL),
+        "proof_bound_j": leq(ps[:, :, 1:], bound[:, None, 1:]),
+        "proof_deficit": leq(deficit, bound[:, 1:].sum(dim=1)),
+        "support": support_matches(ps, mask),
     }
-    params = dict(n=n, n_layers=n_layers, d=d, weight_norm=weight_norm, seed=seed, tol=tol)
-    return result("4.1", params, checks, eps=eps, sink_mass=sink.tolist(), final_deficit=float(deficit[-1]),
-                  rate_measured=geometric_rate(deficit), rate_bound=1 - eps,
-                  max_bound_ratio=float((ps[:, :, 1:] / bound[:, None, 1:]).max()))
-
-
-# ---------------------------------------------------------------- Theorem 4.2 (sliding window)
-
-
-def hops(n: int, w: int) -> int:
-    """ceil((N-1)/(w-1)): hops from the last token to the first under a width-w window (Thm 4.2)."""
-    return math.ceil((n - 1) / (w - 1))
-
-
-def block_bound(eps: float, k: int, n_steps: int, n: int) -> torch.Tensor:
-    """App. B: with s = floor((t+1)/k) >= 1 full blocks of k layers (entries >= eps^k, Lemma B.1),
-    max_i P^(t)_ij <= (1 - eps^k)(1 - j eps^k)^(s-1) for j >= 1. Entries with s = 0 or j = 0 are 1. (T, N)."""
-    ek = eps**k
-    s = (torch.arange(n_steps) + 1) // k  # (T,)
-    j = torch.arange(n, dtype=torch.float64)
-    b = (1 - ek) * (1 - j[None, :] * ek).clamp(min=0) ** (s[:, None] - 1).clamp(min=0)
-    return torch.where((s[:, None] >= 1) & (j[None, :] >= 1), b, torch.ones(()))
-
-
-def _window_row(n, w, n_layers, d, weight_norm, seed, tau) -> dict:
-    mask = sliding_window_mask(n, w)
-    layers = random_attention_layers(n, n_layers, mask, d, weight_norm, seed)
-    ps = rollouts(layers)
-    eps, k = min_edge_weight(layers, mask), hops(n, w)
-    sink = ps[:, :, 0].min(dim=1).values
-    t_conv = first_depth(sink, 1 - tau)
-    return dict(w=w, hops=k, eps=eps, t_conv=t_conv, t_conv_over_hops=None if t_conv is None else t_conv / k,
-                final_deficit=float(1 - sink[-1]), support=support_matches(ps, mask),
-                block_bound=leq(ps, block_bound(eps, k, n_layers, n)[:, None, :]))
-
-
-def check_sliding_window(n: int = 33, widths=(2, 3, 5, 9, 17, 33), n_layers: int = 160, d: int = 8,
-                         weight_norm: float = 1.0, seed: int = 0, tau: float = 0.5) -> dict:
-    """Thm 4.2: the sink still forms on the first token, but more slowly as the window narrows,
-    at a rate set by k = ceil((N-1)/(w-1)) (the rollout needs k layers to connect the ends).
-
-    Per width: t_conv = first depth with min_i P^(t)_i0 >= 1 - tau (default tau = 0.5).
-    Checks:
-      * support:      P^(t) > 0 exactly on (t+1)-step walks (all widths);
-      * block_bound:  App. B's bound with the instance's eps (exact; loose as eps^k is tiny);
-      * reach:        t_conv >= k - 1 (exact: no walk of fewer than k edges spans the sequence);
-      * slower:       t_conv is non-increasing in w (narrower window -> slower convergence);
-      * converged:    every width reaches the threshold within n_layers.
-    `t_conv_over_hops` shows the scaling with k (the proof's exponent is t / (2k)).
-    """
-    rows = [_window_row(n, w, n_layers, d, weight_norm, seed + 7 * i, tau) for i, w in enumerate(sorted(widths))]
-    tc = [r["t_conv"] for r in rows]
-    converged = all(t is not None for t in tc)
-    checks = {
-        "support": all(r["support"] for r in rows),
-        "block_bound": all(r["block_bound"] for r in rows),
-        "reach": all(t is None or t >= r["hops"] - 1 for t, r in zip(tc, rows)),
-        "slower": converged and all(a >= b for a, b in zip(tc, tc[1:])),
-        "converged": converged,
-    }
-    params = dict(n=n, widths=list(sorted(widths)), n_layers=n_layers, d=d, weight_norm=weight_norm, seed=seed, tau=tau)
-    return result("4.2", params, checks, rows=rows)
+    params = dict(n=n, n_layers=n_layers, d=d, weight_norm=weight_norm, seed=seed, tol=tol, injected=injected)
+    return result("4.1", CLAIM_41, params, checks, proof=("proof_bound_j", "proof_deficit", "support"),
+                  eps=eps, centers=centers[:8], n_centers=len(centers), sink_mass=sink.tolist(),
+                  deficit=deficit.tolist(), final_deficit=float(deficit[-1]), rate_measured=rate,
+                  rate_bound=1 - eps, max_bound_ratio=float((ps[:, :, 1:] / bound[:, None, 1:]).max()))
 
 
 # ---------------------------------------------------------------- Theorem 4.3 (prefix)
+
+CLAIM_43 = ("prefix mask with K prefix tokens: P^(t)(z_i in [K]) -> 1, liminf_t P^(t)(z_i = k) >= kappa > 0 "
+            "for every prefix token k, and P^(t)(z_i = j) <= C (1 - (j-K) eps)^t for K < j <= i (1-based)")
 
 
 def prefix_ratio(a0: torch.Tensor, k: int) -> float:
@@ -197,34 +185,44 @@ def prefix_ratio(a0: torch.Tensor, k: int) -> float:
 
 
 def check_prefix(n: int = 32, k: int = 4, n_layers: int = 40, d: int = 8, weight_norm: float = 1.0,
-                 seed: int = 0, tol: float = 1e-3) -> dict:
-    """Thm 4.3: under a prefix mask with K prefix tokens, the mass goes to the prefix and every
-    prefix token keeps a share >= kappa > 0; non-prefix j decays like (1 - (j-K+1) eps)^t.
+                 seed: int = 0, tol: float = 1e-3, mask=None, layers=None) -> dict:
+    """Thm 4.3 on a seeded SAN over `mask` (default: the prefix mask with K = k; inject `mask` /
+    `layers` to test others). S_i^(t) = sum_{k<K} P^(t)_ik is the prefix mass.
 
-    Checks:
-      * centers:      center nodes (Def. 3.1) of the mask are exactly the K prefix tokens;
-      * share_bound:  P^(t)_ik >= rho S_i^(t) / K for all t, i and k < K, where S_i^(t) is the
-                      prefix mass and rho = min_l A^(0)_{l k1} / A^(0)_{l k2} (App. C, exact);
-      * bound_j:      P^(t)_ij <= (1 - eps)(1 - (j-K+1) eps)^t for j >= K (App. C via App. A);
-      * support:      P^(t) > 0 exactly on (t+1)-step walks;
-      * converged:    1 - min_i S_i^(T-1) <= tol (the limit, numerically).
-    kappa_measured = min_{i, k<K} P^(T-1)_ik; kappa_bound = rho min_i S_i^(T-1) / K.
+    Direct checks:
+      * centers:        the center nodes (Def. 3.1) of the mask are exactly the K prefix tokens;
+      * converged:      1 - min_i S_i^(T-1) <= tol (the limit, numerically);
+      * shares_persist: every prefix token keeps mass: kappa(t) = min_{i, k<K} P^(t)_ik is > 0 at the
+                        last layer and has not decayed (kappa(T-1) >= kappa(T//2) / 2), the finite-depth
+                        face of liminf >= kappa > 0 (under a causal mask tokens 1..K-1 decay geometrically).
+    Proof-constant checks (App. C):
+      * proof_share_bound: P^(t)_ik >= rho S_i^(t) / K for all t, i, k < K, with
+                           rho = min_l A^(0)_{l k1} / A^(0)_{l k2} > 0 (rho = 0 makes it vacuous: False);
+      * proof_bound_j:     P^(t)_ij <= (1 - eps)(1 - (j-K+1) eps)^t for j >= K (App. C via App. A);
+      * support:           P^(t) > 0 exactly on (t+1)-step walks.
     """
-    mask = prefix_mask(n, k)
-    layers = random_attention_layers(n, n_layers, mask, d, weight_norm, seed)
+    injected = mask is not None or layers is not None
+    default = prefix_mask(n, k) if mask is None and layers is None else mask
+    mask, layers = instance(n_layers, default, layers, d, weight_norm, seed)
+    n, n_layers = mask.shape[0], len(layers)
+    if not 1 <= k < n:
+        raise PosbiasError(f"prefix length must be in [1, {n - 1}], got {k}", "use a shorter prefix")
     ps = rollouts(layers)
     eps, rho = min_edge_weight(layers, mask), prefix_ratio(layers[0], k)
     mass = ps[:, :, :k].sum(dim=-1)  # (T, N) prefix mass S_i^(t)
+    deficit = deficit_curve(ps, list(range(k)))  # (T,) 1 - min_i S_i^(t)
+    kappa = ps[:, :, :k].min(dim=2).values.min(dim=1).values  # (T,)
     bound = decay_bound(eps, n_layers, n, offset=k - 1)
     checks = {
         "centers": center_nodes(mask) == list(range(k)),
-        "share_bound": leq(rho * mass[:, :, None] / k, ps[:, :, :k]),
-        "bound_j": leq(ps[:, :, k:], bound[:, None, k:]),
+        "converged": float(deficit[-1]) <= tol,
+        "shares_persist": float(kappa[-1]) > 0 and float(kappa[-1]) >= float(kappa[n_layers // 2]) / 2,
+        "proof_share_bound": rho > 0 and leq(rho * mass[:, :, None] / k, ps[:, :, :k]),
+        "proof_bound_j": leq(ps[:, :, k:], bound[:, None, k:]),
         "support": support_matches(ps, mask),
-        "converged": float(1 - mass[-1].min()) <= tol,
     }
-    params = dict(n=n, k=k, n_layers=n_layers, d=d, weight_norm=weight_norm, seed=seed, tol=tol)
-    return result("4.3", params, checks, eps=eps, rho=rho, prefix_mass=mass.min(dim=1).values.tolist(),
-                  final_deficit=float(1 - mass[-1].min()), kappa_measured=float(ps[-1, :, :k].min()),
-                  kappa_bound=rho * float(mass[-1].min()) / k,
+    params = dict(n=n, k=k, n_layers=n_layers, d=d, weight_norm=weight_norm, seed=seed, tol=tol, injected=injected)
+    return result("4.3", CLAIM_43, params, checks, proof=("proof_share_bound", "proof_bound_j", "support"),
+                  eps=eps, rho=rho, prefix_mass=mass.min(dim=1).values.tolist(), final_deficit=float(deficit[-1]),
+                  kappa=kappa.tolist(), kappa_measured=float(kappa[-1]), kappa_bound=rho * float(mass[-1].min()) / k,
                   final_shares=ps[-1, -1, :k].tolist())

@@ -20,7 +20,8 @@ Sections of the result (all lists/dicts/floats):
 * ``decay`` / ``rope``: distance profiles with the predicted critical distance x* (Thm 4.5 /
   Thm 4.7); decay rows also carry the Theta shape C(t+x, x) e^{-xm} scaled to the profile, RoPE
   rows the envelope maximisers x_tight / x_loose of `check_rope`;
-* ``checks``: `analysis.checks.check_all(seed)`; ``summary``: one short row per theorem.
+* ``checks``: `analysis.checks.check_all(seed, check_tokens, check_depth)` (``params.check_params``:
+  what each check used); ``summary``: one short row per theorem.
 """
 
 from __future__ import annotations
@@ -43,16 +44,10 @@ from ..core.rollout import (
 from ..errors import PosbiasError
 from ..models.load import Loaded, load_model
 from ..runs import RunFolder
-from .checks import check_all, summarize_checks
+from .checks import check_all, check_kwargs, summarize_checks
 from .theorems import rollouts
-from .theorems_pe import (
-    decay_critical_distance,
-    fit_decay_constant,
-    log_binom,
-    profile_argmax,
-    rope_cone_instance,
-    rope_critical_distance,
-)
+from .theorems_pe import decay_critical_distance, log_binom, profile_argmax, rope_critical_distance
+from .theorems_rope import fit_decay_constant, rope_cone_instance
 
 THEORY_JSON = "theory.json"
 HEAT_DEPTHS = (0, 2, 8)  # heatmap depths t, plus the final one
@@ -73,6 +68,8 @@ class TheoryConfig:
     rope_fractions: tuple[float, ...] = (0.3, 0.6, 0.9)  # theta1 = f pi / (N - 1 + 3 spread), Lemma 4.6
     d: int = 8
     weight_norm: float = 1.0
+    check_tokens: int | None = None  # N of the theorem checks (None: each check's default; see checks.check_kwargs)
+    check_depth: int | None = None  # layers T of the theorem checks (None: each check's default)
 
     def validate(self) -> "TheoryConfig":
         n = self.n_tokens
@@ -87,6 +84,7 @@ class TheoryConfig:
         if any(m <= 0 for m in self.decay_ms) or any(not 0 < f <= 1 for f in self.rope_fractions):
             raise PosbiasError(f"decay ms must be > 0 and RoPE fractions in (0, 1], got {list(self.decay_ms)} and "
                                f"{list(self.rope_fractions)}", "use e.g. decay_ms=(0.3, 0.6) and rope_fractions=(0.3, 0.9)")
+        check_kwargs(self.check_tokens, self.check_depth)  # the checks' sizes: raises before anything is written
         return self
 
 
@@ -202,10 +200,11 @@ def compute_theory(cfg: TheoryConfig) -> dict:
     cfg.validate()
     ps_by_mask = mask_rollouts(cfg)
     heat = pick_depths(HEAT_DEPTHS, cfg.depth)
-    checks = check_all(seed=cfg.seed)
+    checks = check_all(cfg.seed, cfg.check_tokens, cfg.check_depth)
     data = {
         "params": {**asdict(cfg), "heat_depths": heat, "profile_depths": pick_depths(PROFILE_DEPTHS, cfg.depth),
-                   "rope_scale": ROPE_SCALE, "rope_spread": ROPE_SPREAD},
+                   "rope_scale": ROPE_SCALE, "rope_spread": ROPE_SPREAD,
+                   "check_params": {name: r["params"] for name, r in checks.items()}},
         "masks": [{"name": name, "label": label, "centers": center_nodes(m)} for name, label, m in mask_specs(cfg)],
         "rollouts": {"depths": heat, "P": {k: [ps[t].tolist() for t in heat] for k, ps in ps_by_mask.items()}},
         "first_token": first_token_section(ps_by_mask),

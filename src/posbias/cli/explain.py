@@ -141,8 +141,10 @@ def train(
 def theory(
     out: Path = typer.Option(Path("runs/theory"), help="output directory (a rerun recomputes it: it takes seconds)"),
     seed: int = typer.Option(0, help="seed of the random instances"),
-    tokens: int = typer.Option(64, help="sequence length N of the synthetic instances"),
-    depth: int = typer.Option(16, help="layers of the synthetic instances"),
+    tokens: Optional[int] = typer.Option(None, help="sequence length N of the synthetic instances (figures: 64; "
+                                                    "given, the theorem checks use it too, else their own defaults)"),
+    depth: Optional[int] = typer.Option(None, help="layers of the synthetic instances (figures: 16; given, the "
+                                                   "theorem checks use it too, else their own defaults)"),
     real: bool = typer.Option(True, "--real/--no-real", help="also roll out a real model on kv-lookup prompts"),
     model: str = typer.Option("smollm2-135m", help="the real model"),
     n: int = typer.Option(8, help="real model: kv-lookup examples per gold position"),
@@ -151,7 +153,9 @@ def theory(
 ) -> None:
     """Attention rollout over masks, decay masks and RoPE: figures, theorem checks, real-model rollout."""
     rollout = RealRollout(model=model, facts=facts, n=n, dtype=dtype).validate() if real else None
-    res = run_theory(TheoryConfig(seed=seed, n_tokens=tokens, depth=depth), out, real=rollout)
+    cfg = TheoryConfig(seed=seed, n_tokens=64 if tokens is None else tokens, depth=16 if depth is None else depth,
+                        check_tokens=tokens, check_depth=depth)
+    res = run_theory(cfg, out, real=rollout)
     typer.echo(format_theory_summary(res.summary))
     for line in format_real_rollout(res.real) if res.real else []:
         typer.echo(line)
