@@ -101,17 +101,25 @@ def _rope_key(r: dict) -> str:
                 f" vs [{w['x_tight']}, {w['x_loose']}]" for w in rows))
 
 
+def _tol_depth(r: dict) -> str:
+    """Where the deficit reaches the tolerance: measured, or extrapolated at the fitted rate."""
+    t, n = r.get("tol_depth"), r["params"]["n_layers"]
+    if t is None:
+        return ""
+    return f", <= {r['params']['tol']:g} at t={t:.0f}" + (" (extrapolated)" if t > n - 1 else "")
+
+
 def _key_numbers(theorem: str, r: dict) -> str:
     """A one-line digest of the numbers behind a check result."""
     if theorem == "4.1":
         rate = "none" if r["rate_measured"] is None else f"{r['rate_measured']:.3f}"
         return (f"eps={r['eps']:.3g}, centers {r['centers']}, 1-min P[i,0] at T: {r['final_deficit']:.1e}, "
-                f"rate {rate} <= {r['rate_bound']:.4f}")
+                f"rate {rate} <= {r['rate_bound']:.4f}{_tol_depth(r)}")
     if theorem == "4.2":
         return _window_key(r)
     if theorem == "4.3":
         return (f"1-min prefix mass at T: {r['final_deficit']:.1e}, "
-                f"kappa {r['kappa_measured']:.3f} >= {r['kappa_bound']:.3f}")
+                f"kappa {r['kappa_measured']:.3f} >= {r['kappa_bound']:.3f}{_tol_depth(r)}")
     if theorem == "4.4-4.5":
         return "argmax vs x*: " + ", ".join(f"m={w['m']:g} t={w['t']}: {w['argmax']} vs {w['x_star']:.1f}"
                                            for w in _deepest(r["rows"], "m"))

@@ -24,6 +24,8 @@ edge over all layers, Lemma A.1), plus a stated numerical tolerance for the limi
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..core.rollout import as_mask, causal_mask, center_nodes, iter_rollout, prefix_mask, random_attention_layers
@@ -107,6 +109,22 @@ def geometric_rate(deficit: torch.Tensor) -> float | None:
     return float(slope.exp())
 
 
+def converges(deficit: torch.Tensor, tol: float) -> tuple[bool, float | None]:
+    """The finite-depth face of a limit deficit -> 0: (verdict, depth at which the deficit reaches tol).
+
+    True if the deficit is <= tol at the last layer, or if it is still shrinking geometrically toward 0
+    there: over the second half of the depths it fell by at least half and its fitted per-layer rate is
+    < 1 (a deficit levelling off at a positive value, as token 0's under a prefix mask, falls by less).
+    The second number is the measured depth (reached) or the extrapolated one (contracting), else None."""
+    last, mid = float(deficit[-1]), float(deficit[len(deficit) // 2])
+    if last <= tol:
+        return True, float(first_depth(-deficit, -tol))
+    rate = geometric_rate(deficit)
+    if rate is None or not 0 < rate < 1 or last > 0.5 * mid:
+        return False, None
+    return True, len(deficit) - 1 + math.log(tol / last) / math.log(rate)
+
+
 def instance(n_layers: int, mask, layers, d: int, weight_norm: float, seed: int):
     """(mask, layers): the given ones, or a seeded random SAN (A1-A2) on `mask`. A mask defaults to the
     support of the first given layer; `layers` override n and n_layers."""
@@ -138,7 +156,9 @@ def check_causal(n: int = 32, n_layers: int = 40, d: int = 8, weight_norm: float
                          sink the theorem names is the graph's only center (False on a full mask,
                          where every node is a center, or on a mask with another center set);
       * monotone:   min_i P^(t)_i0 is non-decreasing in t;
-      * converged:  deficit 1 - min_i P^(T-1)_i0 <= tol at the last layer (the limit, numerically);
+      * converges:  the deficit 1 - min_i P^(t)_i0 -> 0: <= tol at the last layer, or still shrinking
+                    geometrically there (`converges`: a stack too shallow to reach tol is not a
+                    counterexample; the depth where it would is reported as `tol_depth`);
       * rate:       the deficit's measured geometric rate (log-linear fit over the second half of
                     the depths) is no slower than the proof's 1 - eps (App. A: the bound's slowest
                     term, j = 1, contracts by 1 - eps per layer).
@@ -156,10 +176,11 @@ def check_causal(n: int = 32, n_layers: int = 40, d: int = 8, weight_norm: float
     sink = ps[:, :, 0].min(dim=1).values  # (T,) min_i P^(t)_i0
     deficit = deficit_curve(ps, [0])  # (T,) = 1 - sink, accurately
     rate, centers = geometric_rate(deficit), center_nodes(mask)
+    conv = converges(deficit, tol)
     checks = {
         "first_is_center": centers == [0],
         "monotone": leq(sink[:-1], sink[1:]),
-        "converged": float(deficit[-1]) <= tol,
+        "converges": conv[0],
         "rate": rate is not None and rate <= (1 - eps) * (1 + RTOL),
         "proof_bound_j": leq(ps[:, :, 1:], bound[:, None, 1:]),
         "proof_deficit": leq(deficit, bound[:, 1:].sum(dim=1)),
@@ -168,7 +189,7 @@ def check_causal(n: int = 32, n_layers: int = 40, d: int = 8, weight_norm: float
     params = dict(n=n, n_layers=n_layers, d=d, weight_norm=weight_norm, seed=seed, tol=tol, injected=injected)
     return result("4.1", CLAIM_41, params, checks, proof=("proof_bound_j", "proof_deficit", "support"),
                   eps=eps, centers=centers[:8], n_centers=len(centers), sink_mass=sink.tolist(),
-                  deficit=deficit.tolist(), final_deficit=float(deficit[-1]), rate_measured=rate,
+                  deficit=deficit.tolist(), final_deficit=float(deficit[-1]), tol_depth=conv[1], rate_measured=rate,
                   rate_bound=1 - eps, max_bound_ratio=float((ps[:, :, 1:] / bound[:, None, 1:]).max()))
 
 
@@ -191,7 +212,7 @@ def check_prefix(n: int = 32, k: int = 4, n_layers: int = 40, d: int = 8, weight
 
     Direct checks:
       * centers:        the center nodes (Def. 3.1) of the mask are exactly the K prefix tokens;
-      * converged:      1 - min_i S_i^(T-1) <= tol (the limit, numerically);
+      * converges:      1 - min_i S_i^(t) -> 0 (`converges`: reached tol, or shrinking geometrically);
       * shares_persist: every prefix token keeps mass: kappa(t) = min_{i, k<K} P^(t)_ik is > 0 at the
                         last layer and has not decayed (kappa(T-1) >= kappa(T//2) / 2), the finite-depth
                         face of liminf >= kappa > 0 (under a causal mask tokens 1..K-1 decay geometrically).
@@ -213,9 +234,10 @@ def check_prefix(n: int = 32, k: int = 4, n_layers: int = 40, d: int = 8, weight
     deficit = deficit_curve(ps, list(range(k)))  # (T,) 1 - min_i S_i^(t)
     kappa = ps[:, :, :k].min(dim=2).values.min(dim=1).values  # (T,)
     bound = decay_bound(eps, n_layers, n, offset=k - 1)
+    conv = converges(deficit, tol)
     checks = {
         "centers": center_nodes(mask) == list(range(k)),
-        "converged": float(deficit[-1]) <= tol,
+        "converges": conv[0],
         "shares_persist": float(kappa[-1]) > 0 and float(kappa[-1]) >= float(kappa[n_layers // 2]) / 2,
         "proof_share_bound": rho > 0 and leq(rho * mass[:, :, None] / k, ps[:, :, :k]),
         "proof_bound_j": leq(ps[:, :, k:], bound[:, None, k:]),
@@ -224,5 +246,5 @@ def check_prefix(n: int = 32, k: int = 4, n_layers: int = 40, d: int = 8, weight
     params = dict(n=n, k=k, n_layers=n_layers, d=d, weight_norm=weight_norm, seed=seed, tol=tol, injected=injected)
     return result("4.3", CLAIM_43, params, checks, proof=("proof_share_bound", "proof_bound_j", "support"),
                   eps=eps, rho=rho, prefix_mass=mass.min(dim=1).values.tolist(), final_deficit=float(deficit[-1]),
-                  kappa=kappa.tolist(), kappa_measured=float(kappa[-1]), kappa_bound=rho * float(mass[-1].min()) / k,
+                  tol_depth=conv[1], kappa=kappa.tolist(), kappa_measured=float(kappa[-1]), kappa_bound=rho * float(mass[-1].min()) / k,
                   final_shares=ps[-1, -1, :k].tolist())
