@@ -1,6 +1,7 @@
-"""Training speed of the synthetic-experiment networks and the wall time of the quick grids.
+"""Training speed of the synthetic-experiment networks and the time of the grids of each preset.
 
     python benchmarks/synth_speed.py [--steps 150] [--threads 1] [--workers 2] [--parallel-check]
+                                     [--presets quick,medium] [--measured runs/synth-medium]
                                      [--device cpu|cuda|auto] [--groups 1,4,8,16] [--group-steps 60] [--only-groups]
 
 Measured (wall clock, after a warm-up of 10 steps, on the paper's data: K = 2048, L = 32, B = 4,
@@ -8,10 +9,12 @@ n = 8, d = 64, batch 128, AdamW):
   steps/s      training steps per second (data generation included) at depth 2 and 6 with the
                default options (causal mask, no PE, residuals) and for every PE the quick grids use
   eval s       one final `evaluate` with the quick preset's sizes, and one learning-curve point
-Estimated: the wall time of each quick grid = sum over its runs of (iters / steps/s + curve points
+Estimated: the wall time of each grid of each preset (--presets) = sum over its runs of (iters / steps/s + curve points
 + final eval), divided by --workers (runs are independent processes with 1 thread each; the
 estimate assumes the workers do not slow each other down; --parallel-check measures that by
-timing two training processes at once, which occupies both cores for a few seconds).
+timing two training processes at once, which occupies both cores for a few seconds). With
+--measured DIR the core-minutes the finished grids in DIR actually took (training + final evaluation,
+summed over their per-run JSONs) are printed next to the estimate.
 Several runs at once (synth.multi, --groups): for depth 2 and 6, PE none and RoPE, and each group
 size R: steps/s of the group, run-steps/s (R x steps/s) and their ratio to one run trained alone
 (the train.train loop) on the same --device; also the CPU time of one run's batch generation,
@@ -21,9 +24,11 @@ which every grouped step still pays R times (the batches are the single-run CPU 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -110,6 +115,37 @@ def eval_seconds(depth: int, threads: int) -> tuple[float, float]:
     return t1 - t0, time.perf_counter() - t1
 
 
+def measured_seconds(folder: Path, grid: str) -> tuple[int, float] | None:
+    """(runs, core-seconds of training + final evaluation) of a finished grid folder, from its per-run JSONs."""
+    runs = sorted((folder / grid / "runs").glob("*.json"))
+    if not (folder / grid / f"{grid}.json").exists() or not runs:
+        return None
+    recs = [json.loads(p.read_text()) for p in runs]
+    return len(recs), sum(r["seconds"]["train"] + r["seconds"]["eval"] for r in recs)
+
+
+def estimate(preset: str, workers: int, per_step, evals, measured: Path | None) -> None:
+    """Estimated core-minutes and wall minutes of each grid of `preset`, next to the measured ones."""
+    q = PRESETS[preset]
+    print(f"\n{preset} preset: {q['iters']} iterations at lr {q['lr']:g}, {q['seeds']} seeds, {q['eval_seqs']} "
+          f"sequences per swap set, {q['log_points']} curve points; {workers} workers")
+    total = 0.0
+    for grid in ("depth", "bias", "sinks"):
+        runs = grid_runs(grid, preset)
+        sec = 0.0
+        for r in runs:
+            d = r.cfg.model.depth
+            e, c = evals[2] if d <= 2 else evals[6] if d >= 6 else tuple((x + y) / 2 for x, y in zip(evals[2], evals[6]))
+            sec += r.cfg.train.iters * per_step(d, r.cfg.model.pe) + r.cfg.train.log_points * c + e
+        total += sec / workers
+        line = f"synth {grid:5s}: {len(runs):3d} runs, {sec / 60:5.1f} core-min -> ~{sec / workers / 60:5.1f} min wall"
+        got = measured_seconds(measured, grid) if measured else None
+        if got:
+            line += f" | measured: {got[0]} runs, {got[1] / 60:5.1f} core-min ({got[1] / sec:.2f}x the estimate)"
+        print(line)
+    print(f"all three {preset} grids: ~{total / 60:.1f} min wall with {workers} workers")
+
+
 def _rate_job(args) -> float:
     return steps_per_second(ModelConfig(depth=args[0]), args[1], 1)
 
@@ -124,6 +160,9 @@ def main() -> None:
     ap.add_argument("--groups", default="1,4,8,16", help="group sizes R for that table ('' to skip it)")
     ap.add_argument("--group-steps", type=int, default=60, help="timed steps per group measurement")
     ap.add_argument("--only-groups", action="store_true", help="print only the several-runs-at-once table")
+    ap.add_argument("--presets", default="quick,medium", help="presets whose grid time is estimated")
+    ap.add_argument("--measured", type=Path, default=None,
+                    help="a folder with finished grids (DIR/depth, DIR/bias, DIR/sinks): their measured core-minutes")
     a = ap.parse_args()
     device = resolve_device(a.device)
     groups = [int(x) for x in a.groups.split(",") if x]
@@ -151,20 +190,8 @@ def main() -> None:
         s2, s6 = 1 / rates[(2, pe)], 1 / rates[(6, pe)]
         return s2 + (s6 - s2) * (depth - 2) / 4
 
-    total = 0.0
-    q = PRESETS["quick"]
-    print(f"\nquick preset: {q['iters']} iterations, {q['seeds']} seeds, {q['eval_seqs']} sequences per swap set, "
-          f"{q['log_points']} curve points; {a.workers} workers")
-    for grid in ("depth", "bias", "sinks"):
-        runs = grid_runs(grid, "quick")
-        sec = 0.0
-        for r in runs:
-            d = r.cfg.model.depth
-            e, c = evals[2] if d <= 2 else evals[6] if d >= 6 else tuple((x + y) / 2 for x, y in zip(evals[2], evals[6]))
-            sec += r.cfg.train.iters * per_step(d, r.cfg.model.pe) + r.cfg.train.log_points * c + e
-        total += sec / a.workers
-        print(f"synth {grid:5s}: {len(runs):3d} runs, {sec / 60:5.1f} core-min -> ~{sec / a.workers / 60:5.1f} min wall")
-    print(f"all three quick grids: ~{total / 60:.1f} min wall with {a.workers} workers")
+    for preset in a.presets.split(","):
+        estimate(preset, a.workers, per_step, evals, a.measured)
     if groups:
         group_table(groups, a.group_steps, device)
 

@@ -15,7 +15,7 @@ from posbias.core import rollout as R
 from posbias.errors import PosbiasError
 from posbias.synth.data import DataConfig, SynthTask, generator, named_position
 from posbias.synth.evaluate import ICL_THRESHOLD, EvalConfig, icl_accuracy, learned, sink_metric, swap_tests
-from posbias.synth.experiments import grid_runs, parse_mask, run_grid
+from posbias.synth.experiments import PRESETS, grid_runs, parse_mask, run_grid
 from posbias.synth.model import MASKS, PES, AttentionOnlyNet, ModelConfig, rotate, sinusoidal
 from posbias.synth.train import RunConfig, TrainConfig, build, train
 
@@ -336,6 +336,15 @@ def test_grid_end_to_end_and_cached(tmp_path):
     again = run_grid("sinks", runs, tmp_path, progress=False)  # every run comes from the cache
     assert again.configs == res.configs
     assert len(list((tmp_path / "runs").glob("*.json"))) == 6 and not list((tmp_path / "runs").glob("*.ckpt"))
+
+
+def test_medium_preset_learning_rates():
+    """Pure-attention networks get the preset's lr_no_residual, residual ones its lr; an explicit lr sets both."""
+    runs = grid_runs("depth", "medium", depths=[2], pes=["none"], seeds=1)
+    lrs = {r.factors["residual"]: r.cfg.train.lr for r in runs}
+    assert lrs == {True: PRESETS["medium"]["lr"], False: PRESETS["medium"]["lr_no_residual"]} and lrs[True] != lrs[False]
+    assert {r.cfg.train.lr for r in grid_runs("depth", "medium", depths=[2], pes=["none"], seeds=1, lr=5e-4)} == {5e-4}
+    assert {r.cfg.train.lr for r in grid_runs("depth", "quick", depths=[2], pes=["none"], seeds=1)} == {3e-3}
 
 
 def test_grid_presets_and_errors():

@@ -44,7 +44,7 @@ def _bools(s: Optional[str]) -> Optional[list[bool]]:
     return [m[x] for x in s.split(",")]
 
 
-Preset = typer.Option("quick", help="quick (CPU, ~30 min for all three grids with --workers 2) | paper")
+Preset = typer.Option("quick", help="quick (CPU, ~30 min for all three grids with --workers 2) | medium | paper")
 Out = typer.Option(None, help="output directory (default runs/synth-GRID-PRESET)")
 Seeds = typer.Option(None, help="seeds per configuration (quick 2, paper 5)")
 Iters = typer.Option(None, help="training iterations (quick 4000, paper 100000)")
@@ -102,11 +102,11 @@ def sinks(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] 
           iters: Optional[int] = Iters, lr: Optional[float] = Lr, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
           masks: Optional[str] = typer.Option(None, help="comma list: causal,window5,window9,prefix2,..."),
           sink_seqs: Optional[int] = typer.Option(None, help="sequences for the sink metric"),
-          residual: Optional[str] = Residual, kind: Optional[str] = Kind,
+          residual: Optional[str] = Residual, kind: Optional[str] = Kind, depths: Optional[str] = Depths,
           overwrite: bool = Overwrite, quiet: bool = Quiet, device: str = Device, group: int = Group) -> None:
-    """Attention sinks under causal, sliding-window and prefix masks (App. K.4, Fig. 8)."""
+    """Attention sinks under causal, sliding-window and prefix masks (App. K.4, Fig. 8; the paper: 2 layers)."""
     _grid("sinks", preset, out, workers, overwrite, quiet, device, group, seeds=seeds, iters=iters, lr=lr, eval_seqs=eval_seqs,
-          masks=words(masks), sink_seqs=sink_seqs, residuals=_bools(residual), kind=kind)
+          masks=words(masks), sink_seqs=sink_seqs, residuals=_bools(residual), kind=kind, depths=ints(depths))
 
 
 @synth_app.command()
