@@ -347,7 +347,8 @@ def test_medium_preset_learning_rates():
     """Pure-attention networks get the preset's lr_no_residual, residual ones its lr; an explicit lr sets both."""
     runs = grid_runs("depth", "medium", depths=[2], pes=["none"], seeds=1)
     lrs = {r.factors["residual"]: r.cfg.train.lr for r in runs}
-    assert lrs == {True: PRESETS["medium"]["lr"], False: PRESETS["medium"]["lr_no_residual"]} and lrs[True] != lrs[False]
+    assert lrs == {True: 1e-2, False: PRESETS["medium"]["lr_no_residual"]} and lrs[True] != lrs[False]
+    assert {r.cfg.train.lr for r in grid_runs("bias", "medium", seeds=1)} == {PRESETS["medium"]["lr"]} != {1e-2}
     assert {r.cfg.train.lr for r in grid_runs("depth", "medium", depths=[2], pes=["none"], seeds=1, lr=5e-4)} == {5e-4}
     assert {r.cfg.train.lr for r in grid_runs("depth", "quick", depths=[2], pes=["none"], seeds=1)} == {3e-3}
 
