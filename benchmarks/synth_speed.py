@@ -116,11 +116,13 @@ def eval_seconds(depth: int, threads: int) -> tuple[float, float]:
 
 
 def measured_seconds(folder: Path, grid: str) -> tuple[int, float] | None:
-    """(runs, core-seconds of training + final evaluation) of a finished grid folder, from its per-run JSONs."""
-    runs = sorted((folder / grid / "runs").glob("*.json"))
-    if not (folder / grid / f"{grid}.json").exists() or not runs:
+    """(runs, core-seconds of training + final evaluation) of a finished grid folder, from the per-run JSONs
+    of the runs its GRID.json lists."""
+    result = folder / grid / f"{grid}.json"
+    if not result.exists():
         return None
-    recs = [json.loads(p.read_text()) for p in runs]
+    names = [n for c in json.loads(result.read_text())["configs"] for n in c["runs"]]  # not stale files beside them
+    recs = [json.loads((folder / grid / "runs" / f"{n}.json").read_text()) for n in names]
     return len(recs), sum(r["seconds"]["train"] + r["seconds"]["eval"] for r in recs)
 
 
