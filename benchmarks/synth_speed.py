@@ -115,37 +115,51 @@ def eval_seconds(depth: int, threads: int) -> tuple[float, float]:
     return t1 - t0, time.perf_counter() - t1
 
 
-def measured_seconds(folder: Path, grid: str) -> tuple[int, float] | None:
-    """(runs, core-seconds of training + final evaluation) of a finished grid folder, from the per-run JSONs
-    of the runs its GRID.json lists."""
+def run_cost(depth: int, pe: str, iters: int, log_points: int, per_step, evals) -> float:
+    """Estimated seconds of one run: its steps at the measured rate, its curve points, its final evaluation."""
+    e, c = evals[2] if depth <= 2 else evals[6] if depth >= 6 else tuple((x + y) / 2 for x, y in zip(evals[2], evals[6]))
+    return iters * per_step(depth, pe) + log_points * c + e
+
+
+def measured(folder: Path, grid: str, per_step, evals) -> tuple[int, float, float] | None:
+    """(runs, seconds the runs took (train + final evaluation, each run's wall time, summed), the estimate for
+    those very runs) of a finished grid folder; only the runs its GRID.json lists."""
     result = folder / grid / f"{grid}.json"
     if not result.exists():
         return None
     names = [n for c in json.loads(result.read_text())["configs"] for n in c["runs"]]  # not stale files beside them
     recs = [json.loads((folder / grid / "runs" / f"{n}.json").read_text()) for n in names]
-    return len(recs), sum(r["seconds"]["train"] + r["seconds"]["eval"] for r in recs)
+    took = sum(r["seconds"]["train"] + r["seconds"]["eval"] for r in recs)
+    est = sum(run_cost(r["config"]["model"]["depth"], r["config"]["model"]["pe"], r["config"]["train"]["iters"],
+                       r["config"]["train"]["log_points"], per_step, evals) for r in recs)
+    return len(recs), took, est
 
 
-def estimate(preset: str, workers: int, per_step, evals, measured: Path | None) -> None:
-    """Estimated core-minutes and wall minutes of each grid of `preset`, next to the measured ones."""
+def estimate(preset: str, workers: int, per_step, evals) -> None:
+    """Estimated core-minutes and wall minutes of each grid of `preset` on an otherwise idle machine."""
     q = PRESETS[preset]
-    print(f"\n{preset} preset: {q['iters']} iterations at lr {q['lr']:g}, {q['seeds']} seeds, {q['eval_seqs']} "
+    print(f"\n{preset} preset: {q['iters']} iterations, {q['seeds']} seeds, {q['eval_seqs']} "
           f"sequences per swap set, {q['log_points']} curve points; {workers} workers")
     total = 0.0
     for grid in ("depth", "bias", "sinks"):
         runs = grid_runs(grid, preset)
-        sec = 0.0
-        for r in runs:
-            d = r.cfg.model.depth
-            e, c = evals[2] if d <= 2 else evals[6] if d >= 6 else tuple((x + y) / 2 for x, y in zip(evals[2], evals[6]))
-            sec += r.cfg.train.iters * per_step(d, r.cfg.model.pe) + r.cfg.train.log_points * c + e
+        sec = sum(run_cost(r.cfg.model.depth, r.cfg.model.pe, r.cfg.train.iters, r.cfg.train.log_points, per_step, evals)
+                  for r in runs)
         total += sec / workers
-        line = f"synth {grid:5s}: {len(runs):3d} runs, {sec / 60:5.1f} core-min -> ~{sec / workers / 60:5.1f} min wall"
-        got = measured_seconds(measured, grid) if measured else None
-        if got:
-            line += f" | measured: {got[0]} runs, {got[1] / 60:5.1f} core-min ({got[1] / sec:.2f}x the estimate)"
-        print(line)
+        print(f"synth {grid:5s}: {len(runs):3d} runs, {sec / 60:5.1f} core-min -> ~{sec / workers / 60:5.1f} min wall")
     print(f"all three {preset} grids: ~{total / 60:.1f} min wall with {workers} workers")
+
+
+def report_measured(folder: Path, per_step, evals) -> None:
+    """The finished grids in `folder` (DIR/depth, DIR/bias, DIR/sinks): what their runs took against the estimate
+    for the same runs (> 1x: the machine was shared, or slower than when the rates above were measured)."""
+    print(f"\nmeasured grids in {folder}:")
+    for grid in ("depth", "bias", "sinks"):
+        got = measured(folder, grid, per_step, evals)
+        if got:
+            n, took, est = got
+            print(f"synth {grid:5s}: {n:3d} runs took {took / 60:6.1f} run-min; estimate for these runs "
+                  f"{est / 60:6.1f} core-min ({took / est:.2f}x)")
 
 
 def _rate_job(args) -> float:
@@ -193,7 +207,9 @@ def main() -> None:
         return s2 + (s6 - s2) * (depth - 2) / 4
 
     for preset in a.presets.split(","):
-        estimate(preset, a.workers, per_step, evals, a.measured)
+        estimate(preset, a.workers, per_step, evals)
+    if a.measured:
+        report_measured(a.measured, per_step, evals)
     if groups:
         group_table(groups, a.group_steps, device)
 
