@@ -32,11 +32,10 @@ import numpy as np
 from ..errors import PosbiasError
 from ..runs import RunFolder, cached_record, check_out_dir, write_json_atomic
 from ..runs import progress as progress_bar
-from ..runs import versions as library_versions
 from .data import DataConfig
 from .evaluate import EvalConfig
 from .model import ModelConfig
-from .train import RunConfig, TrainConfig
+from .train import Run, RunConfig, TrainConfig, versions
 
 GRIDS = ("depth", "bias", "sinks")
 
@@ -66,18 +65,6 @@ FACTORS = {  # grid -> default factor lists (overridable); depths come from the 
     "sinks": {"pes": ["none"], "residuals": [False], "biases": ["none"], "depths": [2],
               "masks": ["causal", "window5", "window9", "window13", "prefix2", "prefix4", "prefix6"]},
 }
-
-
-@dataclass(frozen=True)
-class Run:
-    factors: dict  # the grid coordinates of this run, seed excluded
-    cfg: RunConfig
-
-    @property
-    def name(self) -> str:
-        f = self.factors
-        res = "res" if f["residual"] else "nores"
-        return f"L{f['depth']}-{f['mask']}-{f['pe']}-{res}-{f['bias']}-seed{self.cfg.seed}-{self.cfg.key()}"
 
 
 @dataclass
@@ -137,12 +124,6 @@ def grid_runs(grid: str, preset: str = "quick", **over) -> list[Run]:
                                             seed).validate()
                             runs.append(Run(fac, cfg))
     return runs
-
-
-def versions() -> dict:
-    import torch
-
-    return {**library_versions(), "threads": torch.get_num_threads()}
 
 
 def run_one(cfg: RunConfig, out_json: str | Path, ckpt: str | Path | None = None, progress: bool = True,

@@ -39,8 +39,7 @@ from ..runs import cached_record, write_json_atomic
 from ..runs import progress as progress_bar
 from .data import generator
 from .evaluate import evaluate
-from .experiments import Run, versions
-from .train import RunConfig, TrainResult, _log_steps, _save, build, curve_point
+from .train import Run, RunConfig, TrainResult, _log_steps, _save, build, curve_point, versions
 
 DEVICES = ("cpu", "cuda", "auto")
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ..errors import PosbiasError
 from ..runs import progress as progress_bar
+from ..runs import versions as library_versions
 from .data import DataConfig, SynthTask, generator
 from .evaluate import EvalConfig, icl_accuracy, novel_accuracy, swap_tests
 from .model import AttentionOnlyNet, ModelConfig
@@ -73,6 +74,24 @@ class RunConfig:
         self.train.validate()
         self.eval.validate()
         return self
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of a grid: its grid coordinates and its configuration (shared by experiments and multi)."""
+    factors: dict  # the grid coordinates of this run, seed excluded
+    cfg: RunConfig
+
+    @property
+    def name(self) -> str:
+        f = self.factors
+        res = "res" if f["residual"] else "nores"
+        return f"L{f['depth']}-{f['mask']}-{f['pe']}-{res}-{f['bias']}-seed{self.cfg.seed}-{self.cfg.key()}"
+
+
+def versions() -> dict:
+    """Library versions and the torch thread count, for a run record."""
+    return {**library_versions(), "threads": torch.get_num_threads()}
 
 
 @dataclass
