@@ -5,6 +5,8 @@
   generate        batched greedy generation with the KV cache, cut at the first newline, scored
                   with the task's metric (generate.py)
 
+Both also score rows that continue a cached spine (prefix sharing, eval/prefix.py): `score(..., shared=)`.
+
 Each engine also says how many context tokens a row needs (the window check) and how many padded
 tokens it costs (the batch planner), so the Scorer never branches on the engine.
 """
@@ -20,8 +22,8 @@ from ..methods import Active
 from ..models.load import Loaded
 from ..tasks import Task
 from .encode import Encoded
-from .generate import generate_greedy
-from .teacher_forced import score_teacher_forced
+from .generate import generate_greedy, generate_shared
+from .teacher_forced import score_teacher_forced, score_teacher_forced_shared
 
 
 class ScorerView(Protocol):
@@ -43,10 +45,10 @@ class Engine(ABC):
         """Padded tokens the row adds to a batch."""
         return self.need(row, max_new_tokens)
 
-    def score(self, scorer: ScorerView, batch: list[Encoded], active: Active) -> list[dict]:
+    def score(self, scorer: ScorerView, batch: list[Encoded], active: Active, shared: tuple | None = None) -> list[dict]:
         """One dict per row: correct (the task's metric), prediction, the task's further metrics (and logprob
-        for teacher forcing)."""
-        out = self._predict(scorer, batch, active)
+        for teacher forcing). shared = (spine_kv, owner, plen): the rows continue cached spines (eval/prefix.py)."""
+        out = self._predict(scorer, batch, active) if shared is None else self._shared(scorer, batch, *shared)
         for r, row in zip(out, batch):
             r.update({m: METRICS[m](r["prediction"], row.prompt.answers) for m in scorer.task.also})
         return out
@@ -54,6 +56,14 @@ class Engine(ABC):
     @abstractmethod
     def _predict(self, scorer: ScorerView, batch: list[Encoded], active: Active) -> list[dict]:
         """correct and prediction per row."""
+
+    @abstractmethod
+    def _shared(self, scorer: ScorerView, batch: list[Encoded], spine_kv, owner: list[int], plen: list[int]) -> list[dict]:
+        """As _predict, row i continuing spine owner[i] of spine_kv after its first plen[i] tokens."""
+
+    @abstractmethod
+    def branch(self, row: Encoded, p: int, max_new_tokens: int) -> tuple[int, int]:
+        """(sequences, padded tokens per sequence) the row runs after reusing p spine tokens (the shared planner)."""
 
 
 class TeacherForced(Engine):
@@ -69,6 +79,12 @@ class TeacherForced(Engine):
         tok = scorer.loaded.tokenizer
         return score_teacher_forced(scorer.loaded.model, tok, batch, tok.pad_token_id, active.set_prompt_end)
 
+    def _shared(self, scorer: ScorerView, batch: list[Encoded], spine_kv, owner: list[int], plen: list[int]) -> list[dict]:
+        return score_teacher_forced_shared(scorer.loaded.model, scorer.loaded.tokenizer, batch, spine_kv, owner, plen)
+
+    def branch(self, row: Encoded, p: int, max_new_tokens: int) -> tuple[int, int]:
+        return len(row.answer_ids), len(row.prompt_ids) - p + max(map(len, row.answer_ids))
+
 
 class Generate(Engine):
     name = "generate"
@@ -80,6 +96,18 @@ class Generate(Engine):
         tok = scorer.loaded.tokenizer
         preds = generate_greedy(scorer.loaded.model, tok, batch, tok.pad_token_id, scorer.max_new_tokens,
                                 multiline=scorer.task.multiline)
+        return self._verdicts(scorer, batch, preds)
+
+    def _shared(self, scorer: ScorerView, batch: list[Encoded], spine_kv, owner: list[int], plen: list[int]) -> list[dict]:
+        preds = generate_shared(scorer.loaded.model, scorer.loaded.tokenizer, batch, spine_kv, owner, plen,
+                                scorer.max_new_tokens, multiline=scorer.task.multiline)
+        return self._verdicts(scorer, batch, preds)
+
+    def branch(self, row: Encoded, p: int, max_new_tokens: int) -> tuple[int, int]:
+        return 1, len(row.prompt_ids) - p + max_new_tokens
+
+    @staticmethod
+    def _verdicts(scorer: ScorerView, batch: list[Encoded], preds: list[str]) -> list[dict]:
         metric = METRICS[scorer.task.metric]
         return [{"correct": metric(p, r.prompt.answers), "prediction": p} for p, r in zip(preds, batch)]
 
