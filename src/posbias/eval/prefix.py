@@ -83,16 +83,21 @@ def shares_of(rows: list[Encoded]) -> list[Share]:
     return out
 
 
-def _take(items: list, cost: Callable[[list], int], budget: int, max_n: int) -> list[list]:
-    """Greedy consecutive packing: a part grows while cost(part) <= budget and len(part) <= max_n."""
+def _take(items: list, cost: Callable[[list], int], budget: int, max_n: int,
+          close: Callable[[list, object], bool] = lambda part, it: False) -> list[list]:
+    """Greedy consecutive packing: a part grows while cost(part) <= budget, len(part) <= max_n and not close(part, it)."""
     parts: list[list] = []
     cur: list = []
     for it in items:
-        if cur and (len(cur) >= max_n or cost(cur + [it]) > budget):
+        if cur and (len(cur) >= max_n or cost(cur + [it]) > budget or close(cur, it)):
             parts.append(cur)
             cur = []
         cur.append(it)
     return parts + ([cur] if cur else [])
+
+
+SLACK = 0.8  # a branch batch closes when the next branch is shorter than SLACK x its longest (padding waste <= 20%) ...
+MIN_TOKENS = 1024  # ... unless the batch is still this small (a forward has a fixed cost too)
 
 
 def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple[int, int]], batch_tokens: int,
@@ -105,12 +110,15 @@ def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple
         items = []  # (row, sequences, spine columns, branch width)
         for s in g.shares:
             items += [(i, *branch_cost(rows[i], p), p) for i, p in zip(s.rows, s.plen)]
-        items.sort(key=lambda t: (-(t[2] + t[3]), t[0]))  # longest first: less padding
+        items.sort(key=lambda t: (-t[2], t[0]))  # longest branch first: the padding that costs compute is the branch's
 
         def cost(part):  # padded KV columns: every sequence to the widest spine cut + the widest branch
             return sum(t[1] for t in part) * (max(t[3] for t in part) + max(t[2] for t in part))
 
-        g.batches = [[t[0] for t in part] for part in _take(items, cost, batch_tokens, max_batch)]
+        def close(part, it):  # items come longest branch first: part[0] is the widest
+            return it[2] < SLACK * part[0][2] and sum(t[1] for t in part) * part[0][2] >= MIN_TOKENS
+
+        g.batches = [[t[0] for t in part] for part in _take(items, cost, batch_tokens, max_batch, close)]
     return groups
 
 
