@@ -181,15 +181,44 @@ def test_rope_scaling_under_prefix_sharing_equals_plain(spec):
     assert [r["logprob"] for r in base] != pytest.approx([r["logprob"] for r in shared], abs=1e-3)  # the method acts
 
 
+def test_cli_no_prefix_sharing_and_the_fallback_note(model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from posbias.cli import app
+
+    base = ["sweep", "--model", str(model_dir), "--dtype", "fp32", "--facts", "4", "--digits", "3", "--n", "2", "--quiet"]
+    res = CliRunner().invoke(app, base + ["--no-prefix-sharing", "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    run = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert "prefix-shared" not in json.dumps(run) and '"scoring_path": "plain"' in json.dumps(run)
+    res = CliRunner().invoke(app, base + ["--method", "buckets:10000,30000", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("note: buckets") == 1 and "no prefix sharing" in res.output
+
+
+NEAR_TIE = 0.5  # logits: bf16 layout noise moves the plain path's own logprobs by ~0.2 (docs/sweep.md)
+
+
+@torch.inference_mode()
+def _margin(loaded, row) -> float:
+    """min over answer steps of (gold logit - best other logit), one unpadded plain forward: > 0 iff correct."""
+    ans = row.answer_ids[0]
+    logits = loaded.model(input_ids=torch.tensor([row.prompt_ids + ans])).logits[0, -len(ans) - 1:-1].float()
+    gold = torch.tensor(ans)[:, None]
+    return float((logits.gather(-1, gold)[:, 0] - logits.scatter(-1, gold, float("-inf")).max(-1).values).min())
+
+
 @pytest.mark.real
 def test_smollm2_prefix_sharing_agrees_with_plain(smollm2):
-    """bf16: >= 99.5% of verdicts agree (near-tie flips of the greedy token are the allowed difference)."""
+    """bf16: every verdict that differs from the plain path is a near tie (|margin| < NEAR_TIE logits), so
+    100% of the decided rows agree; the overall agreement and the near ties are printed."""
     torch.set_num_threads(1)
     task = get_task("kv-lookup", facts=10)
     scorer = Scorer(smollm2, task)
     rows = scorer.rows(task.examples(2, seed=0), list(range(10)))
+    by_key = {(r.key[0], json.dumps(r.key[1])): r for r in rows}
     plain, shared = _by_key(Scorer(smollm2, task, prefix_sharing=False).score(rows)), _by_key(scorer.score(rows))
-    flips = [(k, plain[k]["logprob"], shared[k]["logprob"]) for k in plain if plain[k]["correct"] != shared[k]["correct"]]
-    print(f"\n{len(plain)} rows, {len(flips)} verdict flips: {flips}")
-    assert 1 - len(flips) / len(plain) >= 0.995
+    flips = {k: _margin(smollm2, by_key[k]) for k in plain if plain[k]["correct"] != shared[k]["correct"]}
+    print(f"\n{len(plain)} rows, agreement {1 - len(flips) / len(plain):.1%}; near-tie flips (row: margin): {flips}")
+    assert all(abs(m) < NEAR_TIE for m in flips.values())
     assert max(abs(plain[k]["logprob"] - shared[k]["logprob"]) for k in plain) < 0.5
