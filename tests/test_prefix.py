@@ -101,6 +101,8 @@ def test_shared_forward_equals_left_and_right_padded_plain(arch):
     for i, (s, (_, _, b)) in enumerate(zip(seqs, rows)):
         torch.testing.assert_close(got[i, width - len(b):], left[i, left.shape[1] - len(b):], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(got[i, width - len(b):], right[i, len(s) - len(b): len(s)], atol=1e-4, rtol=1e-4)
+    chunked = SharedKV(model, kv, torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]))
+    torch.testing.assert_close(chunked.extend(ids, pos, valid, keep=3, chunk=2), got[:, -3:], atol=1e-4, rtol=1e-4)
     nxt = got[:, -1].argmax(-1)
     step = shared.forward(nxt[:, None], pos[:, -1:] + 1, torch.ones(len(rows), 1, dtype=torch.bool))[:, 0]
     plain = model(**left_pad([s + [int(t)] for s, t in zip(seqs, nxt)], 0)).logits[:, -1]

@@ -71,7 +71,7 @@ def generate_shared(model, tokenizer, rows: list[Encoded], spine_kv, owner: list
 
     ids, qpos, valid = left_pad_at([r.prompt_ids[p:] for r, p in zip(rows, plen)], plen)
     shared = SharedKV(model, spine_kv, torch.tensor(owner), torch.tensor(plen))
-    logits = shared.forward(ids, qpos, valid, keep=1)[:, -1]  # [R, V]
+    logits = shared.extend(ids, qpos, valid, keep=1)[:, -1]  # [R, V]
     stops = set(eos_ids(model, tokenizer)) | (set() if multiline else set(_newline_ids(tokenizer)))
     stop_ids = torch.tensor(sorted(stops), device=logits.device)
     nxt_pos = qpos[:, -1:].to(logits.device) + 1  # [R, 1]

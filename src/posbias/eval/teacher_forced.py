@@ -60,7 +60,7 @@ def score_teacher_forced_shared(model, tokenizer, rows: list[Encoded], spine_kv,
     ids, qpos, valid = left_pad_at(branches, starts)
     shared = SharedKV(model, spine_kv, torch.tensor([owner[r] for r in seq_row]), torch.tensor(starts))
     a_max = max(map(len, answers))
-    logits = shared.forward(ids, qpos, valid, keep=a_max + 1).float()  # [S, a_max+1, V]
+    logits = shared.extend(ids, qpos, valid, keep=a_max + 1).float()  # [S, a_max+1, V]
     return verdicts(tokenizer, len(rows), seq_row, answers, logits)
 
 

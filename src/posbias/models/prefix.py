@@ -49,22 +49,25 @@ def _mask(kpos: torch.Tensor, qpos: torch.Tensor, window: int | None, dtype) -> 
 
 @torch.inference_mode()
 def prefill(model, spines: list[list[int]], pad_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Keys/values of each spine, right-padded so column t holds position t: per layer (k, v) [E, H, P, D]."""
+    """Keys/values of each spine, right-padded so column t holds position t: per layer (k, v) [E, H, P, D].
+    One unpadded forward per spine: without padding the attention is plain causal (half the work of a masked one)."""
     from transformers import DynamicCache
 
     width = max(1, *map(len, spines))  # an empty spine (no shared prefix) keeps one hidden column
-    ids = torch.full((len(spines), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(spines), width), dtype=torch.long)
-    for i, s in enumerate(spines):
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, : len(s)] = 1
-    pos = torch.arange(width).expand(len(spines), width)
     dev = next(model.parameters()).device
-    cache = DynamicCache()  # plain layers: sliding-window layers keep every column too (our masks cut them)
     kw = {"logits_to_keep": 1} if _keeps_logits(model) else {}
-    model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev), past_key_values=cache,
-          use_cache=True, **kw)
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    per: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+    for s in spines:
+        ids = torch.tensor([s or [pad_id]], dtype=torch.long, device=dev)
+        cache = DynamicCache()  # plain layers: sliding-window layers keep every column too (our masks cut them)
+        model(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=dev)[None], past_key_values=cache,
+              use_cache=True, **kw)
+        per.append([(layer.keys, layer.values) for layer in cache.layers])
+
+    def stack(i: int, j: int) -> torch.Tensor:  # layer i, keys (0) or values (1): [E, H, width, D]
+        return torch.cat([torch.nn.functional.pad(p[i][j], (0, 0, 0, width - p[i][j].shape[2])) for p in per])
+
+    return [(stack(i, 0), stack(i, 1)) for i in range(len(per[0]))]
 
 
 class SharedKV:
@@ -105,3 +108,14 @@ class SharedKV:
                          past_key_values=self.cache, use_cache=True, **kw)
         self.kpos = kpos
         return out.logits if keep is None else out.logits[:, -keep:]
+
+    def extend(self, ids: torch.Tensor, qpos: torch.Tensor, valid: torch.Tensor, keep: int, chunk: int = 256) -> torch.Tensor:
+        """As forward, in column chunks of `chunk` (the last one at least `keep` wide): a masked attention computes
+        every (query, key) pair, so one long branch would pay for its whole upper triangle; chunks pay chunk / 2
+        keys per query instead. -> logits of the last `keep` columns [R, keep, V]."""
+        width, chunk = ids.shape[1], max(chunk, keep)
+        cuts = list(range(width - chunk, 0, -chunk))[::-1]  # chunk starts, counted from the right
+        for a, b in zip([0] + cuts, cuts):
+            self.forward(ids[:, a:b], qpos[:, a:b], valid[:, a:b], keep=1)
+        a = cuts[-1] if cuts else 0
+        return self.forward(ids[:, a:], qpos[:, a:], valid[:, a:], keep=keep)
