@@ -110,7 +110,7 @@ class Scorer:
     def score(self, rows: list[Encoded], method: str | Method | None = None, done: set | None = None,
               on_batch: Callable[[list[dict]], None] | None = None) -> list[dict]:
         """Score rows under `method` (default: the unmodified model); batches whose rows are all in
-        `done` are skipped (resume). Returns the new result dicts, in batch order."""
+        `done` are skipped (resume). Returns the new result dicts, in batch order (prefix-shared: in row order)."""
         method = self.method(method)
         done = done or set()
         out: list[dict] = []
@@ -125,6 +125,8 @@ class Scorer:
         with method.apply(self.loaded) as active:
             if self.path(method)[0]:
                 self._score_shared(rows, done, emit)
+                order = {r.key: i for i, r in enumerate(rows)}  # row order (the plain path's, for equal-cost rows)
+                out.sort(key=lambda d: order[(d["example_id"], placement_key(d["position"]))])
             else:
                 costs = [self.engine.cost(r, self.max_new_tokens) for r in rows]
                 for idx in plan_batches(costs, self.batch_tokens, self.max_batch):
