@@ -54,22 +54,18 @@ def test_resume_after_interruption_gives_the_same_sweep(model_dir, tmp_path, mon
 
     cut = tmp_path / "cut"
     calls = {"n": 0}
-    reals = {name: getattr(engines, name) for name in ("score_teacher_forced", "score_teacher_forced_shared")}
+    real = engines.score_teacher_forced
 
-    def dies_on_third_batch(real):
-        def dying(*a, **k):
-            calls["n"] += 1
-            if calls["n"] == 3:
-                raise KeyboardInterrupt  # as a kill would, mid-sweep
-            return real(*a, **k)
-        return dying
+    def dies_on_third_batch(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # as a kill would, mid-sweep
+        return real(*a, **k)
 
-    for name, real in reals.items():  # the plain and the prefix-shared path (the default)
-        monkeypatch.setattr(engines, name, dies_on_third_batch(real))
+    monkeypatch.setattr(engines, "score_teacher_forced", dies_on_third_batch)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(_cfg(model_dir), cut, progress=False)
-    for name, real in reals.items():
-        monkeypatch.setattr(engines, name, real)
+    monkeypatch.setattr(engines, "score_teacher_forced", real)
     assert not (cut / "sweep.json").exists() and (cut / "run.json").exists()
     with (cut / "examples.jsonl").open("a") as f:
         f.write('{"example_id": "torn')  # a line cut by the kill

@@ -22,8 +22,8 @@ from ..methods import Active
 from ..models.load import Loaded
 from ..tasks import Task
 from .encode import Encoded
-from .generate import generate_greedy, generate_shared
-from .teacher_forced import score_teacher_forced, score_teacher_forced_shared
+from .generate import generate_greedy
+from .teacher_forced import score_teacher_forced
 
 
 class ScorerView(Protocol):
@@ -48,18 +48,14 @@ class Engine(ABC):
     def score(self, scorer: ScorerView, batch: list[Encoded], active: Active, shared: tuple | None = None) -> list[dict]:
         """One dict per row: correct (the task's metric), prediction, the task's further metrics (and logprob
         for teacher forcing). shared = (spine_kv, owner, plen): the rows continue cached spines (eval/prefix.py)."""
-        out = self._predict(scorer, batch, active) if shared is None else self._shared(scorer, batch, *shared)
+        out = self._predict(scorer, batch, active, shared)
         for r, row in zip(out, batch):
             r.update({m: METRICS[m](r["prediction"], row.prompt.answers) for m in scorer.task.also})
         return out
 
     @abstractmethod
-    def _predict(self, scorer: ScorerView, batch: list[Encoded], active: Active) -> list[dict]:
-        """correct and prediction per row."""
-
-    @abstractmethod
-    def _shared(self, scorer: ScorerView, batch: list[Encoded], spine_kv, owner: list[int], plen: list[int]) -> list[dict]:
-        """As _predict, row i continuing spine owner[i] of spine_kv after its first plen[i] tokens."""
+    def _predict(self, scorer: ScorerView, batch: list[Encoded], active: Active | None, shared: tuple | None) -> list[dict]:
+        """correct and prediction per row (shared: row i continues spine owner[i] after its first plen[i] tokens)."""
 
     @abstractmethod
     def branch(self, row: Encoded, p: int, max_new_tokens: int) -> tuple[int, int]:
@@ -75,12 +71,10 @@ class TeacherForced(Engine):
     def cost(self, row: Encoded, max_new_tokens: int) -> int:
         return self.need(row, max_new_tokens) * len(row.answer_ids)  # answer variants share a batch
 
-    def _predict(self, scorer: ScorerView, batch: list[Encoded], active: Active) -> list[dict]:
+    def _predict(self, scorer: ScorerView, batch: list[Encoded], active: Active | None, shared: tuple | None) -> list[dict]:
         tok = scorer.loaded.tokenizer
-        return score_teacher_forced(scorer.loaded.model, tok, batch, tok.pad_token_id, active.set_prompt_end)
-
-    def _shared(self, scorer: ScorerView, batch: list[Encoded], spine_kv, owner: list[int], plen: list[int]) -> list[dict]:
-        return score_teacher_forced_shared(scorer.loaded.model, scorer.loaded.tokenizer, batch, spine_kv, owner, plen)
+        return score_teacher_forced(scorer.loaded.model, tok, batch, tok.pad_token_id,
+                                    active.set_prompt_end if active else None, shared=shared)
 
     def branch(self, row: Encoded, p: int, max_new_tokens: int) -> tuple[int, int]:
         return len(row.answer_ids), len(row.prompt_ids) - p + max(map(len, row.answer_ids))
@@ -92,24 +86,15 @@ class Generate(Engine):
     def need(self, row: Encoded, max_new_tokens: int) -> int:
         return len(row.prompt_ids) + max_new_tokens
 
-    def _predict(self, scorer: ScorerView, batch: list[Encoded], active: Active) -> list[dict]:
+    def _predict(self, scorer: ScorerView, batch: list[Encoded], active: Active | None, shared: tuple | None) -> list[dict]:
         tok = scorer.loaded.tokenizer
         preds = generate_greedy(scorer.loaded.model, tok, batch, tok.pad_token_id, scorer.max_new_tokens,
-                                multiline=scorer.task.multiline)
-        return self._verdicts(scorer, batch, preds)
-
-    def _shared(self, scorer: ScorerView, batch: list[Encoded], spine_kv, owner: list[int], plen: list[int]) -> list[dict]:
-        preds = generate_shared(scorer.loaded.model, scorer.loaded.tokenizer, batch, spine_kv, owner, plen,
-                                scorer.max_new_tokens, multiline=scorer.task.multiline)
-        return self._verdicts(scorer, batch, preds)
+                                multiline=scorer.task.multiline, shared=shared)
+        metric = METRICS[scorer.task.metric]
+        return [{"correct": metric(p, r.prompt.answers), "prediction": p} for p, r in zip(preds, batch)]
 
     def branch(self, row: Encoded, p: int, max_new_tokens: int) -> tuple[int, int]:
         return 1, len(row.prompt_ids) - p + max_new_tokens
-
-    @staticmethod
-    def _verdicts(scorer: ScorerView, batch: list[Encoded], preds: list[str]) -> list[dict]:
-        metric = METRICS[scorer.task.metric]
-        return [{"correct": metric(p, r.prompt.answers), "prediction": p} for p, r in zip(preds, batch)]
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (TeacherForced(), Generate())}

@@ -38,9 +38,12 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 @torch.inference_mode()
 def generate_greedy(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_tokens: int,
-                    multiline: bool = False) -> list[str]:
+                    multiline: bool = False, shared: tuple | None = None) -> list[str]:
     """Greedy continuations of each row's prompt, cut at the first newline (multiline: the whole text, for a
-    chain of thought, stopped by EOS or max_new_tokens only)."""
+    chain of thought, stopped by EOS or max_new_tokens only). shared = (spine_kv, owner, plen): the rows
+    continue cached spines (generate_shared)."""
+    if shared is not None:
+        return generate_shared(model, tokenizer, rows, *shared, max_new_tokens, multiline)
     from transformers import GenerationConfig, StoppingCriteriaList
 
     batch = left_pad([r.prompt_ids for r in rows], pad_id)

@@ -36,11 +36,14 @@ def _answer_logits(model, seqs: list[list[int]], alen: list[int], pad_id: int,
 
 @torch.inference_mode()
 def score_teacher_forced(model, tokenizer, rows: list[Encoded], pad_id: int,
-                         prompt_end: Callable[[torch.Tensor], None] | None = None) -> list[dict]:
+                         prompt_end: Callable[[torch.Tensor], None] | None = None, shared: tuple | None = None) -> list[dict]:
     """-> one dict per row: correct, prediction (greedy tokens under teacher forcing), logprob.
 
     prompt_end, if given, is told the column of each sequence's last prompt token before the
-    forward (input-dependent methods such as Ms-PoE measure there, as generation would)."""
+    forward (input-dependent methods such as Ms-PoE measure there, as generation would).
+    shared = (spine_kv, owner, plen): the rows continue cached spines (score_teacher_forced_shared)."""
+    if shared is not None:
+        return score_teacher_forced_shared(model, tokenizer, rows, *shared)
     owner, answers = _sequences(rows)
     seqs = [rows[r].prompt_ids + a for r, a in zip(owner, answers)]
     logits = _answer_logits(model, seqs, [len(a) for a in answers], pad_id, prompt_end)  # [S, a_max+1, V]
