@@ -217,7 +217,7 @@ def test_smollm2_prefix_sharing_agrees_with_plain(smollm2):
     torch.set_num_threads(1)
     task = get_task("kv-lookup", facts=10)
     scorer = Scorer(smollm2, task)
-    rows = scorer.rows(task.examples(2, seed=0), list(range(10)))
+    rows = scorer.rows(task.examples(1, seed=0), list(range(10)))
     by_key = {(r.key[0], json.dumps(r.key[1])): r for r in rows}
     plain, shared = _by_key(Scorer(smollm2, task, prefix_sharing=False).score(rows)), _by_key(scorer.score(rows))
     flips = {k: _margin(smollm2, by_key[k]) for k in plain if plain[k]["correct"] != shared[k]["correct"]}
