@@ -9,11 +9,20 @@ between teacher forcing and generation.
 
 Targets (issue 2): harness >= 0.8 x raw, >= 5 x faster than the naive loop,
 teacher-forced/generate agreement >= 97%.
+
+Then, prefix sharing (issue 17), per setting (`--settings kv10,kv30,nq10`: kv-lookup with 10 / 30 facts, nq
+with 10 documents), every slot of `--prefix-n` examples, on the same rows: the raw forward of the plain path's
+sequences, the plain harness (`prefix_sharing=False`), the prefix-shared harness, and the unique-token ideal
+(all prompt tokens / the tokens of each example's prefix tree); target: speed-up >= 0.8 x ideal.
+`--skip-legacy` prints only this part.
+
+    python benchmarks/sweep_speed.py --skip-legacy --settings kv10,kv30,nq10 --prefix-n 5
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -22,6 +31,56 @@ from posbias import Scorer, get_task, load_model
 from posbias.core.metrics import METRICS
 from posbias.eval.encode import left_pad, plan_batches
 from posbias.eval.generate import _newline_ids, _StopAtNewline, eos_ids
+from posbias.eval.prefix import unique_ratio
+
+SETTINGS = {"kv10": ("kv-lookup", {"facts": 10}), "kv30": ("kv-lookup", {"facts": 30}), "nq10": ("nq", {"docs": 10})}
+
+
+def best_of(fn, repeats: int):
+    """(fastest wall time of `repeats` calls, the last result)."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return min(times), out
+
+
+def prefix_setting(loaded, name: str, n: int, engine: str, repeats: int) -> dict:
+    """One setting: raw forward, plain harness, prefix-shared harness and the unique-token ideal on the same rows."""
+    task_name, opts = SETTINGS[name]
+    task = get_task(task_name, **opts)
+    plain, shared = (Scorer(loaded, task, engine, prefix_sharing=ps) for ps in (False, True))
+    rows = plain.rows(task.examples(n, seed=0), list(range(task.n_slots)))
+    seqs = [r.prompt_ids + a for r in rows for a in (r.answer_ids if engine == "teacher-forced" else [[]])]
+    lengths = [len(q) for q in seqs]
+    pad = loaded.tokenizer.pad_token_id
+    batches = [left_pad([seqs[i] for i in b], pad) for b in plan_batches(lengths, plain.batch_tokens, plain.max_batch)]
+
+    @torch.inference_mode()
+    def raw():
+        for b in batches:
+            loaded.model(**b, use_cache=False, logits_to_keep=1)
+
+    t_raw, _ = best_of(raw, repeats)
+    t_plain, p_rows = best_of(lambda: plain.score(rows), repeats)
+    t_shared, s_rows = best_of(lambda: shared.score(rows), repeats)
+    total, unique = unique_ratio(rows)
+    verdict = {(r["example_id"], r["position"]): r["correct"] for r in p_rows}
+    agree = sum(verdict[(r["example_id"], r["position"])] == r["correct"] for r in s_rows) / len(s_rows)
+    return {"setting": name, "rows": len(rows), "tokens": sum(lengths), "prompt": total, "unique": unique,
+            "raw": t_raw, "plain": t_plain, "shared": t_shared, "agree": agree}
+
+
+def print_prefix(results: list[dict], engine: str) -> None:
+    print(f"\nprefix sharing ({engine}): seconds (best of repeats); ideal = prompt tokens / unique prefix-tree tokens")
+    head = f"{'setting':8s} {'rows':>5s} {'tokens':>7s} {'raw s':>7s} {'plain s':>8s} {'shared s':>8s} {'plain/raw':>9s}"
+    print(head + f" {'speed-up':>8s} {'ideal':>6s} {'of ideal':>8s} {'agree':>6s}")
+    for r in results:
+        up, ideal = r["plain"] / r["shared"], r["prompt"] / r["unique"]
+        print(f"{r['setting']:8s} {r['rows']:5d} {r['tokens']:7d} {r['raw']:7.2f} {r['plain']:8.2f} {r['shared']:8.2f} "
+              f"{r['raw'] / r['plain']:8.2f}x {up:7.2f}x {ideal:5.2f}x {up / ideal:7.0%} {r['agree']:6.1%}")
+    print("target: speed-up >= 80% of the ideal on every setting; plain/raw: the plain harness's share of raw speed")
 
 
 def main() -> None:
@@ -32,9 +91,27 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--compare-fp32", action="store_true", help="also time the raw forward in fp32")
+    ap.add_argument("--settings", default="kv10,kv30,nq10", help="prefix-sharing settings: kv10,kv30,nq10 (empty: none)")
+    ap.add_argument("--prefix-n", type=int, default=5, help="examples per prefix-sharing setting (every slot)")
+    ap.add_argument("--prefix-engine", default="teacher-forced")
+    ap.add_argument("--skip-legacy", action="store_true", help="only the prefix-sharing part")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("POSBIAS_THREADS", "0")) or None,
+                    help="torch threads (default: $POSBIAS_THREADS, else torch's default)")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
 
     loaded = load_model(a.model, a.dtype, "cpu")
+    if not a.skip_legacy:
+        legacy(a, loaded)
+    names = [x for x in a.settings.split(",") if x]
+    if names:
+        print(f"model {a.model} ({a.dtype}), threads {torch.get_num_threads()}, {a.prefix_n} examples x every slot")
+        print_prefix([prefix_setting(loaded, x, a.prefix_n, a.prefix_engine, a.repeats) for x in names], a.prefix_engine)
+
+
+def legacy(a, loaded) -> None:
+    """The issue-2 comparison: raw forward, harness, batched generate and a naive generate loop (kv-lookup 10)."""
     model, tok = loaded.model, loaded.tokenizer
     task = get_task("kv-lookup", facts=10)
     positions = [int(p) for p in a.positions.split(",")]

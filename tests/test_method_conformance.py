@@ -141,3 +141,26 @@ def test_per_layer_factor_h_acts_on_decoder_layer_h(loaded, h):
             hk.remove()
     assert all(torch.equal(outs[i], base[i]) for i in range(h))
     assert not torch.allclose(outs[h], base[h], atol=1e-4)
+
+
+@torch.no_grad()
+def test_prefix_safe_methods_continue_a_shared_prefix_exactly(loaded, method):
+    """A method that declares itself prefix-safe (eval/prefix.py reuses a cached prompt prefix) gives, inside,
+    the logits of a plain forward to rows that continue a spine's cache; the others say why they fall back."""
+    from posbias.models.prefix import SharedKV, prefill
+
+    assert isinstance(method.prefix_safe, bool)
+    if not method.prefix_safe:
+        assert method.prefix_note and method.prefix_note != "not declared prefix-safe"
+        return
+    spine = random_seqs([36], 100, seed=2)[0]
+    rows = [(9, [5, 6, 7]), (30, [8, 9])]  # (spine tokens reused, own tokens)
+    with method.apply(loaded):
+        shared = SharedKV(loaded.model, prefill(loaded.model, [spine], 0), torch.tensor([0, 0]),
+                          torch.tensor([p for p, _ in rows]))
+        ids = torch.tensor([[5, 6, 7], [0, 8, 9]])  # left-padded own tokens
+        pos = torch.tensor([[9, 10, 11], [0, 30, 31]])
+        valid = torch.tensor([[True, True, True], [False, True, True]])
+        got = shared.forward(ids, pos, valid)[:, -1]
+        plain = torch.cat([loaded.model(input_ids=torch.tensor([spine[:p] + b])).logits[:, -1] for p, b in rows])
+    torch.testing.assert_close(got, plain, atol=1e-4, rtol=1e-4)

@@ -162,8 +162,8 @@ def test_selftrain_keeps_own_correct_responses_at_the_same_placements(model_dir,
     whose first hop is even), and the self-training records must be exactly those rows."""
     real = engines.Generate._predict
 
-    def marks_even_first_hops(self, scorer, batch, active):
-        out = real(self, scorer, batch, active)
+    def marks_even_first_hops(self, scorer, batch, active, shared=None):  # shared: the prefix-shared path
+        out = real(self, scorer, batch, active, shared)
         return [{**o, "correct": r.prompt.position[0] % 2 == 0} for o, r in zip(out, batch)]
 
     monkeypatch.setattr(engines.Generate, "_predict", marks_even_first_hops)

@@ -27,6 +27,8 @@ def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positi
     typer.echo(f"{task.task} on {model.model}: {cfg.n} examples x {len(res.per_position)} positions, "
                f"engine {res.config['engine']}")
     typer.echo(format_table(res.per_position, res.summary))
+    if res.config.get("scoring_note"):
+        typer.echo(f"note: {res.config['scoring_note']}")
     typer.echo(f"wrote {run.out}/sweep.json, examples.jsonl, curve.png")
 
 
@@ -42,6 +44,9 @@ def compare(model: Args, task: Args, split: Args, scoring: Args, run: Args, posi
     cfg = SweepConfig(**fields, **task_fields(task), **vars(split), **vars(scoring), positions=placements(task, positions))
     res = run_compare(cfg, split_specs(methods), run.out, models=model_list, **run_kwargs(run))
     typer.echo(format_compare(res))
+    for e in res.entries:
+        if e.get("scoring_note"):
+            typer.echo(f"note: {e['scoring_note']}")
     typer.echo(f"wrote {run.out}/compare.json, compare.png and one sweep directory per method")
 
 

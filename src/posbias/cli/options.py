@@ -121,6 +121,8 @@ SCORING = Group(
     max_new_tokens=Opt(None, "generate: token limit (default: the task's)", Optional[int]),
     batch_tokens=Opt(16384, "padded tokens per batch", int),
     max_batch=Opt(32, "rows per batch at most", int),
+    prefix_sharing=Opt(True, "score each example's shared prompt prefix once, from cached keys/values "
+                             "(--no-prefix-sharing: the plain path)", bool, ("--prefix-sharing/--no-prefix-sharing",)),
 )
 
 RUN = Group(

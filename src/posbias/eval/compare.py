@@ -25,6 +25,8 @@ from ..tasks import label, placement_key
 from .config import plain
 from .sweep import SweepConfig, run_sweep
 
+PATH_KEYS = ("scoring_path", "scoring_note")  # which scoring path each entry ran (Scorer.settings), and why
+
 
 @dataclass
 class CompareResult:
@@ -111,7 +113,8 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
             del lo
             first = None  # one model in memory at a time
         _add_paired_differences(results)
-        record = {"config": {**res.config, "method": None, "model": None if named else cfg.model},
+        shared = {k: v for k, v in res.config.items() if k not in PATH_KEYS}  # the path is per entry
+        record = {"config": {**shared, "method": None, "model": None if named else cfg.model},
                   "model": None if named else infos[model_name(model_list[0])], "models": infos,
                   "methods": [{k: v for k, v in r.items() if k != "rows"} for r in results]}
         if folder.path is not None:
@@ -134,6 +137,7 @@ def _entry(cfg, folder: RunFolder, lo: Loaded, mo, m: Method, named: bool, resum
     res = run_sweep(replace(cfg, model=model_name(mo), method=m), sub, loaded=lo, resume=resume and started,
                     overwrite=overwrite, progress=progress)
     return res, {"model": model_name(mo), "method": m.key, "label": label, "dir": d, "method_config": res.record["method"],
+                 **{k: res.config[k] for k in PATH_KEYS if k in res.config},
                  "per_position": res.per_position, "summary": res.summary, "rows": res.rows}
 
 

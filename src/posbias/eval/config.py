@@ -44,6 +44,7 @@ class Scoring:
     max_new_tokens: int | None = None  # generate: token limit; None: the task's default
     batch_tokens: int = 16384  # padded tokens per batch
     max_batch: int = 32  # rows per batch at most
+    prefix_sharing: bool = True  # score each example's shared prompt prefix once (eval/prefix.py); False: plain path
 
     def _validate_scoring(self) -> None:
         if self.engine is not None and self.engine not in ENGINES:

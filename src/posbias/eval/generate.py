@@ -38,9 +38,12 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 @torch.inference_mode()
 def generate_greedy(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_tokens: int,
-                    multiline: bool = False) -> list[str]:
+                    multiline: bool = False, shared: tuple | None = None) -> list[str]:
     """Greedy continuations of each row's prompt, cut at the first newline (multiline: the whole text, for a
-    chain of thought, stopped by EOS or max_new_tokens only)."""
+    chain of thought, stopped by EOS or max_new_tokens only). shared = (spine_kv, owner, plen): the rows
+    continue cached spines (generate_shared)."""
+    if shared is not None:
+        return generate_shared(model, tokenizer, rows, *shared, max_new_tokens, multiline)
     from transformers import GenerationConfig, StoppingCriteriaList
 
     batch = left_pad([r.prompt_ids for r in rows], pad_id)
@@ -57,4 +60,34 @@ def generate_greedy(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_
     )
     new = out[:, batch["input_ids"].shape[1] :]
     texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+    return [t.strip() if multiline else first_line(t) for t in texts]
+
+
+@torch.inference_mode()
+def generate_shared(model, tokenizer, rows: list[Encoded], spine_kv, owner: list[int], plen: list[int],
+                    max_new_tokens: int, multiline: bool = False) -> list[str]:
+    """As generate_greedy, each row continuing its spine's cache (eval/prefix.py): the branch prefill, then a
+    greedy loop over the growing cache with generate_greedy's stop rules (EOS, max_new_tokens, a newline
+    unless multiline); a stopped row's token is kept (and dropped by skip_special_tokens if special), as there."""
+    from ..models.prefix import SharedKV
+    from .teacher_forced import left_pad_at
+
+    ids, qpos, valid = left_pad_at([r.prompt_ids[p:] for r, p in zip(rows, plen)], plen)
+    shared = SharedKV(model, spine_kv, torch.tensor(owner), torch.tensor(plen))
+    logits = shared.extend(ids, qpos, valid, keep=1)[:, -1]  # [R, V]
+    stops = set(eos_ids(model, tokenizer)) | (set() if multiline else set(_newline_ids(tokenizer)))
+    stop_ids = torch.tensor(sorted(stops), device=logits.device)
+    nxt_pos = qpos[:, -1:].to(logits.device) + 1  # [R, 1]
+    out = [[] for _ in rows]
+    done = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)
+    for step in range(max_new_tokens):
+        tok = logits.float().argmax(-1)  # [R]
+        for i in torch.nonzero(~done)[:, 0].tolist():
+            out[i].append(int(tok[i]))
+        done |= torch.isin(tok, stop_ids)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        logits = shared.forward(tok[:, None], nxt_pos, torch.ones_like(nxt_pos, dtype=torch.bool), keep=1)[:, -1]
+        nxt_pos = nxt_pos + 1
+    texts = tokenizer.batch_decode(out, skip_special_tokens=True)
     return [t.strip() if multiline else first_line(t) for t in texts]

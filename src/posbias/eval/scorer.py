@@ -5,6 +5,8 @@
     results = scorer.score(rows, method="pi:1.1")       # one dict per row, batch by batch
 
 Every pipeline scores through it: the sweep, the LPES fitness and the distillation data builder.
+With prefix_sharing (the default) each example's shared prompt prefix is computed once and every row continues
+it from cached keys/values (eval/prefix.py); a method that is not `prefix_safe` runs the plain path instead.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ..models.load import Loaded
 from ..tasks import Placement, Prompt, Task, as_json, placement_key
 from .encode import Encoded, encode, plan_batches
 from .engines import get_engine
+from .prefix import plan_shared
 from .teacher_forced import token_details
 
 CHAT_MODES = ("auto", "on", "off")
@@ -39,7 +42,7 @@ class Scorer:
     """Builds and scores (example, position) rows; the engine, answer length and chat use are resolved once."""
 
     def __init__(self, loaded: Loaded, task: Task, engine: str | None = None, max_new_tokens: int | None = None,
-                 chat: str | bool = "auto", batch_tokens: int = 16384, max_batch: int = 32):
+                 chat: str | bool = "auto", batch_tokens: int = 16384, max_batch: int = 32, prefix_sharing: bool = True):
         if max_new_tokens is not None and max_new_tokens < 1:
             raise PosbiasError(f"`max_new_tokens` must be at least 1, got {max_new_tokens}", "pass `max_new_tokens=16` or so")
         if batch_tokens < 1 or max_batch < 1:
@@ -51,10 +54,26 @@ class Scorer:
         self.max_new_tokens = max_new_tokens or task.max_new_tokens
         self.chat = use_chat(loaded, chat)
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
+        self.prefix_sharing = prefix_sharing
 
-    def settings(self) -> dict:
-        """The resolved choices, for a run's record."""
-        return {"engine": self.engine.name, "max_new_tokens": self.max_new_tokens, "chat_used": self.chat}
+    def settings(self, method: str | Method | None = None) -> dict:
+        """The resolved choices, for a run's record: with a method, also the scoring path it runs (and why not
+        the prefix-shared one, if not)."""
+        out = {"engine": self.engine.name, "max_new_tokens": self.max_new_tokens, "chat_used": self.chat}
+        if method is not None:
+            shared, note = self.path(method)
+            out["scoring_path"] = "prefix-shared" if shared else "plain"
+            out.update({"scoring_note": note} if note else {})
+        return out
+
+    def path(self, method: str | Method | None = None) -> tuple[bool, str | None]:
+        """(prefix-shared?, note): the note says why a requested prefix sharing falls back to the plain path."""
+        m = self.method(method)
+        if not self.prefix_sharing:
+            return False, None
+        if not m.prefix_safe:
+            return False, f"{m.label}: plain scoring path, no prefix sharing ({m.prefix_note})"
+        return True, None
 
     def rows(self, examples: Iterable, positions: list[int]) -> list[Encoded]:
         """Tokenised rows, example-major; refuses (never truncates) a row over the context window."""
@@ -91,23 +110,49 @@ class Scorer:
     def score(self, rows: list[Encoded], method: str | Method | None = None, done: set | None = None,
               on_batch: Callable[[list[dict]], None] | None = None) -> list[dict]:
         """Score rows under `method` (default: the unmodified model); batches whose rows are all in
-        `done` are skipped (resume). Returns the new result dicts, in batch order."""
+        `done` are skipped (resume). Returns the new result dicts, in batch order (prefix-shared: in row order)."""
         method = self.method(method)
         done = done or set()
-        costs = [self.engine.cost(r, self.max_new_tokens) for r in rows]
         out: list[dict] = []
+
+        def emit(batch: list[Encoded], scored: list[dict]) -> None:
+            new = [{"example_id": r.key[0], "position": as_json(r.key[1]), **s, "answers": list(r.prompt.answers),
+                    "prompt_tokens": len(r.prompt_ids)} for r, s in zip(batch, scored) if r.key not in done]
+            out.extend(new)
+            if on_batch:
+                on_batch(new)
+
         with method.apply(self.loaded) as active:
-            for idx in plan_batches(costs, self.batch_tokens, self.max_batch):
-                batch = [rows[i] for i in idx]
-                if all(r.key in done for r in batch):
-                    continue
-                scored = self.engine.score(self, batch, active)
-                new = [{"example_id": r.key[0], "position": as_json(r.key[1]), **s, "answers": list(r.prompt.answers),
-                        "prompt_tokens": len(r.prompt_ids)} for r, s in zip(batch, scored) if r.key not in done]
-                out.extend(new)
-                if on_batch:
-                    on_batch(new)
+            if self.path(method)[0]:
+                self._score_shared(rows, done, emit)
+                order = {r.key: i for i, r in enumerate(rows)}  # row order (the plain path's, for equal-cost rows)
+                out.sort(key=lambda d: order[(d["example_id"], placement_key(d["position"]))])
+            else:
+                costs = [self.engine.cost(r, self.max_new_tokens) for r in rows]
+                for idx in plan_batches(costs, self.batch_tokens, self.max_batch):
+                    batch = [rows[i] for i in idx]
+                    if not all(r.key in done for r in batch):
+                        emit(batch, self.engine.score(self, batch, active))
         return out
+
+    def _score_shared(self, rows: list[Encoded], done: set, emit: Callable) -> None:
+        """The prefix-shared path: per group of examples one spine prefill, then its branch batches (eval/prefix.py)."""
+        from ..models.prefix import prefill
+
+        def branch(row: Encoded, p: int) -> tuple[int, int]:
+            return self.engine.branch(row, p, self.max_new_tokens)
+
+        pad_id = self.loaded.tokenizer.pad_token_id
+        for group in plan_shared(rows, branch, self.batch_tokens, self.max_batch):
+            if all(rows[i].key in done for i in group.rows):
+                continue
+            kv = prefill(self.loaded.model, [s.spine for s in group.shares], pad_id)
+            where = {i: (e, p) for e, s in enumerate(group.shares) for i, p in zip(s.rows, s.plen)}
+            for idx in group.batches:
+                batch = [rows[i] for i in idx]
+                if not all(r.key in done for r in batch):
+                    shared = (kv, [where[i][0] for i in idx], [where[i][1] for i in idx])
+                    emit(batch, self.engine.score(self, batch, None, shared))  # type: ignore[arg-type]
 
     def details(self, rows: list[Encoded], method: str | Method | None = None, top: int = 10) -> list[dict]:
         """Token-level teacher-forced details of each row's first answer under `method` (teacher_forced.token_details),

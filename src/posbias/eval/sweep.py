@@ -90,9 +90,10 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     folder.check(resume, overwrite)
     loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)
     method.check(loaded)
-    scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch)
+    scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch,
+                    cfg.prefix_sharing)
     rows = scorer.rows(examples, positions)
-    resolved = {**cfg.to_dict(), **scorer.settings(), "positions_resolved": [as_json(p) for p in positions]}
+    resolved = {**cfg.to_dict(), **scorer.settings(method), "positions_resolved": [as_json(p) for p in positions]}
     fingerprint = {"config": resolved, "task": task.config(), "model": loaded.info, "method": method.config()}
     with folder.open(fingerprint, resume, overwrite):
         log = JsonlLog(folder.file("examples.jsonl")) if out is not None else None

@@ -36,25 +36,70 @@ def _answer_logits(model, seqs: list[list[int]], alen: list[int], pad_id: int,
 
 @torch.inference_mode()
 def score_teacher_forced(model, tokenizer, rows: list[Encoded], pad_id: int,
-                         prompt_end: Callable[[torch.Tensor], None] | None = None) -> list[dict]:
+                         prompt_end: Callable[[torch.Tensor], None] | None = None, shared: tuple | None = None) -> list[dict]:
     """-> one dict per row: correct, prediction (greedy tokens under teacher forcing), logprob.
 
     prompt_end, if given, is told the column of each sequence's last prompt token before the
-    forward (input-dependent methods such as Ms-PoE measure there, as generation would)."""
-    seqs, owner, alen = [], [], []
+    forward (input-dependent methods such as Ms-PoE measure there, as generation would).
+    shared = (spine_kv, owner, plen): the rows continue cached spines (score_teacher_forced_shared)."""
+    if shared is not None:
+        return score_teacher_forced_shared(model, tokenizer, rows, *shared)
+    owner, answers = _sequences(rows)
+    seqs = [rows[r].prompt_ids + a for r, a in zip(owner, answers)]
+    logits = _answer_logits(model, seqs, [len(a) for a in answers], pad_id, prompt_end)  # [S, a_max+1, V]
+    return verdicts(tokenizer, len(rows), owner, answers, logits)
+
+
+@torch.inference_mode()
+def score_teacher_forced_shared(model, tokenizer, rows: list[Encoded], spine_kv, owner: list[int],
+                                plen: list[int]) -> list[dict]:
+    """As score_teacher_forced, each row continuing its spine's cache (eval/prefix.py): row i reuses the first
+    plen[i] prompt tokens from spine owner[i] of `spine_kv` (models.prefix.prefill) and runs the rest."""
+    from ..models.prefix import SharedKV
+
+    seq_row, answers = _sequences(rows)
+    branches = [rows[r].prompt_ids[plen[r]:] + a for r, a in zip(seq_row, answers)]
+    starts = [plen[r] for r in seq_row]
+    ids, qpos, valid = left_pad_at(branches, starts)
+    shared = SharedKV(model, spine_kv, torch.tensor([owner[r] for r in seq_row]), torch.tensor(starts))
+    a_max = max(map(len, answers))
+    logits = shared.extend(ids, qpos, valid, keep=a_max + 1).float()  # [S, a_max+1, V]
+    return verdicts(tokenizer, len(rows), seq_row, answers, logits)
+
+
+def _sequences(rows: list[Encoded]) -> tuple[list[int], list[list[int]]]:
+    """One scored sequence per (row, accepted answer): the row of each, and its answer ids."""
+    owner, answers = [], []
     for r, row in enumerate(rows):
         for ans in row.answer_ids:
-            seqs.append(row.prompt_ids + ans)
             owner.append(r)
-            alen.append(len(ans))
-    a_max = max(alen)
-    logits = _answer_logits(model, seqs, alen, pad_id, prompt_end)  # [S, a_max+1, V]; column j predicts token j+1
+            answers.append(ans)
+    return owner, answers
+
+
+def left_pad_at(seqs: list[list[int]], starts: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded ids, positions (starts[i] + arange; 0 on padding) and the real-token mask, each [S, width]."""
+    width = max(map(len, seqs))
+    ids = torch.zeros((len(seqs), width), dtype=torch.long)
+    pos = torch.zeros((len(seqs), width), dtype=torch.long)
+    valid = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, (s, p) in enumerate(zip(seqs, starts)):
+        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        pos[i, width - len(s):] = torch.arange(p, p + len(s))
+        valid[i, width - len(s):] = True
+    return ids, pos, valid
+
+
+def verdicts(tokenizer, n_rows: int, owner: list[int], answers: list[list[int]], logits: torch.Tensor) -> list[dict]:
+    """Per row from the answer logits [S, a_max+1, V] (column j predicts answer token j of the longest answer,
+    right-aligned): correct if any answer is greedy, its prediction, and the first answer's logprob."""
+    a_max = logits.shape[1] - 1
     logp = torch.log_softmax(logits, dim=-1)
     greedy = logits.argmax(-1)  # [S, a_max+1]
-
-    results: list[dict | None] = [None] * len(rows)
-    for s, (r, n) in enumerate(zip(owner, alen)):
-        gold = torch.tensor(seqs[s][-n:], device=greedy.device)
+    results: list[dict | None] = [None] * n_rows
+    for s, (r, ans) in enumerate(zip(owner, answers)):
+        n = len(ans)
+        gold = torch.tensor(ans, device=greedy.device)
         cols = slice(a_max - n, a_max)  # the n columns that predict the answer tokens
         pred = greedy[s, cols]
         ok = bool((pred == gold).all())

@@ -40,6 +40,11 @@ class Method(ABC):
     # the examples it was fitted on ({"task", "seed", "skip", "n"}, e.g. an LPES search split):
     # compare refuses to report it on those examples
     fitted_on: dict | None = None
+    # Prefix sharing (eval/prefix.py) reuses the keys/values of a prompt prefix computed once for several prompts:
+    # exact only for a method that treats each position independently of the rest of the prompt (RoPE scaling by
+    # position: none, pi, layers, lpes). Others run the plain path; prefix_note says why, in the run's record.
+    prefix_safe: ClassVar[bool] = False
+    prefix_note: ClassVar[str] = "not declared prefix-safe"
 
     @classmethod
     def from_spec(cls, arg: str) -> "Method":
@@ -88,6 +93,7 @@ class Baseline(Method):
 
     name = "none"
     usage = "none"
+    prefix_safe = True
 
     def config(self) -> dict:
         return {"name": "none"}

@@ -24,6 +24,7 @@ NAMED = ("tool", "rag")  # the original code's two lists (models/buckets.py TOOL
 @register_method
 class Buckets(Method):
     name = "buckets"
+    prefix_note = "Attention Buckets runs several RoPE copies of the whole prompt and combines them"
     usage = "buckets[:rag|:tool|:B1,B2,...]"
 
     def __init__(self, bases: tuple[float, ...] | str | None = None):

@@ -56,6 +56,7 @@ class MoICE(Method):
 
     name = "moice"
     usage = "moice:DIR"
+    prefix_note = "MoICE's routers mix attention over several RoPE bases in its own attention path, not checked with a cache"
 
     def __init__(self, path: str | Path):
         from ..models.moice import Routers

@@ -18,6 +18,7 @@ from .registry import register_method
 class MsPoE(Method):
     name = "mspoe"
     usage = "mspoe[:MIN-MAX][:query]"
+    prefix_note = "Ms-PoE ranks its heads at each prompt's end and re-rotates the whole prompt per head"
     modes = ("group", "query")  # one ratio per KV group (default) | per query head (the paper's rule)
 
     def __init__(self, min_ratio: float = 1.2, max_ratio: float = 1.8, layers: list[int] | None = None,

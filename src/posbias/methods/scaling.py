@@ -45,6 +45,7 @@ class LayerScaling(Method):
 
     name = "layers"
     usage = "layers:F1,F2,..."
+    prefix_safe = True  # keys are cached at their own scaled positions: a shared prefix is exact
 
     def __init__(self, factors: list[float], source: str | None = None, extra: dict | None = None):
         self.factors = _positive([float(f) for f in factors], "per-layer factors")
@@ -106,6 +107,7 @@ class UniformScaling(Method):
 
     name = "pi"
     usage = "pi:FACTOR|pi:FACTORS.json"
+    prefix_safe = True  # keys are cached at their own scaled positions: a shared prefix is exact
 
     def __init__(self, factor: float, source: str | None = None):
         self.factor = _positive([float(factor)], "the PI factor")[0]

@@ -108,6 +108,7 @@ class Fitness:
 def build_fitness(cfg: SearchConfig, loaded: Loaded, task: Task, space) -> Fitness:
     """The search rows of `cfg` (its split at the three positions), scored through one Scorer."""
     positions = search_positions(cfg, task)
-    scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch)
+    scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch,
+                    cfg.prefix_sharing)
     rows = scorer.rows(task.examples(cfg.n, cfg.seed, cfg.skip), positions)
     return Fitness(scorer, rows, positions, cfg.weights, space, fitness_key(cfg, loaded.info))

@@ -1,0 +1,128 @@
+"""Prefix-shared scoring (issue 17): a sweep asks each example with the gold at every slot, and the prompt for
+slot k shares everything before slot k with the prompts for the later slots. Each example's shared prefix (its
+*spine*) is computed once; every row then runs only its own suffix (its *branch*) over the cached keys/values.
+
+    spine S     the example's prompt that shares the most tokens with the others (max sum_r LCP(r, S); for a
+                single-gold sweep the gold-at-last-slot prompt), cut to the longest prefix any row uses
+    row r       S[:p_r] + branch_r, p_r = LCP(prompt_r, S) capped so the branch keeps >= 1 prompt token
+                (the column that predicts the first answer token); positions p_r + arange, as the plain path
+
+Batches (`plan_shared`): examples are grouped so their padded spines fit `batch_tokens` (and `max_batch`);
+each group's rows are split into branch batches where every row is counted with its spine columns too, so a
+branch batch holds at most `batch_tokens` tokens of KV per layer (the spine group's KV is a second such
+bound). The plan depends only on the rows, so a resumed run recomputes the same batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .encode import Encoded
+
+
+def lcp(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+def tree_tokens(seqs: list[list[int]]) -> int:
+    """Tokens in the prefix tree (trie) of `seqs`: what a perfectly shared computation runs. Sorted
+    lexicographically, each sequence adds its length minus its LCP with the one before it."""
+    out, prev = 0, None
+    for s in sorted(map(list, seqs)):
+        out += len(s) - (lcp(s, prev) if prev is not None else 0)
+        prev = s
+    return out
+
+
+def spine_index(seqs: list[list[int]]) -> int:
+    """The sequence with the largest total LCP with all the others (ties: the first)."""
+    scores = [sum(lcp(s, t) for t in seqs) for s in seqs]
+    return int(np.argmax(scores))
+
+
+@dataclass
+class Share:
+    """One example's spine and, for each of its rows, how many spine tokens the row reuses."""
+
+    spine: list[int]  # S[:max p_r]
+    rows: list[int]  # indices into the scored row list
+    plen: list[int]  # p_r per row, same order
+
+
+@dataclass
+class Group:
+    """Examples prefilled together, and their rows split into branch batches."""
+
+    shares: list[Share]
+    batches: list[list[int]] = field(default_factory=list)  # row indices
+
+    @property
+    def rows(self) -> list[int]:
+        return [i for s in self.shares for i in s.rows]
+
+
+def shares_of(rows: list[Encoded]) -> list[Share]:
+    """Rows grouped by example (in order of first appearance), each example's spine and prefix lengths."""
+    by_ex: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_ex.setdefault(r.key[0], []).append(i)
+    out = []
+    for idx in by_ex.values():
+        prompts = [rows[i].prompt_ids for i in idx]
+        spine = prompts[spine_index(prompts)]
+        plen = [min(lcp(p, spine), len(p) - 1) for p in prompts]
+        out.append(Share(spine[: max(plen)], idx, plen))
+    return out
+
+
+def _take(items: list, cost: Callable[[list], int], budget: int, max_n: int,
+          close: Callable[[list, object], bool] = lambda part, it: False) -> list[list]:
+    """Greedy consecutive packing: a part grows while cost(part) <= budget, len(part) <= max_n and not close(part, it)."""
+    parts: list[list] = []
+    cur: list = []
+    for it in items:
+        if cur and (len(cur) >= max_n or cost(cur + [it]) > budget or close(cur, it)):
+            parts.append(cur)
+            cur = []
+        cur.append(it)
+    return parts + ([cur] if cur else [])
+
+
+SLACK = 0.8  # a branch batch closes when the next branch is shorter than SLACK x its longest (padding waste <= 20%) ...
+MIN_TOKENS = 1024  # ... unless the batch is still this small (a forward has a fixed cost too)
+
+
+def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple[int, int]], batch_tokens: int,
+                max_batch: int) -> list[Group]:
+    """Groups of examples and their branch batches. branch_cost(row, p) -> (sequences, padded branch tokens per
+    sequence) for a row reusing p spine tokens (teacher forcing: one sequence per accepted answer)."""
+    shares = shares_of(rows)
+    groups = [Group(g) for g in _take(shares, lambda g: len(g) * max(len(s.spine) for s in g), batch_tokens, max_batch)]
+    for g in groups:
+        items = []  # (row, sequences, spine columns, branch width)
+        for s in g.shares:
+            items += [(i, *branch_cost(rows[i], p), p) for i, p in zip(s.rows, s.plen)]
+        items.sort(key=lambda t: (-t[2], t[0]))  # longest branch first: the padding that costs compute is the branch's
+
+        def cost(part):  # padded KV columns: every sequence to the widest spine cut + the widest branch
+            return sum(t[1] for t in part) * (max(t[3] for t in part) + max(t[2] for t in part))
+
+        def close(part, it):  # items come longest branch first: part[0] is the widest
+            return it[2] < SLACK * part[0][2] and sum(t[1] for t in part) * part[0][2] >= MIN_TOKENS
+
+        g.batches = [[t[0] for t in part] for part in _take(items, cost, batch_tokens, max_batch, close)]
+    return groups
+
+
+def unique_ratio(rows: list[Encoded]) -> tuple[int, int]:
+    """(all prompt tokens, unique tokens of each example's prefix tree): the ideal speed-up is their ratio."""
+    total = sum(len(r.prompt_ids) for r in rows)
+    return total, sum(tree_tokens([rows[i].prompt_ids for i in s.rows]) for s in shares_of(rows))

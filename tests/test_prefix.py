@@ -1,0 +1,226 @@
+"""Prefix-shared scoring (eval/prefix.py, models/prefix.py) against the plain path on tiny random models
+(fp32, one thread): same verdicts, predictions and logprobs, for both engines, every slot, batch sizes 1 and
+many, Gemma-3's sliding window included; sweep.json unchanged; methods that are not prefix-safe fall back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import position_sensitive, random_seqs, tiny_loaded, tiny_model
+from posbias import MsPoE, Scorer, SweepConfig, get_method, get_task, run_sweep
+from posbias.eval.encode import left_pad, right_pad
+from posbias.eval.prefix import lcp, plan_shared, shares_of, tree_tokens, unique_ratio
+from posbias.models.prefix import SharedKV, prefill
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ARCHS = ("llama", "qwen2", "mistral", "gpt2", "gemma3")
+
+
+def _docs_task(tmp_path, n=3, docs=4):
+    lines = []
+    for i in range(n):
+        d = [{"title": f"T{i}{j}", "text": f"Doc {j} of {i} says the word is w{i}{j}x."} for j in range(docs)]
+        lines.append(json.dumps({"id": f"q{i}", "question": f"what word does doc 0 of {i} say?",
+                                 "answers": [f"w{i}0x", f"w{i}0"], "documents": d, "gold": 0}))
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return get_task(f"jsonl:{path}")
+
+
+def _by_key(results):
+    return {(r["example_id"], json.dumps(r["position"])): r for r in results}
+
+
+def _assert_same(plain, shared, logprob=True):
+    a, b = _by_key(plain), _by_key(shared)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert (a[k]["correct"], a[k]["prediction"]) == (b[k]["correct"], b[k]["prediction"]), k
+        if logprob:
+            assert b[k]["logprob"] == pytest.approx(a[k]["logprob"], abs=1e-4), k
+
+
+def test_tree_tokens_hand_built():
+    # trie: 1-2-3, 1-2-4, 1-5, 6, 1-2 (a prefix: no new node), a duplicate 1-5: nodes 1,2,3,4,5,6
+    assert tree_tokens([[1, 2, 3], [1, 2, 4], [1, 5], [6], [1, 2], [1, 5]]) == 6
+    assert tree_tokens([[7, 7, 7], [7, 7, 8], [9, 7, 7]]) == 3 + 1 + 3
+    assert lcp([1, 2, 3], [1, 2, 4]) == 2 and lcp([], [1]) == 0 and lcp([1, 2], [1, 2]) == 2
+
+
+def test_spine_shares_at_least_what_the_last_slot_prompt_shares():
+    lo = tiny_loaded("llama")
+    task = get_task("kv-lookup", facts=5, digits=3)
+    rows = Scorer(lo, task).rows(task.examples(2, seed=0), [0, 1, 2, 3, 4])
+    for share in shares_of(rows):
+        prompts = [rows[i].prompt_ids for i in share.rows]
+        last = prompts[-1]  # gold at the last slot: slot k shares the instruction and the k items before it
+        assert sum(share.plen) >= sum(min(lcp(p, last), len(p) - 1) for p in prompts)
+        assert all(p < len(rows[i].prompt_ids) for i, p in zip(share.rows, share.plen))  # a branch keeps a token
+        assert all(rows[i].prompt_ids[:p] == share.spine[:p] for i, p in zip(share.rows, share.plen))
+    total, unique = unique_ratio(rows)
+    assert unique < total and unique == sum(tree_tokens([rows[i].prompt_ids for i in s.rows]) for s in shares_of(rows))
+
+
+def test_plan_respects_the_token_budget():
+    lo = tiny_loaded("llama")
+    task = get_task("kv-lookup", facts=5, digits=3)
+    rows = Scorer(lo, task).rows(task.examples(4, seed=0), [0, 2, 4])
+    cost = lambda r, p: (len(r.answer_ids), len(r.prompt_ids) - p + 4)  # noqa: E731
+    plan = plan_shared(rows, cost, batch_tokens=1500, max_batch=5)
+    assert plan == plan_shared(rows, cost, batch_tokens=1500, max_batch=5)
+    assert sorted(i for g in plan for b in g.batches for i in b) == list(range(len(rows)))
+    plen = {i: p for g in plan for s in g.shares for i, p in zip(s.rows, s.plen)}
+    for g in plan:
+        for b in g.batches:
+            kv = len(b) * (max(plen[i] for i in b) + max(cost(rows[i], plen[i])[1] for i in b))
+            assert len(b) <= 5 and (kv <= 1500 or len(b) == 1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@torch.inference_mode()
+def test_shared_forward_equals_left_and_right_padded_plain(arch):
+    """Logits of every branch token, and of one decode step, equal a plain forward (left and right padded);
+    Gemma-3's window (8) is shorter than the spines, so the branch masks must apply it."""
+    model = tiny_model(arch, 100)
+    spines = random_seqs([30, 25], 100)
+    rows = [(0, 5, [7, 8, 9]), (0, 20, [11, 12]), (1, 10, [13, 14, 15, 16, 17]), (1, 24, [5])]
+    seqs = [spines[e][:p] + b for e, p, b in rows]
+    kv = prefill(model, spines, 0)
+    shared = SharedKV(model, kv, torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]))
+    width = max(len(b) for *_, b in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    pos, valid = torch.zeros_like(ids), torch.zeros_like(ids, dtype=torch.bool)
+    for i, (_, p, b) in enumerate(rows):
+        ids[i, width - len(b):], pos[i, width - len(b):] = torch.tensor(b), torch.arange(p, p + len(b))
+        valid[i, width - len(b):] = True
+    got = shared.forward(ids, pos, valid)
+    left, right = model(**left_pad(seqs, 0)).logits, model(**right_pad(seqs, 0)).logits
+    for i, (s, (_, _, b)) in enumerate(zip(seqs, rows)):
+        torch.testing.assert_close(got[i, width - len(b):], left[i, left.shape[1] - len(b):], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got[i, width - len(b):], right[i, len(s) - len(b): len(s)], atol=1e-4, rtol=1e-4)
+    chunked = SharedKV(model, kv, torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]))
+    torch.testing.assert_close(chunked.extend(ids, pos, valid, keep=3, chunk=2), got[:, -3:], atol=1e-4, rtol=1e-4)
+    nxt = got[:, -1].argmax(-1)
+    step = shared.forward(nxt[:, None], pos[:, -1:] + 1, torch.ones(len(rows), 1, dtype=torch.bool))[:, 0]
+    plain = model(**left_pad([s + [int(t)] for s, t in zip(seqs, nxt)], 0)).logits[:, -1]
+    torch.testing.assert_close(step, plain, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("engine", ["teacher-forced", "generate"])
+def test_scorer_matches_plain_on_kv_lookup(arch, engine):
+    lo = tiny_loaded(arch, chat=arch != "gpt2")
+    position_sensitive(lo.model) if arch != "gpt2" else None
+    task = get_task("kv-lookup", facts=4, digits=3)
+    rows = Scorer(lo, task).rows(task.examples(3, seed=0), [0, 1, 2, 3])
+    plain = Scorer(lo, task, engine, 6, prefix_sharing=False).score(rows)
+    for max_batch in (1, 32):
+        shared = Scorer(lo, task, engine, 6, max_batch=max_batch).score(rows)
+        _assert_same(plain, shared, logprob=engine == "teacher-forced")
+
+
+@pytest.mark.parametrize("arch", ("llama", "gemma3"))
+@pytest.mark.parametrize("engine", ["teacher-forced", "generate"])
+def test_scorer_matches_plain_on_documents(arch, engine, tmp_path):
+    """A document task: several accepted answers (teacher forcing scores one sequence each), small budgets."""
+    lo = tiny_loaded(arch)
+    task = _docs_task(tmp_path)
+    rows = Scorer(lo, task).rows(task.examples(3), [0, 1, 2, 3])
+    plain = Scorer(lo, task, engine, 5, prefix_sharing=False).score(rows)
+    shared = Scorer(lo, task, engine, 5, batch_tokens=2000, max_batch=3).score(rows)
+    _assert_same(plain, shared, logprob=engine == "teacher-forced")
+
+
+def test_sweep_json_unchanged_by_prefix_sharing(loaded, tmp_path):
+    cfg = SweepConfig(model="tiny", task="kv-lookup", task_options={"facts": 5, "digits": 3}, n=4, dtype="fp32")
+    records = {}
+    for on in (True, False):
+        res = run_sweep(cfg.__class__(**{**cfg.__dict__, "prefix_sharing": on}), tmp_path / str(on), loaded=loaded,
+                        progress=False)
+        rec = json.loads((tmp_path / str(on) / "sweep.json").read_text())
+        assert rec["config"].pop("prefix_sharing") is on
+        assert rec["config"].pop("scoring_path") == ("prefix-shared" if on else "plain")
+        records[on] = (rec, res.rows)
+    assert records[True][0] == records[False][0]
+    _assert_same(records[False][1], records[True][1])
+
+
+def test_method_that_is_not_prefix_safe_falls_back(monkeypatch):
+    import posbias.models.prefix as mp
+
+    lo = tiny_loaded("llama")
+    task = get_task("kv-lookup", facts=4, digits=3)
+    rows = Scorer(lo, task).rows(task.examples(2, seed=0), [0, 3])
+    scorer = Scorer(lo, task)
+    mspoe = MsPoE(layers=[0, 1])
+    settings = scorer.settings(mspoe)
+    assert settings["scoring_path"] == "plain" and "Ms-PoE" in settings["scoring_note"]
+    assert scorer.settings(get_method("pi:1.2"))["scoring_path"] == "prefix-shared"
+    plain = Scorer(lo, task, prefix_sharing=False).score(rows, mspoe)
+
+    def refuse(*a, **k):
+        raise AssertionError("prefix path used")
+
+    monkeypatch.setattr(mp, "prefill", refuse)
+    assert scorer.score(rows, mspoe) == plain  # identical: the plain path ran
+    with pytest.raises(AssertionError, match="prefix path"):
+        scorer.score(rows, "none")
+
+
+@pytest.mark.parametrize("spec", ["pi:1.3", "layers:1,1.6"])
+def test_rope_scaling_under_prefix_sharing_equals_plain(spec):
+    lo = tiny_loaded("llama")
+    position_sensitive(lo.model)
+    task = get_task("kv-lookup", facts=4, digits=3)
+    rows = Scorer(lo, task).rows(task.examples(3, seed=0), [0, 1, 2, 3])
+    plain = Scorer(lo, task, prefix_sharing=False).score(rows, spec)
+    shared = Scorer(lo, task).score(rows, spec)
+    _assert_same(plain, shared)
+    base = Scorer(lo, task).score(rows)
+    assert [r["logprob"] for r in base] != pytest.approx([r["logprob"] for r in shared], abs=1e-3)  # the method acts
+
+
+def test_cli_no_prefix_sharing_and_the_fallback_note(model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from posbias.cli import app
+
+    base = ["sweep", "--model", str(model_dir), "--dtype", "fp32", "--facts", "4", "--digits", "3", "--n", "2", "--quiet"]
+    res = CliRunner().invoke(app, base + ["--no-prefix-sharing", "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    run = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert "prefix-shared" not in json.dumps(run) and '"scoring_path": "plain"' in json.dumps(run)
+    res = CliRunner().invoke(app, base + ["--method", "buckets:10000,30000", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("note: buckets") == 1 and "no prefix sharing" in res.output
+
+
+NEAR_TIE = 0.5  # logits: bf16 layout noise moves the plain path's own logprobs by ~0.2 (docs/sweep.md)
+
+
+@torch.inference_mode()
+def _margin(loaded, row) -> float:
+    """min over answer steps of (gold logit - best other logit), one unpadded plain forward: > 0 iff correct."""
+    ans = row.answer_ids[0]
+    logits = loaded.model(input_ids=torch.tensor([row.prompt_ids + ans])).logits[0, -len(ans) - 1:-1].float()
+    gold = torch.tensor(ans)[:, None]
+    return float((logits.gather(-1, gold)[:, 0] - logits.scatter(-1, gold, float("-inf")).max(-1).values).min())
+
+
+@pytest.mark.real
+def test_smollm2_prefix_sharing_agrees_with_plain(smollm2):
+    """bf16: every verdict that differs from the plain path is a near tie (|margin| < NEAR_TIE logits), so
+    100% of the decided rows agree; the overall agreement and the near ties are printed."""
+    torch.set_num_threads(1)
+    task = get_task("kv-lookup", facts=10)
+    scorer = Scorer(smollm2, task)
+    rows = scorer.rows(task.examples(1, seed=0), list(range(10)))
+    by_key = {(r.key[0], json.dumps(r.key[1])): r for r in rows}
+    plain, shared = _by_key(Scorer(smollm2, task, prefix_sharing=False).score(rows)), _by_key(scorer.score(rows))
+    flips = {k: _margin(smollm2, by_key[k]) for k in plain if plain[k]["correct"] != shared[k]["correct"]}
+    print(f"\n{len(plain)} rows, agreement {1 - len(flips) / len(plain):.1%}; near-tie flips (row: margin): {flips}")
+    assert all(abs(m) < NEAR_TIE for m in flips.values())
+    assert max(abs(plain[k]["logprob"] - shared[k]["logprob"]) for k in plain) < 0.5
