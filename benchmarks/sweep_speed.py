@@ -36,32 +36,43 @@ from posbias.eval.prefix import unique_ratio
 SETTINGS = {"kv10": ("kv-lookup", {"facts": 10}), "kv30": ("kv-lookup", {"facts": 30}), "nq10": ("nq", {"docs": 10})}
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # CUDA kernels run asynchronously: time what has finished
+
+
 def best_of(fn, repeats: int):
     """(fastest wall time of `repeats` calls, the last result)."""
     times = []
     for _ in range(repeats):
+        _sync()
         t = time.perf_counter()
         out = fn()
+        _sync()
         times.append(time.perf_counter() - t)
     return min(times), out
 
 
-def prefix_setting(loaded, name: str, n: int, engine: str, repeats: int) -> dict:
+def prefix_setting(loaded, name: str, n: int, engine: str, repeats: int, batch_tokens: int, max_batch: int) -> dict:
     """One setting: raw forward, plain harness, prefix-shared harness and the unique-token ideal on the same rows."""
     task_name, opts = SETTINGS[name]
     task = get_task(task_name, **opts)
-    plain, shared = (Scorer(loaded, task, engine, prefix_sharing=ps) for ps in (False, True))
+    plain, shared = (Scorer(loaded, task, engine, batch_tokens=batch_tokens, max_batch=max_batch, prefix_sharing=ps)
+                     for ps in (False, True))
     rows = plain.rows(task.examples(n, seed=0), list(range(task.n_slots)))
     seqs = [r.prompt_ids + a for r in rows for a in (r.answer_ids if engine == "teacher-forced" else [[]])]
     lengths = [len(q) for q in seqs]
     pad = loaded.tokenizer.pad_token_id
-    batches = [left_pad([seqs[i] for i in b], pad) for b in plan_batches(lengths, plain.batch_tokens, plain.max_batch)]
+    dev = next(loaded.model.parameters()).device
+    batches = [{k: v.to(dev) for k, v in left_pad([seqs[i] for i in b], pad).items()}
+               for b in plan_batches(lengths, plain.batch_tokens, plain.max_batch)]
 
     @torch.inference_mode()
     def raw():
         for b in batches:
             loaded.model(**b, use_cache=False, logits_to_keep=1)
 
+    raw()  # warm-up (CUDA kernels, allocator)
     t_raw, _ = best_of(raw, repeats)
     t_plain, p_rows = best_of(lambda: plain.score(rows), repeats)
     t_shared, s_rows = best_of(lambda: shared.score(rows), repeats)
@@ -72,15 +83,17 @@ def prefix_setting(loaded, name: str, n: int, engine: str, repeats: int) -> dict
             "raw": t_raw, "plain": t_plain, "shared": t_shared, "agree": agree}
 
 
-def print_prefix(results: list[dict], engine: str) -> None:
-    print(f"\nprefix sharing ({engine}): seconds (best of repeats); ideal = prompt tokens / unique prefix-tree tokens")
-    head = f"{'setting':8s} {'rows':>5s} {'tokens':>7s} {'raw s':>7s} {'plain s':>8s} {'shared s':>8s} {'plain/raw':>9s}"
-    print(head + f" {'speed-up':>8s} {'ideal':>6s} {'of ideal':>8s} {'agree':>6s}")
-    for r in results:
-        up, ideal = r["plain"] / r["shared"], r["prompt"] / r["unique"]
-        print(f"{r['setting']:8s} {r['rows']:5d} {r['tokens']:7d} {r['raw']:7.2f} {r['plain']:8.2f} {r['shared']:8.2f} "
-              f"{r['raw'] / r['plain']:8.2f}x {up:7.2f}x {ideal:5.2f}x {up / ideal:7.0%} {r['agree']:6.1%}")
-    print("target: speed-up >= 80% of the ideal on every setting; plain/raw: the plain harness's share of raw speed")
+PREFIX_HEAD = (f"{'setting':8s} {'rows':>5s} {'tokens':>7s} {'raw s':>7s} {'plain s':>8s} {'shared s':>8s} "
+               f"{'raw tok/s':>10s} {'plain tok/s':>11s} {'shared tok/s':>12s} {'plain/raw':>9s} {'speed-up':>8s} "
+               f"{'ideal':>6s} {'of ideal':>8s} {'agree':>6s}")
+
+
+def print_prefix_row(r: dict) -> None:
+    """One setting's line, printed as soon as it is measured (a later setting that fails loses nothing)."""
+    up, ideal, n = r["plain"] / r["shared"], r["prompt"] / r["unique"], r["tokens"]
+    print(f"{r['setting']:8s} {r['rows']:5d} {n:7d} {r['raw']:7.2f} {r['plain']:8.2f} {r['shared']:8.2f} "
+          f"{n / r['raw']:10.0f} {n / r['plain']:11.0f} {n / r['shared']:12.0f} "
+          f"{r['raw'] / r['plain']:8.2f}x {up:7.2f}x {ideal:5.2f}x {up / ideal:7.0%} {r['agree']:6.1%}", flush=True)
 
 
 def main() -> None:
@@ -95,19 +108,31 @@ def main() -> None:
     ap.add_argument("--prefix-n", type=int, default=5, help="examples per prefix-sharing setting (every slot)")
     ap.add_argument("--prefix-engine", default="teacher-forced")
     ap.add_argument("--skip-legacy", action="store_true", help="only the prefix-sharing part")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | auto (the model's device)")
+    ap.add_argument("--batch-tokens", type=int, default=16384, help="prefix part: padded tokens per batch")
+    ap.add_argument("--max-batch", type=int, default=32, help="prefix part: rows per batch at most")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("POSBIAS_THREADS", "0")) or None,
                     help="torch threads (default: $POSBIAS_THREADS, else torch's default)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
 
-    loaded = load_model(a.model, a.dtype, "cpu")
+    loaded = load_model(a.model, a.dtype, a.device)
+    dev = next(loaded.model.parameters()).device
+    print(f"device: {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}")
     if not a.skip_legacy:
         legacy(a, loaded)
     names = [x for x in a.settings.split(",") if x]
     if names:
-        print(f"model {a.model} ({a.dtype}), threads {torch.get_num_threads()}, {a.prefix_n} examples x every slot")
-        print_prefix([prefix_setting(loaded, x, a.prefix_n, a.prefix_engine, a.repeats) for x in names], a.prefix_engine)
+        print(f"model {a.model} ({a.dtype}), threads {torch.get_num_threads()}, {a.prefix_n} examples x every slot, "
+              f"batch_tokens {a.batch_tokens}, max_batch {a.max_batch}")
+        print(f"\nprefix sharing ({a.prefix_engine}): seconds (best of repeats); tokens/s: the plain path's tokens "
+              "(prompt + answer, every row) per second in each column; ideal = prompt tokens / unique prefix-tree tokens")
+        print(PREFIX_HEAD)
+        for x in names:
+            print_prefix_row(prefix_setting(loaded, x, a.prefix_n, a.prefix_engine, a.repeats, a.batch_tokens,
+                                            a.max_batch))
+        print("target: speed-up >= 80% of the ideal on every setting; plain/raw: the plain harness's share of raw speed")
 
 
 def legacy(a, loaded) -> None:
@@ -126,7 +151,9 @@ def legacy(a, loaded) -> None:
 
     rows, _ = harness()  # warm-up (also gives the rows for the raw baseline)
     lengths = [len(r.prompt_ids) + len(r.answer_ids[0]) for r in rows]
-    batches = [left_pad([rows[i].prompt_ids + rows[i].answer_ids[0] for i in b], tok.pad_token_id)
+    dev = next(model.parameters()).device
+    batches = [{k: v.to(dev) for k, v in left_pad([rows[i].prompt_ids + rows[i].answer_ids[0] for i in b],
+                                                   tok.pad_token_id).items()}
                for b in plan_batches(lengths, 16384, 32)]
     n_tokens = sum(lengths)
 
@@ -135,33 +162,28 @@ def legacy(a, loaded) -> None:
         for b in batches:
             model(**b, use_cache=False, **kw)
 
-    def best_of(fn):
-        times = []
-        for _ in range(a.repeats):
-            t = time.perf_counter()
-            out = fn()
-            times.append(time.perf_counter() - t)
-        return min(times), out
+    def timed(fn):
+        return best_of(fn, a.repeats)
 
-    t_raw_full, _ = best_of(raw)
-    t_raw_last, _ = best_of(lambda: raw(logits_to_keep=1))
-    t_harness, (_, tf_rows) = best_of(harness)
+    t_raw_full, _ = timed(raw)
+    t_raw_last, _ = timed(lambda: raw(logits_to_keep=1))
+    t_harness, (_, tf_rows) = timed(harness)
 
     # the harness's batched generate engine
     generate = Scorer(loaded, task, "generate")
-    t_gen, gen_rows = best_of(lambda: generate.score(rows))
+    t_gen, gen_rows = timed(lambda: generate.score(rows))
 
     # naive loop: one example at a time through model.generate
     from transformers import GenerationConfig, StoppingCriteriaList
 
     cfg = GenerationConfig(max_new_tokens=task.max_new_tokens, do_sample=False,
                            eos_token_id=eos_ids(model, tok), pad_token_id=tok.pad_token_id)
-    stop = StoppingCriteriaList([_StopAtNewline(_newline_ids(tok), "cpu")])
+    stop = StoppingCriteriaList([_StopAtNewline(_newline_ids(tok), dev)])
     naive = {}
     t = time.perf_counter()
     with torch.inference_mode():
         for r in rows:
-            ids = torch.tensor([r.prompt_ids])
+            ids = torch.tensor([r.prompt_ids], device=dev)
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=cfg,
                                  stopping_criteria=stop)
             text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).split("\n")[0]
@@ -190,8 +212,8 @@ def legacy(a, loaded) -> None:
     print("accuracy by position (teacher-forced): " + ", ".join(f"{p}: {v:.2f}" for p, v in acc.items()))
 
     if a.compare_fp32:
-        model = load_model(a.model, "fp32", "cpu").model
-        t_fp32, _ = best_of(lambda: raw(logits_to_keep=1))
+        model = load_model(a.model, "fp32", a.device).model
+        t_fp32, _ = timed(lambda: raw(logits_to_keep=1))
         print(f"raw forward (last-token logits) fp32: {n_tokens / t_fp32:.0f} tokens/s; "
               f"{a.dtype}: {n_tokens / t_raw_last:.0f} tokens/s ({t_fp32 / t_raw_last:.1f}x)")
 

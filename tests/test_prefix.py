@@ -124,6 +124,31 @@ def test_scorer_matches_plain_on_kv_lookup(arch, engine):
 
 @pytest.mark.parametrize("arch", ("llama", "gemma3"))
 @pytest.mark.parametrize("engine", ["teacher-forced", "generate"])
+def test_accelerator_profile_matches_plain(arch, engine, monkeypatch):
+    """On an accelerator the spines run as one right-padded batch, branches unchunked and batches close only at
+    the budget (models.prefix.launch_bound); run here on CPU by forcing the profile: still the plain path's
+    verdicts, predictions and logprobs, and fewer forwards than the CPU profile."""
+    import posbias.models.prefix as mp
+
+    lo = tiny_loaded(arch)
+    position_sensitive(lo.model)
+    task = get_task("kv-lookup", facts=6, digits=3)
+    rows = Scorer(lo, task).rows(task.examples(3, seed=0), list(range(6)))
+    plain = Scorer(lo, task, engine, 6, prefix_sharing=False).score(rows)
+    calls = {}
+    for bound in (False, True):
+        monkeypatch.setattr(mp, "launch_bound", lambda model, b=bound: b)
+        n = [0]
+        hook = lo.model.register_forward_pre_hook(lambda *a: n.__setitem__(0, n[0] + 1))
+        shared = Scorer(lo, task, engine, 6, batch_tokens=4000).score(rows)
+        hook.remove()
+        calls[bound] = n[0]
+        _assert_same(plain, shared, logprob=engine == "teacher-forced")
+    assert calls[True] < calls[False], calls
+
+
+@pytest.mark.parametrize("arch", ("llama", "gemma3"))
+@pytest.mark.parametrize("engine", ["teacher-forced", "generate"])
 def test_scorer_matches_plain_on_documents(arch, engine, tmp_path):
     """A document task: several accepted answers (teacher forcing scores one sequence each), small budgets."""
     lo = tiny_loaded(arch)

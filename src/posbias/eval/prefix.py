@@ -101,9 +101,10 @@ MIN_TOKENS = 1024  # ... unless the batch is still this small (a forward has a f
 
 
 def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple[int, int]], batch_tokens: int,
-                max_batch: int) -> list[Group]:
+                max_batch: int, min_tokens: int = MIN_TOKENS) -> list[Group]:
     """Groups of examples and their branch batches. branch_cost(row, p) -> (sequences, padded branch tokens per
-    sequence) for a row reusing p spine tokens (teacher forcing: one sequence per accepted answer)."""
+    sequence) for a row reusing p spine tokens (teacher forcing: one sequence per accepted answer). min_tokens:
+    a batch never closes for padding below this size (batch_tokens on an accelerator: fewer, larger forwards)."""
     shares = shares_of(rows)
     groups = [Group(g) for g in _take(shares, lambda g: len(g) * max(len(s.spine) for s in g), batch_tokens, max_batch)]
     for g in groups:
@@ -116,7 +117,7 @@ def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple
             return sum(t[1] for t in part) * (max(t[3] for t in part) + max(t[2] for t in part))
 
         def close(part, it):  # items come longest branch first: part[0] is the widest
-            return it[2] < SLACK * part[0][2] and sum(t[1] for t in part) * part[0][2] >= MIN_TOKENS
+            return it[2] < SLACK * part[0][2] and sum(t[1] for t in part) * part[0][2] >= min_tokens
 
         g.batches = [[t[0] for t in part] for part in _take(items, cost, batch_tokens, max_batch, close)]
     return groups

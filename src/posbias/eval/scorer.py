@@ -19,7 +19,7 @@ from ..models.load import Loaded
 from ..tasks import Placement, Prompt, Task, as_json, placement_key
 from .encode import Encoded, encode, plan_batches
 from .engines import get_engine
-from .prefix import plan_shared
+from .prefix import MIN_TOKENS, plan_shared
 from .teacher_forced import token_details
 
 CHAT_MODES = ("auto", "on", "off")
@@ -137,13 +137,14 @@ class Scorer:
 
     def _score_shared(self, rows: list[Encoded], done: set, emit: Callable) -> None:
         """The prefix-shared path: per group of examples one spine prefill, then its branch batches (eval/prefix.py)."""
-        from ..models.prefix import prefill
+        from ..models.prefix import launch_bound, prefill
 
         def branch(row: Encoded, p: int) -> tuple[int, int]:
             return self.engine.branch(row, p, self.max_new_tokens)
 
         pad_id = self.loaded.tokenizer.pad_token_id
-        for group in plan_shared(rows, branch, self.batch_tokens, self.max_batch):
+        min_tokens = self.batch_tokens if launch_bound(self.loaded.model) else MIN_TOKENS
+        for group in plan_shared(rows, branch, self.batch_tokens, self.max_batch, min_tokens):
             if all(rows[i].key in done for i in group.rows):
                 continue
             kv = prefill(self.loaded.model, [s.spine for s in group.shares], pad_id)

@@ -47,21 +47,31 @@ def _mask(kpos: torch.Tensor, qpos: torch.Tensor, window: int | None, dtype) -> 
     return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill(~ok, torch.finfo(dtype).min)[:, None]
 
 
+def launch_bound(model) -> bool:
+    """Whether the model runs on an accelerator, where a small model's forward costs mostly its fixed overhead
+    (kernel launches, Python): there fewer, larger forwards win (spines batched, branches unchunked); on CPU the
+    arithmetic dominates, so padding and the masked upper triangle are avoided instead (measured: docs/sweep.md)."""
+    return next(model.parameters()).device.type != "cpu"
+
+
 @torch.inference_mode()
 def prefill(model, spines: list[list[int]], pad_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Keys/values of each spine, right-padded so column t holds position t: per layer (k, v) [E, H, P, D].
-    One unpadded forward per spine: without padding the attention is plain causal (half the work of a masked one)."""
+    On CPU one unpadded forward per spine (no padding to compute); on an accelerator one forward for all of them:
+    right padding under plain causal attention changes no real column (a pad sits after every real token)."""
     from transformers import DynamicCache
 
     width = max(1, *map(len, spines))  # an empty spine (no shared prefix) keeps one hidden column
     dev = next(model.parameters()).device
     kw = {"logits_to_keep": 1} if _keeps_logits(model) else {}
+    padded = [(s or [pad_id]) + [pad_id] * (width - len(s or [pad_id])) for s in spines]
+    parts = [padded] if launch_bound(model) else [[(s or [pad_id])] for s in spines]
     per: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-    for s in spines:
-        ids = torch.tensor([s or [pad_id]], dtype=torch.long, device=dev)
+    for part in parts:
+        ids = torch.tensor(part, dtype=torch.long, device=dev)  # [e, P]
         cache = DynamicCache()  # plain layers: sliding-window layers keep every column too (our masks cut them)
-        model(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=dev)[None], past_key_values=cache,
-              use_cache=True, **kw)
+        model(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=dev)[None].expand(len(part), -1),
+              past_key_values=cache, use_cache=True, **kw)
         per.append([(layer.keys, layer.values) for layer in cache.layers])
 
     def stack(i: int, j: int) -> torch.Tensor:  # layer i, keys (0) or values (1): [E, H, width, D]
@@ -113,6 +123,8 @@ class SharedKV:
         """As forward, in column chunks of `chunk` (the last one at least `keep` wide): a masked attention computes
         every (query, key) pair, so one long branch would pay for its whole upper triangle; chunks pay chunk / 2
         keys per query instead. -> logits of the last `keep` columns [R, keep, V]."""
+        if launch_bound(self.model):  # an accelerator: one forward (its fixed cost dominates, not the triangle)
+            chunk = ids.shape[1]
         width, chunk = ids.shape[1], max(chunk, keep)
         cuts = list(range(width - chunk, 0, -chunk))[::-1]  # chunk starts, counted from the right
         for a, b in zip([0] + cuts, cuts):
