@@ -12,7 +12,7 @@ import torch
 from conftest import position_sensitive, random_seqs, tiny_loaded, tiny_model
 from posbias import MsPoE, Scorer, SweepConfig, get_method, get_task, run_sweep
 from posbias.eval.encode import left_pad, right_pad
-from posbias.eval.prefix import lcp, plan_shared, shares_of, tree_tokens, unique_ratio
+from posbias.eval.prefix import lcp, lcp_matrix, plan_shared, shares_of, tree_tokens, unique_ratio
 from posbias.models.prefix import SharedKV, prefill
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,6 +41,14 @@ def _assert_same(plain, shared, logprob=True):
         assert (a[k]["correct"], a[k]["prediction"]) == (b[k]["correct"], b[k]["prediction"]), k
         if logprob:
             assert b[k]["logprob"] == pytest.approx(a[k]["logprob"], abs=1e-4), k
+
+
+def test_lcp_matrix_equals_pairwise_lcp():
+    """The vectorised LCP matrix (the planner's) against the scalar lcp, with shared prefixes, equal sequences,
+    one a prefix of another and an empty one."""
+    seqs = [[1, 2, 3, 4], [1, 2, 3], [1, 2, 9, 9, 9], [1, 2, 3, 4], [], [5], [1, 2, 3, 4, 7]]
+    m = lcp_matrix(seqs)
+    assert m.tolist() == [[lcp(a, b) for b in seqs] for a in seqs]
 
 
 def test_tree_tokens_hand_built():
