@@ -89,10 +89,13 @@ def test_plan_respects_the_token_budget():
 
 @pytest.mark.parametrize("arch", ARCHS)
 @torch.inference_mode()
-def test_shared_forward_equals_left_and_right_padded_plain(arch):
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_shared_forward_equals_left_and_right_padded_plain(arch, attn):
     """Logits of every branch token, and of one decode step, equal a plain forward (left and right padded);
-    Gemma-3's window (8) is shorter than the spines, so the branch masks must apply it."""
+    Gemma-3's window (8) is shorter than the spines, so the branch masks must apply it. SDPA gets boolean masks,
+    eager additive ones."""
     model = tiny_model(arch, 100)
+    model.set_attn_implementation(attn)
     spines = random_seqs([30, 25], 100)
     rows = [(0, 5, [7, 8, 9]), (0, 20, [11, 12]), (1, 10, [13, 14, 15, 16, 17]), (1, 24, [5])]
     seqs = [spines[e][:p] + b for e, p, b in rows]
