@@ -135,6 +135,14 @@ class Scorer:
                         emit(batch, self.engine.score(self, batch, active))
         return out
 
+    def order(self, rows: list[Encoded], method: str | Method | None = None) -> list[int]:
+        """Indices of `rows` in the order `score` returns their results: row order on the prefix-shared path,
+        batch order (longest first, plan_batches) on the plain one. The scale-out sorts gathered rows by it."""
+        if self.path(method)[0]:
+            return list(range(len(rows)))
+        costs = [self.engine.cost(r, self.max_new_tokens) for r in rows]
+        return [i for idx in plan_batches(costs, self.batch_tokens, self.max_batch) for i in idx]
+
     def _score_shared(self, rows: list[Encoded], done: set, emit: Callable) -> None:
         """The prefix-shared path: per group of examples one spine prefill, then its branch batches (eval/prefix.py)."""
         from ..models.prefix import prefill

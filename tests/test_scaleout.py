@@ -1,0 +1,186 @@
+"""Sweeps, comparisons and grids across processes (eval/scaleout.py), launched for real with
+`accelerate launch --multi_gpu --num_processes 2` on the CPU (gloo), against the one-process run; and
+`device_map=auto` (models/load.py). Tiny sharpened Llama, fp32, one thread per process.
+
+The data: small documents of random letters with single-letter answers that the tiny model's greedy next token
+hits on some rows and misses on others (by example and slot), so a dropped, duplicated or misplaced row changes the
+numbers or the row sets."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import dies_after
+from posbias import GridConfig, SweepConfig, get_method, load_model, run_compare, run_grid, run_sweep
+from posbias.errors import PosbiasError
+from posbias.eval import engines
+from posbias.eval.scaleout import blocks, rounds
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SRC = Path(__file__).resolve().parents[1] / "src"
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """12 questions over 4 documents of random letters; the answer is 'q' or 'a' (the tiny model's usual guesses)."""
+    rng = random.Random(0)
+    lines = []
+    for i in range(12):
+        docs = [{"title": f"D{j}", "text": "".join(rng.choice(LETTERS) for _ in range(rng.randint(3, 12)))}
+                for j in range(4)]
+        lines.append(json.dumps({"id": f"q{i}", "question": "what?", "answers": ["q" if i % 2 else "a"],
+                                 "documents": docs, "gold": 0}))
+    path = tmp_path_factory.mktemp("data") / "letters.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def loaded_fp32(model_dir):
+    return load_model(str(model_dir), "fp32", "cpu", progress=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(*args: str, module: str = "posbias.cli", processes: int = 2) -> subprocess.CompletedProcess:
+    """`accelerate launch` of `module` (posbias.cli or a script path) on `processes` CPU processes (gloo)."""
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "POSBIAS_THREADS": "1",
+           "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}
+    env.pop("RANK", None), env.pop("WORLD_SIZE", None)
+    head = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(_free_port())]
+    cmd = head + (["-m", module] if not module.endswith(".py") else [module]) + list(args)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def _sweep_args(model_dir, data, out, *extra: str) -> list[str]:
+    return ["sweep", "--model", str(model_dir), "--dtype", "fp32", "--task", f"jsonl:{data}", "--n", "12",
+            "--max-batch", "4", "--max-new-tokens", "2", "--out", str(out), "--quiet", *extra]
+
+
+def _cfg(model_dir, data, **kw) -> SweepConfig:
+    return SweepConfig(**{"model": str(model_dir), "dtype": "fp32", "task": f"jsonl:{data}", "n": 12, "max_batch": 4,
+                          "max_new_tokens": 2, **kw})
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "examples.jsonl").read_text().splitlines()]
+
+
+def _same_rows(a: list[dict], b: list[dict]) -> None:
+    """Same rows, each once: keys, verdicts and predictions exactly, logprobs to float noise (other paddings)."""
+    ka = [(r["example_id"], r["position"]) for r in a]
+    kb = [(r["example_id"], r["position"]) for r in b]
+    assert len(set(kb)) == len(kb), "a row was logged twice"
+    assert sorted(ka) == sorted(kb)
+    by = {(r["example_id"], r["position"]): r for r in b}
+    for r in a:
+        o = by[(r["example_id"], r["position"])]
+        assert (o["correct"], o["prediction"]) == (r["correct"], r["prediction"])
+        if "logprob" in r:
+            assert o["logprob"] == pytest.approx(r["logprob"], abs=1e-4)
+
+
+def _record(out: Path, name: str = "sweep.json") -> dict:
+    return json.loads((out / name).read_text())
+
+
+# ----------------------------------------------------------------------------- the split itself
+
+
+def test_blocks_are_contiguous_near_equal_and_cover_everything():
+    items = list(range(11))
+    parts = blocks(items, 3)
+    assert parts == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
+    assert blocks([1], 3) == [[1], [], []]
+    r = rounds([f"e{i}" for i in range(21)], 2, per=4)  # 8 examples a round, 4 per rank
+    assert [len(x) for x in r] == [2, 2, 2] and r[0] == [["e0", "e1", "e2", "e3"], ["e4", "e5", "e6", "e7"]]
+    assert [e for x in r for part in x for e in part] == [f"e{i}" for i in range(21)]
+    assert r[-1] == [["e16", "e17", "e18"], ["e19", "e20"]]
+
+
+# ----------------------------------------------------------------------------- 2 processes against 1
+
+
+@pytest.mark.parametrize("engine", ["teacher-forced", "generate"])
+def test_two_process_sweep_equals_one_process(model_dir, loaded_fp32, data, tmp_path, engine):
+    one = run_sweep(_cfg(model_dir, data, engine=engine), tmp_path / "one", loaded=loaded_fp32, progress=False)
+    assert 0 < sum(p["correct"] for p in one.per_position) < 48, "the data must give mixed verdicts"
+    assert one.config["scoring_path"] == "prefix-shared"
+    launch(*_sweep_args(model_dir, data, tmp_path / "two", "--engine", engine))
+    assert _record(tmp_path / "two") == _record(tmp_path / "one")  # per_position, summary (bootstrap CI), config, ...
+    _same_rows(_rows(tmp_path / "one"), _rows(tmp_path / "two"))
+    assert len(_rows(tmp_path / "two")) == 48
+
+
+WORKER = """
+import json, sys
+import torch
+torch.set_num_threads(1)
+from posbias import SweepConfig, load_model, run_sweep
+from posbias.runs import process_index
+model, data, out = sys.argv[1:4]
+lo = load_model(model, "fp32", "cpu", progress=False)
+got = {}
+for shared in (True, False):
+    cfg = SweepConfig(model=model, dtype="fp32", task="jsonl:" + data, n=12, max_batch=4, prefix_sharing=shared)
+    res = run_sweep(cfg, None, loaded=lo, progress=False)
+    got[str(shared)] = [[r["example_id"], r["position"], r["correct"]] for r in res.rows]
+with open(f"{out}/rank{process_index()}.json", "w") as f:
+    json.dump(got, f)
+"""
+
+
+def test_every_rank_returns_every_row_in_the_one_process_order(model_dir, loaded_fp32, data, tmp_path):
+    """Prefix-shared path (row order) and plain path (longest-batch-first order), API level, no folder."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    launch(str(model_dir), str(data), str(tmp_path), module=str(script))
+    for shared in (True, False):
+        one = run_sweep(_cfg(model_dir, data, prefix_sharing=shared, max_new_tokens=None), None, loaded=loaded_fp32,
+                        progress=False)
+        want = [[r["example_id"], r["position"], r["correct"]] for r in one.rows]
+        for rank in (0, 1):
+            assert json.loads((tmp_path / f"rank{rank}.json").read_text())[str(shared)] == want, (shared, rank)
+
+
+def test_resume_under_two_processes_after_a_one_process_kill(model_dir, loaded_fp32, data, tmp_path, monkeypatch):
+    full = run_sweep(_cfg(model_dir, data), tmp_path / "full", loaded=loaded_fp32, progress=False)
+    restore = dies_after(monkeypatch, engines, "generate_greedy", 3)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(_cfg(model_dir, data), tmp_path / "cut", loaded=loaded_fp32, progress=False)
+    restore()
+    done = len(_rows(tmp_path / "cut"))
+    assert 0 < done < 48 and not (tmp_path / "cut" / "sweep.json").exists()
+    launch(*_sweep_args(model_dir, data, tmp_path / "cut", "--resume"))
+    assert _record(tmp_path / "cut") == _record(tmp_path / "full") and full.summary == _record(tmp_path / "cut")["summary"]
+    _same_rows(_rows(tmp_path / "full"), _rows(tmp_path / "cut"))
+    assert json.loads((tmp_path / "cut" / "timing.json").read_text())["rows_this_run"] == 48 - done
+
+
+def test_two_process_compare_equals_one_process(model_dir, loaded_fp32, data, tmp_path):
+    cfg = _cfg(model_dir, data)
+    run_compare(cfg, ["none", "pi:1.5"], tmp_path / "one", loaded=loaded_fp32, progress=False)
+    launch("compare", *_sweep_args(model_dir, data, tmp_path / "two")[1:], "--methods", "none,pi:1.5")
+    one, two = _record(tmp_path / "one", "compare.json"), _record(tmp_path / "two", "compare.json")
+    assert two == one
+    assert one["methods"][0]["per_position"] != one["methods"][1]["per_position"], "pi:1.5 must change something"
+    for d in ("none", "pi-1.5"):
+        _same_rows(_rows(tmp_path / "one" / d), _rows(tmp_path / "two" / d))
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
