@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import dies_after
-from posbias import GridConfig, SweepConfig, get_method, load_model, run_compare, run_grid, run_sweep
+from posbias import GridConfig, SweepConfig, load_model, run_compare, run_grid, run_sweep
 from posbias.errors import PosbiasError
 from posbias.eval import engines
 from posbias.eval.scaleout import blocks, rounds
@@ -184,3 +184,81 @@ def test_two_process_compare_equals_one_process(model_dir, loaded_fp32, data, tm
     for d in ("none", "pi-1.5"):
         _same_rows(_rows(tmp_path / "one" / d), _rows(tmp_path / "two" / d))
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
+
+
+def test_two_process_grid_equals_one_process(model_dir, loaded_fp32, tmp_path):
+    cfg = GridConfig(model=str(model_dir), dtype="fp32", task_options={"digits": 2}, sizes="3,4", depths="0%,50%,100%",
+                     n=6, max_batch=4)
+    run_grid(cfg, tmp_path / "one", loaded=loaded_fp32, progress=False)
+    launch("grid", "--model", str(model_dir), "--dtype", "fp32", "--digits", "2", "--sizes", "3,4", "--depths",
+           "0%,50%,100%", "--n", "6", "--max-batch", "4", "--out", str(tmp_path / "two"), "--quiet")
+    assert _record(tmp_path / "two", "grid.json") == _record(tmp_path / "one", "grid.json")
+    for size in ("size-3", "size-4"):
+        _same_rows(_rows(tmp_path / "one" / size), _rows(tmp_path / "two" / size))
+
+
+# ----------------------------------------------------------------------------- device_map
+
+
+def test_device_map_auto_on_the_cpu_gives_the_same_sweep(model_dir, loaded_fp32, data, tmp_path):
+    """device_map=auto with only a CPU puts every layer there (accelerate's dispatch); the prefix-shared path then
+    gives the numbers of a plain load, and the run records the choice (a default run does not mention it)."""
+    spread = load_model(str(model_dir), "fp32", "cpu", progress=False, device_map="auto")
+    assert spread.info["device_map"] == "auto" and "device_map" not in loaded_fp32.info
+    assert spread.info["device"] == "cpu"
+    plain = run_sweep(_cfg(model_dir, data, engine="teacher-forced"), tmp_path / "plain", progress=False)
+    auto = run_sweep(_cfg(model_dir, data, engine="teacher-forced", device_map="auto"), tmp_path / "auto", progress=False)
+    a, b = _record(tmp_path / "plain"), _record(tmp_path / "auto")
+    assert b["config"].pop("device_map") == "auto" and "device_map" not in a["config"]
+    assert b["model"].pop("device_map") == "auto"
+    assert a == b and plain.config["scoring_path"] == auto.config["scoring_path"] == "prefix-shared"
+    _same_rows(plain.rows, auto.rows)
+
+
+@pytest.mark.parametrize("engine", ["teacher-forced", "generate"])
+def test_prefix_sharing_through_accelerate_dispatch_hooks(model_dir, loaded_fp32, data, tmp_path, engine):
+    """A model placed by a device map runs under accelerate's hooks (they move weights and activations to each
+    layer's device); here layer 1 is offloaded to disk, the case device_map=auto takes for a model too big for its
+    devices. Prefix-shared scoring through the hooks gives the plain model's verdicts and logprobs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from posbias import Scorer, get_task
+    from posbias.models.load import Loaded
+
+    where = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
+             "model.norm": "cpu", "lm_head": "cpu"}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, device_map=where, offload_folder=str(tmp_path / "offload"),
+                                                 dtype=torch.float32).eval()
+    assert hasattr(model.model.layers[1], "_hf_hook")
+    hooked = Loaded(model, loaded_fp32.tokenizer, loaded_fp32.info)
+    task = get_task(f"jsonl:{data}")
+    rows = Scorer(loaded_fp32, task, engine, 2).rows(task.examples(6), [0, 1, 2, 3])
+    plain = Scorer(loaded_fp32, task, engine, 2, max_batch=4, prefix_sharing=False).score(rows)
+    shared = Scorer(hooked, task, engine, 2, max_batch=4).score(rows)
+    _same_rows(plain, shared)
+
+
+def test_device_map_refusals(monkeypatch):
+    with pytest.raises(PosbiasError, match="unknown `device_map` 'balanced'"):
+        SweepConfig(device_map="balanced").validate()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(PosbiasError, match="one of 2 processes"):
+        SweepConfig(device_map="auto").validate()
+    with pytest.raises(PosbiasError, match="one of 2 processes"):
+        load_model("smollm2-135m", device_map="auto")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert "device_map" not in SweepConfig().to_dict()  # fingerprints of runs without it are unchanged
+
+
+def test_cli_refuses_a_bad_device_map_in_one_line(model_dir, tmp_path, monkeypatch, capsys):
+    from posbias.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["posbias", "sweep", "--model", str(model_dir), "--device-map", "balanced",
+                                      "--out", str(tmp_path / "x"), "--quiet"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0] == "posbias: error: unknown --device-map 'balanced' -- use --device-map auto, or leave it out"
+    assert not (tmp_path / "x").exists()
