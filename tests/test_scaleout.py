@@ -83,8 +83,9 @@ def _rows(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "examples.jsonl").read_text().splitlines()]
 
 
-def _same_rows(a: list[dict], b: list[dict]) -> None:
-    """Same rows, each once: keys, verdicts and predictions exactly, logprobs to float noise (other paddings)."""
+def _same_rows(a: list[dict], b: list[dict], exact: bool = True) -> None:
+    """Same rows, each once, with the same verdicts, predictions and logprobs (exact: the same batches ran; else to
+    float noise, for two different computations)."""
     ka = [(r["example_id"], r["position"]) for r in a]
     kb = [(r["example_id"], r["position"]) for r in b]
     assert len(set(kb)) == len(kb), "a row was logged twice"
@@ -93,8 +94,7 @@ def _same_rows(a: list[dict], b: list[dict]) -> None:
     for r in a:
         o = by[(r["example_id"], r["position"])]
         assert (o["correct"], o["prediction"]) == (r["correct"], r["prediction"])
-        if "logprob" in r:
-            assert o["logprob"] == pytest.approx(r["logprob"], abs=1e-4)
+        assert o.get("logprob") == (r.get("logprob") if exact or "logprob" not in r else pytest.approx(r["logprob"], abs=1e-4))
 
 
 def _record(out: Path, name: str = "sweep.json") -> dict:
@@ -109,10 +109,31 @@ def test_blocks_are_contiguous_near_equal_and_cover_everything():
     parts = blocks(items, 3)
     assert parts == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
     assert blocks([1], 3) == [[1], [], []]
-    r = rounds([f"e{i}" for i in range(21)], 2, per=4)  # 8 examples a round, 4 per rank
+    r = rounds([f"e{i}" for i in range(21)], 2, per=4)  # 8 units a round, 4 per rank
     assert [len(x) for x in r] == [2, 2, 2] and r[0] == [["e0", "e1", "e2", "e3"], ["e4", "e5", "e6", "e7"]]
     assert [e for x in r for part in x for e in part] == [f"e{i}" for i in range(21)]
     assert r[-1] == [["e16", "e17", "e18"], ["e19", "e20"]]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_unit_scored_alone_gives_the_numbers_of_the_whole_run(model_dir, data, dtype, shared):
+    """What makes the split exact: each unit of the plan (a group of examples / a batch), scored on its own, is
+    planned into the same batches, so its logprobs are bit-identical to the whole run's, bf16 included."""
+    from posbias import Scorer, get_task
+
+    lo = load_model(str(model_dir), dtype, "cpu", progress=False)
+    task = get_task(f"jsonl:{data}")
+    scorer = Scorer(lo, task, "teacher-forced", max_batch=4, prefix_sharing=shared)
+    rows = scorer.rows(task.examples(12), [0, 1, 2, 3])
+    units = scorer.units(rows)
+    assert len(units) == (3 if shared else 12) and sorted(i for u in units for i in u) == list(range(48))
+    if shared:
+        assert all(len({rows[i].key[0] for i in u}) == 4 for u in units)  # whole examples, 4 to a group
+    whole = scorer.score(rows)
+    alone = [r for u in units for r in scorer.score([rows[i] for i in sorted(u)])]
+    _same_rows(whole, alone)
+    assert [rows[i].key for i in scorer.order(rows)] == [(r["example_id"], r["position"]) for r in whole]
 
 
 # ----------------------------------------------------------------------------- 2 processes against 1
@@ -236,7 +257,7 @@ def test_prefix_sharing_through_accelerate_dispatch_hooks(model_dir, loaded_fp32
     rows = Scorer(loaded_fp32, task, engine, 2).rows(task.examples(6), [0, 1, 2, 3])
     plain = Scorer(loaded_fp32, task, engine, 2, max_batch=4, prefix_sharing=False).score(rows)
     shared = Scorer(hooked, task, engine, 2, max_batch=4).score(rows)
-    _same_rows(plain, shared)
+    _same_rows(plain, shared, exact=False)
 
 
 def test_device_map_refusals(monkeypatch):
