@@ -144,7 +144,8 @@ def test_two_process_sweep_equals_one_process(model_dir, loaded_fp32, data, tmp_
     one = run_sweep(_cfg(model_dir, data, engine=engine), tmp_path / "one", loaded=loaded_fp32, progress=False)
     assert 0 < sum(p["correct"] for p in one.per_position) < 48, "the data must give mixed verdicts"
     assert one.config["scoring_path"] == "prefix-shared"
-    launch(*_sweep_args(model_dir, data, tmp_path / "two", "--engine", engine))
+    p = launch(*_sweep_args(model_dir, data, tmp_path / "two", "--engine", engine))
+    assert p.stdout.count("average ") == 1 and p.stdout.count("wrote ") == 1  # rank 0 alone prints the table
     assert _record(tmp_path / "two") == _record(tmp_path / "one")  # per_position, summary (bootstrap CI), config, ...
     _same_rows(_rows(tmp_path / "one"), _rows(tmp_path / "two"))
     assert len(_rows(tmp_path / "two")) == 48
