@@ -153,7 +153,7 @@ def run_attention(cfg: AttentionConfig | None = None, out: str | Path | None = N
     task.items(examples[0], positions[0])  # a task without items fails here, before anything loads
     folder = RunFolder(out, "attention analysis", "attention.json", FILES)
     folder.check(resume, overwrite)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     for _, method in pairs:
         method.check(loaded)
     scorer = Scorer(loaded, task, chat=cfg.chat)

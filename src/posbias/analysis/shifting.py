@@ -168,7 +168,7 @@ def run_shifting(cfg: ShiftingConfig | None = None, out: str | Path | None = Non
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)  # fails early on a bad split
     folder = RunFolder(out, "shifting analysis", "shifting.json", FILES)
     folder.check(resume, overwrite)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     method.check(loaded)
     m = _Measure(loaded, task, cfg, method)
     fingerprint = {"config": cfg.to_dict(), "model": loaded.info, "task": task.config(), "method": method.config(),

@@ -6,11 +6,12 @@ parameters in backticks, which `main` turns into the commands' flags.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
 
-from .. import PosbiasError, set_threads
+from .. import PosbiasError, is_main_process, set_threads
 
 try:  # typer >= 0.20 carries its own copy of click; older ones use click itself
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
@@ -59,6 +60,8 @@ def _root() -> None:
 def main() -> None:
     """The `posbias` command: every failure is one line on stderr, exit 2 for bad input, 130 for an interrupt."""
     set_threads()
+    if not is_main_process():  # under accelerate launch every rank runs the command; rank 0 prints the tables
+        sys.stdout = open(os.devnull, "w")
     try:
         code = app(standalone_mode=False)
     except PosbiasError as e:

@@ -90,6 +90,8 @@ MODEL = Group(
     dtype=Opt("bf16", "bf16 | fp32"),
     device=Opt("cpu", "cpu | cuda | auto (cuda if visible)"),
     chat=Opt("auto", "use the chat template: auto (if the model has one) | on | off"),
+    device_map=Opt(None, "auto: spread the model over every visible device (one process; --device then not used)",
+                   Optional[str]),
 )
 
 TASK = Group(
@@ -156,7 +158,7 @@ def placements(a: Args, positions: str | None) -> str | None:
 
 
 def model_fields(a: Args) -> dict:
-    return {"model": a.model, "dtype": a.dtype, "device": a.device, "chat": a.chat}
+    return {"model": a.model, "dtype": a.dtype, "device": a.device, "chat": a.chat, "device_map": a.device_map}
 
 
 def run_kwargs(a: Args) -> dict:

@@ -20,9 +20,10 @@ from ..core.metrics import paired_difference
 from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded, load_model
-from ..runs import RunFolder
+from ..runs import RunFolder, is_main_process
 from ..tasks import label, placement_key
 from .config import plain
+from .scaleout import start_processes
 from .sweep import SweepConfig, run_sweep
 
 PATH_KEYS = ("scoring_path", "scoring_note")  # which scoring path each entry ran (Scorer.settings), and why
@@ -99,6 +100,7 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
     folder.check(resume, overwrite)
     fingerprint = {"config": {**cfg.to_dict(), "model": None, "method": None}, "methods": [m.key for m in methods],
                    "models": [model_name(m) for m in model_list]}
+    start_processes()  # several processes: join their group first (each rank's own GPU)
     first = _load(model_list[0], cfg, progress)
     for m in methods:  # a method that cannot apply to the model fails before the folder is written
         m.check(first)
@@ -117,14 +119,14 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
         record = {"config": {**shared, "method": None, "model": None if named else cfg.model},
                   "model": None if named else infos[model_name(model_list[0])], "models": infos,
                   "methods": [{k: v for k, v in r.items() if k != "rows"} for r in results]}
-        if folder.path is not None:
+        if folder.path is not None and is_main_process():  # several processes: rank 0 writes
             _plot(record, cfg, [model_label(m) for m in model_list] if named else [cfg.model], res.config["engine"], folder)
         folder.finish(record)  # last: its presence means "complete"
     return CompareResult(record["methods"], record["config"], record)
 
 
 def _load(model: str | Loaded, cfg: SweepConfig, progress: bool) -> Loaded:
-    return model if isinstance(model, Loaded) else load_model(model, cfg.dtype, cfg.device, progress)
+    return model if isinstance(model, Loaded) else load_model(model, cfg.dtype, cfg.device, progress, cfg.device_map)
 
 
 def _entry(cfg, folder: RunFolder, lo: Loaded, mo, m: Method, named: bool, resume: bool, overwrite: bool, progress: bool):

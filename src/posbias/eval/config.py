@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import PosbiasError
 from ..methods import Method
-from ..models.load import DEVICES, DTYPES
+from ..models.load import DEVICES, DTYPES, check_device_map
 from ..tasks import Task
 from .engines import ENGINES
 from .scorer import CHAT_MODES
@@ -21,6 +21,9 @@ class ModelChoice:
     dtype: str = "bf16"  # bf16 | fp32
     device: str = "cpu"  # cpu | cuda | auto
     chat: str = "auto"  # use the chat template: auto (if the model has one) | on | off
+    # auto: spread the model over every visible device (transformers' device_map="auto"); None: all on `device`.
+    # Recorded only when set, so the configs (fingerprints) of runs without it are unchanged.
+    device_map: str | None = field(default=None, metadata={"record": "if set"})
 
     def _validate_model(self) -> None:
         if self.dtype not in DTYPES:
@@ -29,6 +32,7 @@ class ModelChoice:
             raise PosbiasError(f"unknown device '{self.device}'", f"use `device` {', '.join(DEVICES)}")
         if self.chat not in CHAT_MODES:
             raise PosbiasError(f"unknown `chat` '{self.chat}'", "use auto, on or off")
+        check_device_map(self.device_map)
 
 
 @dataclass
@@ -79,5 +83,6 @@ def plain(value: Any) -> Any:
 
 
 def config_dict(cfg) -> dict:
-    """A dataclass config as a JSON-able dict (field order kept)."""
-    return {f.name: plain(getattr(cfg, f.name)) for f in fields(cfg)}
+    """A dataclass config as a JSON-able dict (field order kept; a field marked record="if set" only when not None)."""
+    return {f.name: plain(getattr(cfg, f.name)) for f in fields(cfg)
+            if not (f.metadata.get("record") == "if set" and getattr(cfg, f.name) is None)}

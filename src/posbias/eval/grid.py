@@ -23,10 +23,11 @@ import numpy as np
 from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded, load_model
-from ..runs import RunFolder, versions, write_json_atomic
+from ..runs import RunFolder, is_main_process, versions, write_json_atomic
 from ..tasks import Task, get_task, resolve_positions
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, plain
 from .encode import encode
+from .scaleout import start_processes
 from .scorer import Scorer
 from .sweep import SweepConfig, SweepResult, run_sweep
 
@@ -125,10 +126,10 @@ def depth_slots(depths: list[float], size: int) -> list[int]:
 
 def _sweep_config(cfg: GridConfig, size: int, slots: list[int], method: Method) -> SweepConfig:
     option, _ = size_option(cfg.task)
-    return SweepConfig(model=cfg.model, dtype=cfg.dtype, device=cfg.device, chat=cfg.chat, task=cfg.task,
-                       task_options={**cfg.task_options, option: size}, data_dir=cfg.data_dir, engine=cfg.engine,
-                       max_new_tokens=cfg.max_new_tokens, batch_tokens=cfg.batch_tokens, max_batch=cfg.max_batch,
-                       prefix_sharing=cfg.prefix_sharing,
+    return SweepConfig(model=cfg.model, dtype=cfg.dtype, device=cfg.device, device_map=cfg.device_map, chat=cfg.chat,
+                       task=cfg.task, task_options={**cfg.task_options, option: size}, data_dir=cfg.data_dir,
+                       engine=cfg.engine, max_new_tokens=cfg.max_new_tokens, batch_tokens=cfg.batch_tokens,
+                       max_batch=cfg.max_batch, prefix_sharing=cfg.prefix_sharing,
                        positions=",".join(map(str, sorted(set(slots)))), n=cfg.n, seed=cfg.seed, skip=cfg.skip,
                        method=method)
 
@@ -164,7 +165,8 @@ def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, lo
     method = method.for_task(tasks[sizes[0]])  # every size is the same kind of task; recorded resolved
     folder = RunFolder(out, "grid", "grid.json", (*(f"size-{s}" for s in sizes), "heatmap.png", "timing.json"))
     folder.check(resume, overwrite)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)
+    start_processes()  # several processes: join their group first (each rank's own GPU)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     method.check(loaded)
     check_window(loaded, cfg, tasks)  # every size, before the first one runs
     slots = {s: depth_slots(depths, s) for s in sizes}
@@ -179,7 +181,7 @@ def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, lo
             results[s] = run_sweep(_sweep_config(cfg, s, slots[s], method), sub, loaded=loaded,
                                    resume=folder.resuming and started, progress=progress)
         record = grid_record(cfg, option, depths, slots, results, loaded, method)
-        if folder.path is not None:
+        if folder.path is not None and is_main_process():  # several processes: rank 0 writes
             _write(folder, record, time.perf_counter() - t0)
     return GridResult(record["cells"], record["sizes"], record["config"], record, folder.path)
 

@@ -135,16 +135,39 @@ class Scorer:
                         emit(batch, self.engine.score(self, batch, active))
         return out
 
+    def units(self, rows: list[Encoded], method: str | Method | None = None) -> list[list[int]]:
+        """The independent pieces of `score`'s work on `rows`, in its order (row indices): on the prefix-shared path
+        the example groups of plan_shared (each with its own spine prefill), on the plain path the batches of
+        plan_batches. Both planners pack greedily from a piece's start, so scoring one piece alone (or a contiguous
+        run of them) plans exactly those batches again: the scale-out (eval/scaleout.py) splits at these bounds."""
+        if self.path(method)[0]:
+            return [g.rows for g in self._plan(rows)]
+        costs = [self.engine.cost(r, self.max_new_tokens) for r in rows]
+        return plan_batches(costs, self.batch_tokens, self.max_batch)
+
+    def order(self, rows: list[Encoded], method: str | Method | None = None) -> list[int]:
+        """Indices of `rows` in the order `score` returns their results: row order on the prefix-shared path,
+        batch order (longest first, plan_batches) on the plain one."""
+        if self.path(method)[0]:
+            return list(range(len(rows)))
+        return [i for idx in self.units(rows, method) for i in idx]
+
+    def _plan(self, rows: list[Encoded]) -> list:
+        """The prefix-shared plan (eval/prefix.py): on an accelerator batches close only at the budget."""
+        from ..models.prefix import launch_bound
+
+        min_tokens = self.batch_tokens if launch_bound(self.loaded.model) else MIN_TOKENS
+        return plan_shared(rows, self._branch, self.batch_tokens, self.max_batch, min_tokens)
+
+    def _branch(self, row: Encoded, p: int) -> tuple[int, int]:
+        return self.engine.branch(row, p, self.max_new_tokens)
+
     def _score_shared(self, rows: list[Encoded], done: set, emit: Callable) -> None:
         """The prefix-shared path: per group of examples one spine prefill, then its branch batches (eval/prefix.py)."""
-        from ..models.prefix import launch_bound, prefill
-
-        def branch(row: Encoded, p: int) -> tuple[int, int]:
-            return self.engine.branch(row, p, self.max_new_tokens)
+        from ..models.prefix import prefill
 
         pad_id = self.loaded.tokenizer.pad_token_id
-        min_tokens = self.batch_tokens if launch_bound(self.loaded.model) else MIN_TOKENS
-        for group in plan_shared(rows, branch, self.batch_tokens, self.max_batch, min_tokens):
+        for group in self._plan(rows):
             if all(rows[i].key in done for i in group.rows):
                 continue
             kv = prefill(self.loaded.model, [s.spine for s in group.shares], pad_id)

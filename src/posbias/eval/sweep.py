@@ -5,6 +5,9 @@ Files in the output folder (runs.RunFolder protocol):
   examples.jsonl  one row per example x position, appended batch by batch (resume reads it)
   sweep.json      written atomically once every row is scored: its presence means complete
   curve.png       accuracy against position with a 95% CI band; timing.json
+
+Under `accelerate launch` with several processes the rows are split by example across them and gathered in
+rounds; rank 0 alone reads and writes the folder, and the result is the one-process result (eval/scaleout.py).
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import numpy as np
 from ..core.metrics import summarize_curve, wilson_ci
 from ..methods import Method, get_method
 from ..models.load import Loaded, load_model
-from ..runs import JsonlLog, RunFolder, versions
+from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, versions
 from ..runs import progress as progress_bar
 from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, placement_key
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict
+from .scaleout import broadcast_rows, score_split, start_processes
 from .scorer import Scorer
 
 ROW_KEYS = ("example_id", "position", "correct")
@@ -88,7 +92,8 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
     folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)
     folder.check(resume, overwrite)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)
+    start_processes()  # several processes: join their group first (each rank's own GPU)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     method.check(loaded)
     scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch,
                     cfg.prefix_sharing)
@@ -97,14 +102,16 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     fingerprint = {"config": resolved, "task": task.config(), "model": loaded.info, "method": method.config()}
     with folder.open(fingerprint, resume, overwrite):
         log = JsonlLog(folder.file("examples.jsonl")) if out is not None else None
-        done_rows = log.read(ROW_KEYS) if folder.resuming else []
+        done_rows = log.read(ROW_KEYS) if folder.resuming and is_main_process() else []
+        if num_processes() > 1:  # every rank skips what rank 0's examples.jsonl holds
+            done_rows = broadcast_rows(done_rows)
         t0 = time.perf_counter()
         new_rows = _score(scorer, rows, method, done_rows, log, progress, f"{task.name} on {cfg.model}")
         elapsed = time.perf_counter() - t0
         all_rows = done_rows + new_rows
         per, summary = per_position_stats(all_rows, positions, [e.id for e in examples], task.also)
         record = {**fingerprint, "versions": versions(), "per_position": per, "summary": summary}
-        if out is not None:
+        if out is not None and is_main_process():
             _write(folder, record, method, task.name, cfg, elapsed, len(new_rows))
     return SweepResult(resolved, per, summary, all_rows, record, folder.path)
 
@@ -120,6 +127,8 @@ def _score(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: Jso
         bar.update(len(new))
 
     try:
+        if num_processes() > 1:  # rows split by example across processes, gathered in rounds
+            return score_split(scorer, rows, method, done, log, bar.update)
         return scorer.score(rows, method, done, on_batch)
     finally:
         bar.close()

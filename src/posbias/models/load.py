@@ -17,9 +17,11 @@ from typing import Any, Callable
 import torch
 
 from ..errors import PosbiasError
+from ..runs import num_processes
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEVICES = ("cpu", "cuda", "auto")
+DEVICE_MAPS = ("auto",)  # transformers' device_map="auto": the layers spread over every visible device
 
 
 @dataclass
@@ -92,6 +94,19 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def check_device_map(device_map: str | None) -> None:
+    """None (the model on one `device`) or "auto"; "auto" only in a single process (a launcher's processes would
+    each spread a whole model over the same devices)."""
+    if device_map is None:
+        return
+    if device_map not in DEVICE_MAPS:
+        raise PosbiasError(f"unknown `device_map` '{device_map}'", "use `device_map=auto`, or leave it out")
+    if num_processes() > 1:
+        raise PosbiasError(f"`device_map={device_map}` spreads one model over every device, but this is one of "
+                           f"{num_processes()} processes (accelerate launch / torchrun)",
+                           "run one process with `device_map=auto`, or several processes without it")
+
+
 def _locate(name: str) -> tuple[str, str | None, str]:
     """-> (path or hub id, gguf file name or None, kind)."""
     if name in REGISTRY:
@@ -129,14 +144,18 @@ def _in_hub_cache(repo_id: str) -> bool:
         return False
 
 
-def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "cpu", progress: bool = True) -> Loaded:
+def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "cpu", progress: bool = True,
+               device_map: str | None = None) -> Loaded:
     """Load a causal LM and its tokenizer, offline: a registered name (see REGISTRY), a local
     directory, a path to a .gguf file, or a Hugging Face hub id already in the local cache.
-    progress=False keeps the loaders' progress bars (de-quantizing, loading weights) off stderr."""
+    progress=False keeps the loaders' progress bars (de-quantizing, loading weights) off stderr.
+    device_map="auto": transformers (with accelerate) spreads the layers over every visible device (GPUs first,
+    then the CPU), and `device` is not used to place it; inputs go to the first parameter's device."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if dtype not in DTYPES:
         raise PosbiasError(f"unknown dtype '{dtype}'", "use `dtype` bf16 or fp32")
+    check_device_map(device_map)
     dev = resolve_device(device)
     src, gguf, kind = _locate(name)
     kw = {"gguf_file": gguf} if gguf else {}
@@ -149,7 +168,8 @@ def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "c
     try:
         with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
             tok = AutoTokenizer.from_pretrained(src, **kw)
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **kw)
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **kw,
+                                                         **({"device_map": device_map} if device_map else {}))
     except Exception as e:  # corrupt or incomplete files, an architecture transformers does not know, ...
         raise PosbiasError(f"could not load model '{name}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
                            "check that the model files are complete (or pass another `model`)") from e
@@ -160,10 +180,15 @@ def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "c
         quantizer = getattr(model, "hf_quantizer", None)
         if quantizer is not None:
             quantizer.remove_quantization_config(model)
-    model.to(dev).eval()
+    if device_map:  # placed by the loader (accelerate's hooks move activations between devices)
+        dev = next(model.parameters()).device
+    else:
+        model.to(dev)
+    model.eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    return Loaded(model=model, tokenizer=tok, info=_info(name, kind, src, gguf, model, tok, dtype, dev))
+    info = _info(name, kind, src, gguf, model, tok, dtype, dev)
+    return Loaded(model=model, tokenizer=tok, info={**info, "device_map": device_map} if device_map else info)
 
 
 def _info(name: str, kind: str, src: str, gguf: str | None, model, tok, dtype: str, dev) -> dict:

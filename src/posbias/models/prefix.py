@@ -92,13 +92,15 @@ class SharedKV:
         from transformers import DynamicCache
 
         self.model = model
-        dev = spine_kv[0][0].device
-        owner, plen = owner.to(dev), plen.to(dev)
+        dev = next(model.parameters()).device  # the inputs' device (a spread model: each layer's KV stays on its own)
+        plen = plen.to(dev)
         width = max(1, int(plen.max()))
-        # [R, H, width, D] per layer: a copy, so a batch holds R x width columns of KV per layer
-        self.cache = DynamicCache(ddp_cache_data=[(k.index_select(0, owner)[:, :, :width].contiguous(),
-                                                   v.index_select(0, owner)[:, :, :width].contiguous())
-                                                  for k, v in spine_kv])
+
+        def rows(t: torch.Tensor) -> torch.Tensor:  # [E, H, P, D] -> [R, H, width, D], on the layer's device
+            return t.index_select(0, owner.to(t.device))[:, :, :width].contiguous()
+
+        # a copy, so a batch holds R x width columns of KV per layer
+        self.cache = DynamicCache(ddp_cache_data=[(rows(k), rows(v)) for k, v in spine_kv])
         cols = torch.arange(width, device=dev)
         self.kpos = torch.where(cols[None] < plen[:, None], cols[None], -1)  # [R, width]
         self.windows = _windows(model)

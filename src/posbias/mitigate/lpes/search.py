@@ -64,7 +64,7 @@ def run_search(cfg: SearchConfig | None = None, out: str | Path | None = None, *
     task.examples(cfg.n, cfg.seed, cfg.skip)  # enough examples? (a clear error before anything loads)
     folder = RunFolder(out, "search", "factors.json", (STATE, "evals.jsonl", "log", "factors.png"))
     folder.check(resume, overwrite)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     n_layers = loaded.model.config.num_hidden_layers
     space = make_space(cfg, n_layers)
     fitness = build_fitness(cfg, loaded, task, space)

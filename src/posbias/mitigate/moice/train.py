@@ -135,7 +135,7 @@ def train_moice(cfg: MoICEConfig | None = None, out: str | Path | None = None, *
     task, cfg, examples = _prepare(cfg)
     folder = RunFolder(out, "moice", RESULT, (ROUTERS, CHECKPOINT, LOG))
     folder.check(resume, overwrite)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     model = loaded.model
     routers = Routers.for_model(model, cfg.bases, cfg.top_k, seed=cfg.router_seed)
     check_routers(model, routers)

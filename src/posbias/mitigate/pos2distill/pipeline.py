@@ -70,7 +70,7 @@ def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distil
         with folder.open(_fingerprint(cfg, task, anchor, chat, name), resume, overwrite):
             return DistillResult.of(folder.read_result())
     caller_owned = loaded is not None
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     fingerprint = _fingerprint(cfg, task, anchor, use_chat(loaded, cfg.chat), loaded.info.get("name"))
     resolved = cfg.resolved(task, anchor, fingerprint["config"]["chat_used"])
     with folder.open(fingerprint, resume, overwrite):
