@@ -65,7 +65,7 @@ def launch(*args: str, module: str = "posbias.cli", processes: int = 2) -> subpr
             "--main_process_port", str(_free_port())]
     cmd = head + (["-m", module] if not module.endswith(".py") else [module]) + list(args)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 0, p.stderr[-8000:]
     return p
 
 
@@ -206,6 +206,26 @@ def test_two_process_compare_equals_one_process(model_dir, loaded_fp32, data, tm
     for d in ("none", "pi-1.5"):
         _same_rows(_rows(tmp_path / "one" / d), _rows(tmp_path / "two" / d))
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
+
+
+def test_two_process_lpes_search_splits_the_candidates(model_dir, loaded_fp32, tmp_path):
+    """LPES fitness under 2 processes (mitigate/lpes/fitness.py): the same factors.json as one process, and each
+    candidate scored once (a rank that had not joined the process group scored every candidate: evals.jsonl twice)."""
+    from posbias import GAConfig, SearchConfig, run_search
+
+    ga = GAConfig(pop_size=6, n_parents=2, n_crossover=1, n_mutation=3, generations=2, n_points=2, y_min=1.0,
+                  y_max=2.0, y_step=0.25, y_init=1.25, my=0.5, mx=1)
+    cfg = SearchConfig(model=str(model_dir), task_options={"facts": 4, "digits": 3}, n=4, skip=100, dtype="fp32", ga=ga)
+    one = run_search(cfg, tmp_path / "one", loaded=loaded_fp32, progress=False).record
+    launch("lpes", "search", "--model", str(model_dir), "--dtype", "fp32", "--task", "kv-lookup", "--facts", "4",
+           "--digits", "3", "--n", "4", "--skip", "100", "--generations", "2", "--pop-size", "6", "--parents", "2",
+           "--crossovers", "1", "--mutations", "3", "--points", "2", "--y-min", "1", "--y-max", "2", "--y-step", "0.25",
+           "--y-init", "1.25", "--my", "0.5", "--mx", "1", "--out", str(tmp_path / "two"), "--quiet")
+    two = _record(tmp_path / "two", "factors.json")
+    drop = ("seconds_this_call", "history", "versions")
+    assert {k: v for k, v in two.items() if k not in drop} == {k: v for k, v in one.items() if k not in drop}
+    lines = [(tmp_path / d / "evals.jsonl").read_text().splitlines() for d in ("one", "two")]
+    assert len(lines[1]) == len(lines[0]) == len({json.loads(x)["key"] for x in lines[0]})
 
 
 def test_two_process_grid_equals_one_process(model_dir, loaded_fp32, tmp_path):

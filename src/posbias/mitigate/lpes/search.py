@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ...core.ga import CurveSpace, GeneticSearch, LayerSpace, RandomSearch
 from ...errors import PosbiasError
+from ...eval.scaleout import start_processes
 from ...models.load import Loaded, load_model
 from ...runs import RunFolder, is_main_process, read_json, write_json_atomic
 from ...runs import progress as progress_bar
@@ -64,6 +65,7 @@ def run_search(cfg: SearchConfig | None = None, out: str | Path | None = None, *
     task.examples(cfg.n, cfg.seed, cfg.skip)  # enough examples? (a clear error before anything loads)
     folder = RunFolder(out, "search", "factors.json", (STATE, "evals.jsonl", "log", "factors.png"))
     folder.check(resume, overwrite)
+    start_processes()  # several processes: join their group before loading (each rank's `cuda` is its own GPU)
     loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     n_layers = loaded.model.config.num_hidden_layers
     space = make_space(cfg, n_layers)
@@ -72,7 +74,8 @@ def run_search(cfg: SearchConfig | None = None, out: str | Path | None = None, *
     with folder.open(_fingerprint(cfg, loaded, fitness.positions), resume, overwrite):
         if folder.path is not None:
             fitness.attach(folder.file("evals.jsonl"))
-            folder.file("log").mkdir(exist_ok=True)
+            if is_main_process():  # under accelerate launch rank 0 owns the folder (it may not exist on the others yet)
+                folder.file("log").mkdir(exist_ok=True)
             if folder.resuming and folder.file(STATE).exists():
                 _load_state(search, folder.file(STATE))
         t0 = time.perf_counter()
