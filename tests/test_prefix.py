@@ -87,6 +87,34 @@ def test_plan_respects_the_token_budget():
             assert len(b) <= 5 and (kv <= 1500 or len(b) == 1)
 
 
+def test_plan_closes_a_branch_batch_before_padding_wastes_its_work():
+    """With no minimum size every branch batch of several rows wastes at most 5% (SLACK) of its work on padding
+    (work model eval.prefix.work). Two examples of 200 and 400 tokens, the gold token at 10 depths: equal branch
+    widths come with different spine cuts (example A at depth 0 against B at depth 5), which must not share a
+    batch. With the accelerator's minimum (the whole budget) the same rows take fewer batches."""
+    from types import SimpleNamespace
+
+    from posbias.eval.prefix import SLACK, work
+
+    assert SLACK == 0.95
+    rows = []
+    for e, n in enumerate((200, 400)):
+        base = list(range(1000 * (e + 1), 1000 * (e + 1) + n))
+        for k in range(10):
+            cut = k * n // 10
+            rows.append(SimpleNamespace(key=(f"ex{e}", k), prompt_ids=base[:cut] + [7] + base[cut + 1:]))
+    cost = lambda r, p: (1, len(r.prompt_ids) - p + 2)  # noqa: E731
+    tight = plan_shared(rows, cost, batch_tokens=100000, max_batch=64, min_tokens=0)
+    loose = plan_shared(rows, cost, batch_tokens=100000, max_batch=64, min_tokens=100000)
+    plen = {i: p for g in tight for s in g.shares for i, p in zip(s.rows, s.plen)}
+    for b in (b for g in tight for b in g.batches if len(b) > 1):
+        items = [(*cost(rows[i], plen[i]), plen[i]) for i in b]
+        padded = work(sum(t[0] for t in items), max(t[1] for t in items), max(t[2] for t in items))
+        assert padded * SLACK <= sum(work(*t) for t in items)
+    assert not any({("ex0", 0), ("ex1", 5)} <= {rows[i].key for i in b} for g in tight for b in g.batches)
+    assert sum(map(len, (g.batches for g in loose))) < sum(map(len, (g.batches for g in tight)))
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @torch.inference_mode()
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

@@ -112,28 +112,41 @@ def _take(items: list, cost: Callable[[list], int], budget: int, max_n: int,
     return parts + ([cur] if cur else [])
 
 
-SLACK = 0.8  # a branch batch closes when the next branch is shorter than SLACK x its longest (padding waste <= 20%) ...
+SLACK = 0.95  # a branch batch closes when its rows' own work would fall below SLACK x its padded work ...
 MIN_TOKENS = 1024  # ... unless the batch is still this small (a forward has a fixed cost too)
+PAIRS_PER_TOKEN = 1000.0  # work model: one token's matmuls cost about as much as attention over this many keys
+
+
+def work(seqs: int, width: int, p: int) -> float:
+    """The work model of `seqs` sequences of `width` branch tokens after p cached columns: per token its matmuls
+    plus its attention pairs (p + its place in the branch). PAIRS_PER_TOKEN: SmolLM2 does ~212 MFLOP of matmuls per
+    token and ~69 kFLOP per (query, key) pair (30 layers x 9 heads x 64 x 4), about 3,000 pairs; its CPU attention
+    costs ~3x more per FLOP than its matmuls, so ~1,000 (measured: docs/sweep.md, nq with 10 documents)."""
+    return seqs * width * (PAIRS_PER_TOKEN + p + width / 2)
 
 
 def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple[int, int]], batch_tokens: int,
                 max_batch: int, min_tokens: int = MIN_TOKENS) -> list[Group]:
     """Groups of examples and their branch batches. branch_cost(row, p) -> (sequences, padded branch tokens per
-    sequence) for a row reusing p spine tokens (teacher forcing: one sequence per accepted answer). min_tokens:
-    a batch never closes for padding below this size (batch_tokens on an accelerator: fewer, larger forwards)."""
+    sequence) for a row reusing p spine tokens (teacher forcing: one sequence per accepted answer). A branch batch
+    pads every sequence to its widest branch and its widest spine cut, so rows are taken costliest first and a
+    batch closes when the padding would waste more than 1 - SLACK of its work (`work`); min_tokens: it never
+    closes for that below this size (batch_tokens on an accelerator: fewer, larger forwards)."""
     shares = shares_of(rows)
     groups = [Group(g) for g in _take(shares, lambda g: len(g) * max(len(s.spine) for s in g), batch_tokens, max_batch)]
     for g in groups:
-        items = []  # (row, sequences, spine columns, branch width)
+        items = []  # (row, sequences, branch width, spine columns p)
         for s in g.shares:
             items += [(i, *branch_cost(rows[i], p), p) for i, p in zip(s.rows, s.plen)]
-        items.sort(key=lambda t: (-t[2], t[0]))  # longest branch first: the padding that costs compute is the branch's
+        items.sort(key=lambda t: (-work(*t[1:]), t[0]))
 
         def cost(part):  # padded KV columns: every sequence to the widest spine cut + the widest branch
             return sum(t[1] for t in part) * (max(t[3] for t in part) + max(t[2] for t in part))
 
-        def close(part, it):  # items come longest branch first: part[0] is the widest
-            return it[2] < SLACK * part[0][2] and sum(t[1] for t in part) * part[0][2] >= min_tokens
+        def close(part, it):
+            both = part + [it]
+            padded = work(sum(t[1] for t in both), max(t[2] for t in both), max(t[3] for t in both))
+            return padded * SLACK > sum(work(*t[1:]) for t in both) and sum(t[1] for t in part) * part[0][2] >= min_tokens
 
         g.batches = [[t[0] for t in part] for part in _take(items, cost, batch_tokens, max_batch, close)]
     return groups
