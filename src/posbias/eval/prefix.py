@@ -57,9 +57,12 @@ def lcp_matrix(seqs: list[list[int]]) -> np.ndarray:
     return out
 
 
-def spine_index(seqs: list[list[int]]) -> int:
-    """The sequence with the largest total LCP with all the others (ties: the first)."""
-    return int(np.argmax(lcp_matrix(seqs).sum(axis=1)))
+def spine(seqs: list[list[int]]) -> tuple[int, np.ndarray]:
+    """(index of the sequence with the largest total LCP with all the others (ties: the first), every sequence's
+    LCP with it)."""
+    m = lcp_matrix(seqs)
+    k = int(np.argmax(m.sum(axis=1)))
+    return k, m[k]
 
 
 @dataclass
@@ -91,11 +94,9 @@ def shares_of(rows: list[Encoded]) -> list[Share]:
     out = []
     for idx in by_ex.values():
         prompts = [rows[i].prompt_ids for i in idx]
-        m = lcp_matrix(prompts)
-        k = int(np.argmax(m.sum(axis=1)))  # spine_index
-        spine = prompts[k]
-        plen = [min(int(m[k, j]), len(p) - 1) for j, p in enumerate(prompts)]
-        out.append(Share(spine[: max(plen)], idx, plen))
+        k, shared = spine(prompts)
+        plen = [min(int(n), len(p) - 1) for n, p in zip(shared, prompts)]
+        out.append(Share(prompts[k][: max(plen)], idx, plen))
     return out
 
 

@@ -64,11 +64,11 @@ def prefill(model, spines: list[list[int]], pad_id: int) -> list[tuple[torch.Ten
     right padding under plain causal attention changes no real column (a pad sits after every real token)."""
     from transformers import DynamicCache
 
-    width = max(1, *map(len, spines))  # an empty spine (no shared prefix) keeps one hidden column
+    seqs = [s or [pad_id] for s in spines]  # an empty spine (no shared prefix) keeps one hidden column
+    width = max(map(len, seqs))
     dev = next(model.parameters()).device
     kw = {"logits_to_keep": 1} if _keeps_logits(model) else {}
-    padded = [(s or [pad_id]) + [pad_id] * (width - len(s or [pad_id])) for s in spines]
-    parts = [padded] if launch_bound(model) else [[(s or [pad_id])] for s in spines]
+    parts = [[s + [pad_id] * (width - len(s)) for s in seqs]] if launch_bound(model) else [[s] for s in seqs]
     per: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
     for part in parts:
         ids = torch.tensor(part, dtype=torch.long, device=dev)  # [e, P]
