@@ -94,9 +94,31 @@ def test_two_hop_jsonl(tmp_path):
 
 def test_reasoning_metric_reads_the_text_after_the_last_marker():
     assert final_answer("x\nThe answer is: Paris.\nmore") == "Paris."
-    assert final_answer("The answer is: A. Then the answer is B") == "B"
+    assert final_answer("The answer is: A. Then the answer is: B") == "B"
     assert reasoning_em("So... The answer is: the Paris", ["Paris"]) and not reasoning_em("Paris", ["Paris"])
     assert not reasoning_em("The answer is: Paris, France", ["Paris"]) and subspan("The answer is: Paris, France", ["Paris"])
+
+
+@pytest.mark.parametrize("text", [
+    "The answer is:\nParis",  # the answer on the next line
+    "Step 2: ...\nThe answer is:\n\n  Paris\n",  # after blank lines and indentation
+    "The answer is: **Paris**",  # markdown emphasis
+    "**The answer is:** Paris",  # the marker in bold
+    "### The answer is:\n**Paris**",  # a heading, the answer in bold on the next line
+    "The answer is: Paris\nDocument 3 says the answer is supported by Document 3.",  # a later colon-less phrase
+    "The answer is: Paris\nThe answer is supported by Document 3",  # ... even when it starts a line
+    "THE ANSWER IS: paris",  # any case
+])
+def test_reasoning_em_finds_the_explicit_answer(text):
+    """Pos2Distill App. C scores the part after "The answer is:"; a newline or markdown after the marker is
+    layout, and only the explicit marker with its colon counts (a later "the answer is supported by ..." does not
+    replace an earlier "The answer is: Paris")."""
+    assert reasoning_em(text, ["Paris"]), final_answer(text)
+
+
+@pytest.mark.parametrize("text", ["the answer is Paris", "The answer is Paris.", "Paris", "The answer is:", ""])
+def test_reasoning_em_needs_the_marker_and_an_answer(text):
+    assert not reasoning_em(text, ["Paris"])
 
 
 # -- pair sweeps ----------------------------------------------------------------------------------------
