@@ -43,19 +43,27 @@ def substring_match(prediction: str, answers: Sequence[str]) -> bool:
     return any(a in pred for a in answers)
 
 
-_ANSWER = re.compile(r"the answer is\s*:?", re.IGNORECASE)
+# Pos2Distill's reasoning template ends with "The answer is:" (App. C, Table 7): the explicit marker, colon included
+# (markdown emphasis may sit between "is" and the colon), in any case. A colon-less "the answer is ..." is prose.
+_ANSWER = re.compile(r"the answer is\s*[*_]*\s*:", re.IGNORECASE)
+_LAYOUT = "*_#>` \t"  # markdown emphasis, heading, quote and code marks around an answer line
 
 
 def final_answer(prediction: str) -> str | None:
-    """The text after the last "The answer is:" (colon optional, any case), cut at its first newline; None if absent."""
+    """The answer after the last "The answer is:" (any case): its first non-empty line, wherever the model put it
+    (the same line, or a later one after blank lines), with markdown marks (**, __, #, >, `) and spaces stripped
+    from both ends. None if the marker is absent; "" if nothing follows it."""
     hits = list(_ANSWER.finditer(prediction))
-    return first_line(prediction[hits[-1].end():]).strip() if hits else None
+    if not hits:
+        return None
+    lines = (line.strip(_LAYOUT) for line in prediction[hits[-1].end():].splitlines())
+    return next((line for line in lines if line), "")
 
 
 def reasoning_em(prediction: str, answers: Sequence[str]) -> bool:
     """Pos2Distill App. C: exact match (normalised) of the part after the last "The answer is:" with a gold answer."""
     ans = final_answer(prediction)
-    return ans is not None and normalize_answer(ans) in {normalize_answer(a) for a in answers}
+    return bool(ans) and normalize_answer(ans) in {normalize_answer(a) for a in answers}
 
 
 def subspan(prediction: str, answers: Sequence[str]) -> bool:
