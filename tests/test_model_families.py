@@ -267,3 +267,13 @@ def test_method_applies_exactly_or_refuses_in_one_line(family, method, tmp_path)
         step = lo.model(input_ids=ids[:, -1:], past_key_values=pre.past_key_values, use_cache=True).logits[:, -1]
     torch.testing.assert_close(batch, alone, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(step, full, atol=1e-4, rtol=1e-4)
+
+
+def test_the_decoding_rule_is_recorded_and_the_model_config_restored(family):
+    name, lo = family
+    task = get_task("kv-lookup", **TASK)
+    scorer = Scorer(lo, task, "generate", 4)
+    assert scorer.settings()["decoding"] == {"rule": "greedy", "model_generation_config_ignored": {
+        "no_repeat_ngram_size": 2, "repetition_penalty": 1.3}}
+    scorer.score(scorer.rows(task.examples(1, seed=0), [0]))
+    assert lo.model.generation_config.repetition_penalty == 1.3  # swapped back after generating

@@ -1,4 +1,8 @@
-"""Batched greedy generation with the KV cache, stopping at EOS, max tokens, or (single-line answers) a newline."""
+"""Batched greedy generation with the KV cache, stopping at EOS, max tokens, or (single-line answers) a newline.
+
+Greedy is the one rule on every path: the plain path's `model.generate` runs under a neutral generation config
+(models/decoding.py), so a checkpoint's repetition_penalty, no_repeat_ngram_size, sampling settings, ... change
+nothing, and it decodes exactly as the prefix-shared path's argmax loop and teacher forcing assume."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from functools import lru_cache
 import torch
 
 from ..core.metrics import first_line
+from ..models.decoding import neutral_generation_config
 from .encode import Encoded, left_pad
 
 
@@ -52,12 +57,13 @@ def generate_greedy(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_
         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_ids(model, tokenizer), pad_token_id=pad_id
     )
     stop = StoppingCriteriaList([] if multiline else [_StopAtNewline(_newline_ids(tokenizer), dev)])
-    out = model.generate(
-        input_ids=batch["input_ids"].to(dev),
-        attention_mask=batch["attention_mask"].to(dev),
-        generation_config=cfg,
-        stopping_criteria=stop,
-    )
+    with neutral_generation_config(model):  # nothing left unset in cfg is filled from the model's own config
+        out = model.generate(
+            input_ids=batch["input_ids"].to(dev),
+            attention_mask=batch["attention_mask"].to(dev),
+            generation_config=cfg,
+            stopping_criteria=stop,
+        )
     new = out[:, batch["input_ids"].shape[1] :]
     texts = tokenizer.batch_decode(new, skip_special_tokens=True)
     return [t.strip() if multiline else first_line(t) for t in texts]

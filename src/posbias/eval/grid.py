@@ -190,7 +190,7 @@ def grid_record(cfg: GridConfig, option: str, depths: list[float], slots: dict[i
                 results: dict[int, SweepResult], loaded: Loaded, method: Method) -> dict:
     """The content of grid.json: config, model, versions, per-size token counts and summaries, tidy cells."""
     first = next(iter(results.values()))
-    resolved = {**cfg.to_dict(), **{k: first.config[k] for k in ("engine", "max_new_tokens", "chat_used")},
+    resolved = {**cfg.to_dict(), **{k: first.config[k] for k in ("engine", "max_new_tokens", "chat_used", "decoding")},
                 "size_option": option}
     sizes, cells = [], []
     for s, res in results.items():

@@ -59,7 +59,10 @@ class Scorer:
     def settings(self, method: str | Method | None = None) -> dict:
         """The resolved choices, for a run's record: with a method, also the scoring path it runs (and why not
         the prefix-shared one, if not)."""
-        out = {"engine": self.engine.name, "max_new_tokens": self.max_new_tokens, "chat_used": self.chat}
+        from ..models.decoding import decoding_record
+
+        out = {"engine": self.engine.name, "max_new_tokens": self.max_new_tokens, "chat_used": self.chat,
+               "decoding": decoding_record(self.loaded.model)}
         if method is not None:
             shared, note = self.path(method)
             out["scoring_path"] = "prefix-shared" if shared else "plain"
