@@ -87,6 +87,7 @@ def build(family: str):
             orig = _prompt_len()
             extra["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
                                         "long_factor": [3.0] * 8, "original_max_position_embeddings": orig}
+            extra["original_max_position_embeddings"] = orig  # Phi-3 copies its own (default 4096) into the above
         heads = dict(num_attention_heads=4, num_key_value_heads=2) if cls_name != "GPTNeoXConfig" else dict(
             num_attention_heads=4)
         cfg = getattr(tf, cls_name)(hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
@@ -136,15 +137,15 @@ def test_prefix_sharing_is_exact_or_falls_back_with_a_note(family, engine):
             assert shared[k]["logprob"] == pytest.approx(plain[k]["logprob"], abs=1e-4), k
 
 
+@pytest.mark.parametrize("name", sorted(FALLS_BACK))
 @torch.inference_mode()
-def test_a_fallback_is_needed(family):
+def test_a_fallback_is_needed(name):
     """Where the capability check refuses prefix sharing, the shared forward (cached spine, then the branch)
     really differs from a plain forward of the same tokens: the refusal is needed, not merely cautious."""
-    from posbias.models.prefix import SharedKV, prefill
+    from posbias.models.prefix import SharedKV, prefill, prefix_exact
 
-    name, lo = family
-    if name not in FALLS_BACK:
-        pytest.skip("prefix sharing is exact for this family")
+    lo = build(name)
+    assert FALLS_BACK[name] in prefix_exact(lo.model)
     n = _prompt_len()
     seq = random_seqs([n + 4], 100, seed=3)[0]
     spine, branch = seq[: n - 10], seq[n - 10:]  # spine within the short factors, the whole row past them

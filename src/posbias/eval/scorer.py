@@ -55,6 +55,7 @@ class Scorer:
         self.chat = use_chat(loaded, chat)
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
         self.prefix_sharing = prefix_sharing
+        self._model_note: str | None = None  # why this model cannot share prefixes ("" if it can), once decided
 
     def settings(self, method: str | Method | None = None) -> dict:
         """The resolved choices, for a run's record: with a method, also the scoring path it runs (and why not
@@ -71,9 +72,16 @@ class Scorer:
 
     def path(self, method: str | Method | None = None) -> tuple[bool, str | None]:
         """(prefix-shared?, note): the note says why a requested prefix sharing falls back to the plain path."""
+        from ..models.prefix import prefix_exact
+
         m = self.method(method)
         if not self.prefix_sharing:
             return False, None
+        if self._model_note is None:
+            why = prefix_exact(self.loaded.model)
+            self._model_note = f"model: plain scoring path, no prefix sharing ({why})" if why else ""
+        if self._model_note:
+            return False, self._model_note
         if not m.prefix_safe:
             return False, f"{m.label}: plain scoring path, no prefix sharing ({m.prefix_note})"
         return True, None

@@ -3,7 +3,8 @@
 `prefill` runs a batch of prefixes ("spines") once and keeps their keys/values; a `SharedKV` then
 continues rows from them: row r sees the first `plen[r]` columns of its spine's cache, then its own
 tokens. Every mask is built from key *positions* (-1: not visible), so causality, padding, the prefix
-cut and sliding windows (Gemma-3, Mistral) follow one rule:
+cut and sliding windows (Gemma-2/3, Qwen2/3 `layer_types`; Mistral, Mixtral, Phi-3, Starcoder2 `sliding_window`)
+follow one rule:
 
     a query at position q sees key column c  iff  0 <= kpos[c] <= q  and (no window, or q - kpos[c] < W)
 
@@ -11,6 +12,10 @@ cut and sliding windows (Gemma-3, Mistral) follow one rule:
 column, so a padding query never has an empty row (no NaN in padded rows, which no real row sees).
 Masks go in ready-made (4D; one per layer type for models with `config.layer_types`), bypassing the
 model's own mask builder, which assumes one cache length for the whole batch.
+
+`prefix_exact` decides, per model, whether this reproduces the plain path (the Scorer falls back with its note
+where it does not): RoPE whose frequencies depend on the sequence length (dynamic, longrope), layer kinds other
+than full and sliding, and unknown position schemes fall back. tests/test_model_families.py checks each family.
 """
 
 from __future__ import annotations
@@ -24,14 +29,71 @@ def _keeps_logits(model) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
-def _windows(model) -> dict[str, int | None] | int | None:
-    """Per layer type its sliding window (None: full attention), or one window (None) for a single-mask model."""
-    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+def _text_config(model):
+    return model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+
+
+# layer kinds whose mask the shared path builds itself; any other (chunked, linear, ...) falls back
+_LAYER_KINDS = ("full_attention", "sliding_attention")
+_ABSOLUTE = ("gpt2",)  # learned absolute positions read from position_ids (checked by the family suite)
+_LENGTH_DEPENDENT = ("dynamic", "longrope")  # RoPE frequencies recomputed from the sequence length
+
+
+def _window_plan(model) -> tuple[dict[str, int | None] | int | None, str | None]:
+    """(per layer type its sliding window, or one window for a single-mask model; None: full attention), and
+    why the shared path cannot build the model's own masks (None: it can). A model without `layer_types` applies
+    `config.sliding_window` to every layer when its modeling code builds sliding masks (Mistral, Mixtral, Phi-3,
+    Starcoder2); one whose code builds none would get a window here that its plain path lacks, so it falls back."""
+    import sys
+
+    cfg = _text_config(model)
     window = getattr(cfg, "sliding_window", None)
     types = getattr(cfg, "layer_types", None)
     if types:
-        return {t: (window if t == "sliding_attention" else None) for t in set(types)}
-    return window if getattr(cfg, "model_type", "") == "mistral" else None
+        odd = sorted(set(types) - set(_LAYER_KINDS))
+        if odd:
+            return None, f"layer type {odd[0]!r}, whose mask the shared path does not build"
+        if "sliding_attention" in types and not isinstance(window, int):
+            return None, "sliding layers without an integer config.sliding_window"
+        return {t: (window if t == "sliding_attention" else None) for t in set(types)}, None
+    if getattr(cfg, "attention_chunk_size", None):
+        return None, "chunked attention (config.attention_chunk_size)"
+    if window is None or getattr(cfg, "use_sliding_window", True) is False:
+        return None, None
+    code = sys.modules.get(type(getattr(model, "base_model", model)).__module__)
+    if not hasattr(code, "create_sliding_window_causal_mask"):
+        return None, f"config.sliding_window={window} with modeling code whose window rule posbias has not checked"
+    return int(window), None
+
+
+def _windows(model) -> dict[str, int | None] | int | None:
+    """Per layer type its sliding window (None: full attention), or one window (None) for a single-mask model."""
+    return _window_plan(model)[0]
+
+
+def prefix_exact(model) -> str | None:
+    """None if prefix-shared scoring gives this model's plain-path logits, else why not (one line, for the run's
+    record). Exact needs: positions that a cached key keeps (static RoPE, or learned absolute positions read from
+    position_ids), masks the shared path can build (full, or sliding with a known window), and an attention backend
+    that takes them (sdpa, eager)."""
+    cfg, base = _text_config(model), getattr(model, "base_model", model)
+    mtype = getattr(cfg, "model_type", type(model).__name__)
+    rot = getattr(base, "rotary_emb", None)
+    if rot is not None:
+        kinds = getattr(rot, "rope_type", "default")
+        for kind in (kinds.values() if isinstance(kinds, dict) else [kinds]):
+            if any(d in str(kind) for d in _LENGTH_DEPENDENT):
+                return (f"{mtype}: rope_type {str(kind)!r} recomputes the RoPE frequencies from the sequence length, so a "
+                        "cached prefix is rotated as a shorter sequence than the whole row")
+    elif mtype not in _ABSOLUTE:
+        return f"{mtype}: no rotary embedding and no learned positions that posbias has checked for prefix sharing"
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return f"{mtype}: forward takes no position_ids"
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in ("sdpa", "eager"):
+        return f"{mtype}: attention implementation {impl!r} (the shared path's masks need sdpa or eager)"
+    why = _window_plan(model)[1]
+    return f"{mtype}: {why}" if why else None
 
 
 def _mask(kpos: torch.Tensor, qpos: torch.Tensor, window: int | None, dtype) -> torch.Tensor:
