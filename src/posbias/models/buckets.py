@@ -78,7 +78,7 @@ def base_inv_freq(model, info: RopeInfo, base: float, kind: int | None = None) -
     own = params.get(k.name) if multi and isinstance(params, dict) else params
     if not isinstance(own, dict) or "rope_theta" not in own:
         raise PosbiasError(f"model type '{info.model_type}' has no rope_theta in config.rope_parameters",
-                           "use a Llama/Qwen2/Mistral/Gemma-3 model")
+                           "use a RoPE model of the families in the method docs (Llama, Qwen2/3, Mistral, Phi-3, Gemma-2/3, ...)")
     cfg = copy.deepcopy(model.config)
     cfg.rope_parameters = {**params, k.name: {**own, "rope_theta": float(base)}} if multi else {**own, "rope_theta": float(base)}
     extra = {"layer_type": k.name} if multi else {}

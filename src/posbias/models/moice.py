@@ -48,6 +48,7 @@ from torch import nn
 from ..errors import PosbiasError
 from .buckets import kind_inv_freqs, scaled_bases
 from .attn_hooks import patched_attention, register_attention, take_rope_and_cache
+from .mspoe_heads import rotate
 from .rope import RopeTables, model_dtype, rope_guard, rope_info
 
 PAPER_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 22500.0, 25000.0)  # train.sh base_set (Llama-2, theta 1e4)
@@ -149,16 +150,6 @@ def routing_weights(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, logits.topk(top_k, dim=-1).indices, True)
     kept = torch.where(keep, probs, torch.zeros_like(probs))
     return kept / kept.sum(-1, keepdim=True)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE with given cos/sin (the transformers formula): x (..., T, D), cos/sin broadcastable to it."""
-    return x * cos + _rotate_half(x) * sin
 
 
 def mix_experts(backend, module, query, key, value, mask, rot_q, rot_k, weights, **kwargs) -> torch.Tensor:
@@ -268,7 +259,7 @@ def _tables(model, info, bases, size: int | None) -> RopeTables:
     invs = kind_inv_freqs(model, info, bases)  # (K*N, D/2)
     if len({k.attention_scaling for k in info.kinds}) > 1:
         raise PosbiasError(f"model type '{info.model_type}' has RoPE kinds with different attention scalings",
-                           "use a Llama/Qwen2/Mistral/Gemma-3 model")
+                           "use a RoPE model of the families in the method docs (Llama, Qwen2/3, Mistral, Phi-3, Gemma-2/3, ...)")
     return RopeTables(invs, [1.0] * len(invs), info.attention_scaling, model_dtype(model), invs.device,
                       size or info.max_positions or 2048)
 

@@ -42,7 +42,8 @@ What this module does, and where it deliberately differs:
 - Teacher forcing prompt + answer in one forward ranks the heads on the row's last token unless
   `MsPoE.order_query` names the last prompt column; with it, the ordering and the logits equal what
   generate() computes from the prompt alone (tested).
-- Scope: Llama/Qwen2/Mistral and Gemma-3 (text). Gemma-3 has two RoPE kinds (sliding layers theta 1e4,
+- Scope: the RoPE families of SUPPORTED (Llama, Qwen2/3, Mistral, Mixtral, Starcoder2, OLMo-2, Phi-3 with
+  partial rotary, Gemma-2, Gemma-3 text), each checked by the family conformance suite. Gemma-3 has two RoPE kinds (sliding layers theta 1e4,
   global layers 1e6): each layer is rotated with its own kind's frequencies at positions / r (its rotary
   module called with the layer's type). Rope types whose frequencies depend on the sequence length
   (dynamic, longrope) are refused. Tested with the sdpa and eager backends; flex BlockMasks are refused.
@@ -82,7 +83,7 @@ from .rope import rope_info
 __all__ = ["ALPHA", "MODES", "MsPoE", "check_model", "mspoe", "outlier_scores", "rank_groups", "ratio_ladder"]
 
 SKIP_FIRST = 2  # default: leave the first two layers on plain RoPE (public scripts: layers 2..31)
-SUPPORTED = ("llama", "qwen2", "mistral", "gemma3_text")
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "starcoder2", "olmo2", "phi3", "gemma2", "gemma3_text")
 MODES = ("group", "query")  # one ratio per KV group | per query head (the paper's rule)
 
 # self_attn module -> its _LayerState, for the layers of models currently inside `mspoe`.
@@ -224,8 +225,9 @@ def _check_model(model):
     base = getattr(model, getattr(model, "base_model_prefix", ""), model)
     if kind not in SUPPORTED or getattr(base, "rotary_emb", None) is None or not hasattr(base, "layers"):
         raise PosbiasError(
-            f"mspoe needs a RoPE model of the Llama/Qwen2/Mistral/Gemma-3 families; got model_type={kind!r}",
-            "Ms-PoE rescales rotary position embeddings; use a RoPE model (e.g. SmolLM2, Qwen2, Mistral, Gemma-3)",
+            f"mspoe runs on the model types {', '.join(SUPPORTED)} (checked: tests/test_model_families.py); "
+            f"got model_type={kind!r}",
+            "Ms-PoE rescales rotary position embeddings per head; use a RoPE model of those types",
         )
     try:
         info = rope_info(model)  # every RoPE kind must be static (dynamic / longrope frequencies depend on length)

@@ -93,8 +93,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """f(x, i / r_h): x [B, H, T, D] with per-head cos/sin [B, H, T, D] (same formula as transformers)."""
-    return (x * cos) + (rotate_half(x) * sin)
+    """f(x, i / r_h): x [..., T, D] with cos/sin broadcastable to [..., T, d] (same formula as transformers). d < D:
+    partial rotary (Phi-3's partial_rotary_factor, GPT-NeoX's rotary_pct): only the first d channels rotate, as in
+    transformers' apply_rotary_pos_emb for those models; the rest pass through."""
+    d = cos.shape[-1]
+    if d == x.shape[-1]:
+        return (x * cos) + (rotate_half(x) * sin)
+    head = x[..., :d]
+    out = (head * cos) + (rotate_half(head) * sin)  # broadcast, e.g. over MoICE's experts
+    return torch.cat([out, x[..., d:].expand(*out.shape[:-1], -1)], dim=-1)
 
 
 def rotate_heads(q, k, cos, sin, rank: torch.Tensor, groups: int, per_query: bool):

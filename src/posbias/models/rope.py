@@ -22,7 +22,8 @@ from torch import nn
 
 from ..errors import PosbiasError
 
-_FAMILIES = "a Llama/Qwen2/Mistral-family model (RoPE with position_embeddings passed to each self_attn)"
+_FAMILIES = ("a RoPE model whose decoder layers pass position_embeddings to a self_attn module (Llama, Qwen2/3, Mistral, "
+             "Mixtral, Phi-3, Starcoder2, OLMo-2, Gemma-2/3)")
 _DYNAMIC = ("dynamic", "longrope")  # inv_freq depends on the sequence length: fixed tables would be wrong
 _ACTIVE = "_posbias_rope_active"  # attribute set on the model while one of our RoPE context managers is active
 
