@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from conftest import dies_after
 from posbias import (
     DistillConfig,
     PosbiasError,
@@ -19,7 +20,6 @@ from posbias import (
     run_sweep,
 )
 from posbias.core.metrics import final_answer, reasoning_em, subspan
-from conftest import dies_after
 from posbias.eval import engines
 from posbias.tasks import mode_of, move2, resolve_pairs
 

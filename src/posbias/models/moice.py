@@ -46,8 +46,8 @@ import torch
 from torch import nn
 
 from ..errors import PosbiasError
-from .buckets import kind_inv_freqs, scaled_bases
 from .attn_hooks import patched_attention, register_attention, take_rope_and_cache
+from .buckets import kind_inv_freqs, scaled_bases
 from .mspoe_heads import rotate
 from .rope import RopeTables, model_dtype, rope_guard, rope_info
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from ...errors import PosbiasError
 from ...eval.generate import eos_ids
 from ...eval.scorer import use_chat
+from ...models.decoding import decoding_record
 from ...models.load import Loaded, load_model
 from ...runs import MARKER, RunFolder, is_main_process, num_processes, read_json, write_json_atomic
 from ...tasks import get_task, placement_key
@@ -124,6 +125,7 @@ def _data_once(loaded, task, r: dict, out: Path, fp: dict, progress: bool):
                                      skip=r["skip"], correct_only=r["correct_only"], max_draw=r["max_draw"], **gen)
     if fp.get("selftrain"):
         records, summary["selftrain"] = expand_selftrain(loaded, task, records, **gen)
+    summary["decoding"] = decoding_record(loaded.model)  # greedy responses, whatever the checkpoint's config says
     if is_main_process():
         write_records(out, records, summary, fp)
     return records, summary
