@@ -90,7 +90,7 @@ def run_search(cfg: SearchConfig | None = None, out: str | Path | None = None, *
             **space.describe(best),
             "search_split": {"task": task.name, "seed": cfg.seed, "skip": cfg.skip, "n": cfg.n, "positions": fitness.positions},
             "history": search.history, "converged_at": converged_at(search.history), "evaluations": len(fitness.seen),
-            # the GA's grid starts at y_init, so it may never try the identity: say when nothing it found beat it
+            # the GA tries the identity only if a mutation reaches it (docs/lpes.md): say when nothing it found beat it
             "beats_unmodified": rec["fitness"] > weighted_fitness(base_acc, cfg.weights),
             "seconds_this_call": time.perf_counter() - t0, "config": cfg.to_dict(), "model_info": loaded.info,
         }
