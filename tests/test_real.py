@@ -46,6 +46,19 @@ def test_gemma3_second_architecture(tmp_path):
     cfg = SweepConfig(model="gemma3-270m", task="kv-lookup", task_options={"facts": 5}, positions="0,4", n=4)
     res = run_sweep(cfg, tmp_path / "g", loaded=lo, progress=False)
     assert len(res.rows) == 8 and all(isinstance(r["correct"], bool) for r in res.rows)
+    _shares_prefixes_and_decodes_greedily(res.record)
+
+
+def _shares_prefixes_and_decodes_greedily(record):
+    """The registered models' generation_config asks for nothing beyond greedy (so issue 25's decoding fix changed
+    none of their numbers), and prefix sharing is exact for them (models.prefix.prefix_exact)."""
+    assert record["config"]["decoding"] == {"rule": "greedy"}
+    assert record["config"]["scoring_path"] == "prefix-shared" and "scoring_note" not in record["config"]
+
+
+def test_smollm2_shares_prefixes_and_decodes_greedily(smollm2, tmp_path):
+    cfg = SweepConfig(task="kv-lookup", task_options={"facts": 4}, positions="0", n=1, seed=0)
+    _shares_prefixes_and_decodes_greedily(run_sweep(cfg, tmp_path / "s", loaded=smollm2, progress=False).record)
 
 
 def test_smollm2_two_hops_adjacent_late_beat_apart_early(smollm2, tmp_path):
