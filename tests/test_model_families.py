@@ -199,7 +199,7 @@ def test_teacher_forcing_agrees_with_generation(family):
     rows = _prompts(lo)
     gen = generate_greedy(lo.model, lo.tokenizer, rows, 0, 6, multiline=True)
     ids = [lo.tokenizer(g, add_special_tokens=False)["input_ids"] for g in gen]
-    keep = [(r, a) for r, a in zip(rows, ids) if a and gen[rows.index(r)] == gen[rows.index(r)].strip()]
+    keep = [(r, a) for r, g, a in zip(rows, gen, ids) if a and g == g.strip()]  # text that tokenises back as generated
     assert keep, "no row generated a plain continuation"
     right = [Encoded(r.prompt, r.prompt_ids, [a]) for r, a in keep]
     wrong = [Encoded(r.prompt, r.prompt_ids, [a[:-1] + [a[-1] + 1 if a[-1] + 1 < len(lo.tokenizer) else 4]]) for r, a in keep]
