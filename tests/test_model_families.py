@@ -1,4 +1,4 @@
-"""Model-family conformance (issue 25): tiny random models built from configs (no weights) for every family that
+"""Model-family conformance: tiny random models built from configs (no weights) for every family that
 users point posbias at, in fp32. Each model's own `generation_config` asks for repetition_penalty=1.3 and
 no_repeat_ngram_size=2, which posbias must ignore (greedy decoding is the one rule). For each family:
 

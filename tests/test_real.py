@@ -50,7 +50,7 @@ def test_gemma3_second_architecture(tmp_path):
 
 
 def _shares_prefixes_and_decodes_greedily(record):
-    """The registered models' generation_config asks for nothing beyond greedy (so issue 25's decoding fix changed
+    """The registered models' generation_config asks for nothing beyond greedy (so making decoding greedy-only changed
     none of their numbers), and prefix sharing is exact for them (models.prefix.prefix_exact)."""
     assert record["config"]["decoding"] == {"rule": "greedy"}
     assert record["config"]["scoring_path"] == "prefix-shared" and "scoring_note" not in record["config"]

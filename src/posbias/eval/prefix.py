@@ -1,4 +1,4 @@
-"""Prefix-shared scoring (issue 17): a sweep asks each example with the gold at every slot, and the prompt for
+"""Prefix-shared scoring: a sweep asks each example with the gold at every slot, and the prompt for
 slot k shares everything before slot k with the prompts for the later slots. Each example's shared prefix (its
 *spine*) is computed once; every row then runs only its own suffix (its *branch*) over the cached keys/values.
 

@@ -1,4 +1,4 @@
-"""A sweep's rows scored across processes (issue 17): `accelerate launch -m posbias.cli sweep|compare|grid ...`.
+"""A sweep's rows scored across processes: `accelerate launch -m posbias.cli sweep|compare|grid ...`.
 
 Under a launcher with WORLD_SIZE > 1 (runs.num_processes), every process loads the model and builds every row;
 the work is then split at the bounds of the one-process plan (`Scorer.units`): on the prefix-shared path its

@@ -1,4 +1,4 @@
-"""Forward passes that continue cached prefixes (prefix-shared scoring, issue 17): the transformers side.
+"""Forward passes that continue cached prefixes (prefix-shared scoring): the transformers side.
 
 `prefill` runs a batch of prefixes ("spines") once and keeps their keys/values; a `SharedKV` then
 continues rows from them: row r sees the first `plen[r]` columns of its spine's cache, then its own
@@ -24,6 +24,8 @@ import inspect
 
 import torch
 
+from .rope import LENGTH_DEPENDENT
+
 
 def _keeps_logits(model) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -36,7 +38,6 @@ def _text_config(model):
 # layer kinds whose mask the shared path builds itself; any other (chunked, linear, ...) falls back
 _LAYER_KINDS = ("full_attention", "sliding_attention")
 _ABSOLUTE = ("gpt2",)  # learned absolute positions read from position_ids (checked by the family suite)
-_LENGTH_DEPENDENT = ("dynamic", "longrope")  # RoPE frequencies recomputed from the sequence length
 
 
 def _window_plan(model) -> tuple[dict[str, int | None] | int | None, str | None]:
@@ -66,11 +67,6 @@ def _window_plan(model) -> tuple[dict[str, int | None] | int | None, str | None]
     return int(window), None
 
 
-def _windows(model) -> dict[str, int | None] | int | None:
-    """Per layer type its sliding window (None: full attention), or one window (None) for a single-mask model."""
-    return _window_plan(model)[0]
-
-
 def prefix_exact(model) -> str | None:
     """None if prefix-shared scoring gives this model's plain-path logits, else why not (one line, for the run's
     record). Exact needs: positions that a cached key keeps (static RoPE, or learned absolute positions read from
@@ -82,7 +78,7 @@ def prefix_exact(model) -> str | None:
     if rot is not None:
         kinds = getattr(rot, "rope_type", "default")
         for kind in (kinds.values() if isinstance(kinds, dict) else [kinds]):
-            if any(d in str(kind) for d in _LENGTH_DEPENDENT):
+            if any(d in str(kind) for d in LENGTH_DEPENDENT):
                 return (f"{mtype}: rope_type {str(kind)!r} recomputes the RoPE frequencies from the sequence length, so a "
                         "cached prefix is rotated as a shorter sequence than the whole row")
     elif mtype not in _ABSOLUTE:
@@ -165,7 +161,7 @@ class SharedKV:
         self.cache = DynamicCache(ddp_cache_data=[(rows(k), rows(v)) for k, v in spine_kv])
         cols = torch.arange(width, device=dev)
         self.kpos = torch.where(cols[None] < plen[:, None], cols[None], -1)  # [R, width]
-        self.windows = _windows(model)
+        self.windows = _window_plan(model)[0]
         sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
         self.dtype = torch.bool if sdpa else spine_kv[0][0].dtype  # the mask's: boolean for SDPA, else additive
 

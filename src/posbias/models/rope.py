@@ -24,7 +24,7 @@ from ..errors import PosbiasError
 
 _FAMILIES = ("a RoPE model whose decoder layers pass position_embeddings to a self_attn module (Llama, Qwen2/3, Mistral, "
              "Mixtral, Phi-3, Starcoder2, OLMo-2, Gemma-2/3)")
-_DYNAMIC = ("dynamic", "longrope")  # inv_freq depends on the sequence length: fixed tables would be wrong
+LENGTH_DEPENDENT = ("dynamic", "longrope")  # inv_freq depends on the sequence length: fixed tables would be wrong
 _ACTIVE = "_posbias_rope_active"  # attribute set on the model while one of our RoPE context managers is active
 
 
@@ -79,7 +79,7 @@ class RopeInfo:
 
 
 def _kind(name: str, inv: torch.Tensor, scaling, rope_type, params) -> RopeKind:
-    if str(rope_type) in _DYNAMIC:
+    if str(rope_type) in LENGTH_DEPENDENT:
         raise PosbiasError(
             f"rope_type '{rope_type}' makes the frequencies change with the sequence length",
             "use a model with a static RoPE (default, linear, llama3 or yarn)",

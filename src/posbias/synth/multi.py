@@ -1,4 +1,4 @@
-"""Several synthetic runs trained at once on one device (issue 16): R runs that share an
+"""Several synthetic runs trained at once on one device: R runs that share an
 architecture are one batched computation, so a grid (and the paper preset, 100k steps x 5 seeds)
 fits a GPU, where one run of these tiny networks (d = 64, 17 tokens) would use a sliver of it.
 
