@@ -26,6 +26,7 @@ LAYERS = [  # lowest first; units in one layer may not import each other
     ("report",),
     ("models", "tasks"),
     ("methods",),
+    ("backends",),
     ("eval",),
     ("mitigate", "analysis", "synth"),
     ("__init__",),  # the public API

@@ -7,7 +7,9 @@ The public API; the command line (`posbias ...`) uses nothing else.
     res = posbias.run_sweep(posbias.SweepConfig(task="kv-lookup", positions="0,5,9", n=20), "runs/x")
     print(res.summary["gap"], [p["accuracy"] for p in res.per_position])
 
-Measure: `run_sweep`, `run_compare` (several methods / models on the same examples), with tasks
+Measure: `run_sweep`, `run_compare` (several methods / models on the same examples) on a model in process or a
+served one (a model spec such as `openai:model=NAME,base_url=URL,tokenizer=DIR`: `parse_spec`, `open_backend`,
+`BACKENDS`; `export_model` writes a model directory an engine serves), with tasks
 from the task registry (`get_task`, `register_task`, or a `Task` subclass) and training-free
 methods from the method registry (`get_method`, `register_method`, or a `Method` subclass).
 Mitigate: `run_search` (LPES), `run_distill` (Pos2Distill and its SFT / SeqKD baselines), with
@@ -26,6 +28,7 @@ from .analysis.checks import format_summary as format_theory_summary
 from .analysis.rollout_real import format_real as format_real_rollout  # noqa: E402
 from .analysis.shifting import ShiftingConfig, ShiftingResult, format_shifting, run_shifting  # noqa: E402
 from .analysis.theory import RealRollout, TheoryConfig, TheoryResult, run_theory  # noqa: E402
+from .backends import BACKENDS, Backend, ModelSpec, open_backend, parse_spec  # noqa: E402
 from .core.ga import GAConfig  # noqa: E402
 from .errors import PosbiasError  # noqa: E402
 from .eval.compare import CompareResult, format_compare, run_compare  # noqa: E402
@@ -59,7 +62,7 @@ from .mitigate.pos2distill import METHODS as DISTILL_METHODS  # noqa: E402
 from .mitigate.pos2distill import PRESETS as DISTILL_PRESETS  # noqa: E402
 from .mitigate.pos2distill import DistillConfig, DistillResult, run_distill  # noqa: E402
 from .models.load import REGISTRY as MODELS  # noqa: E402
-from .models.load import Loaded, load_model, set_threads  # noqa: E402
+from .models.load import Loaded, export_model, load_model, set_threads  # noqa: E402
 from .report.html import ReportResult, build_report  # noqa: E402
 from .runs import is_main_process  # noqa: E402
 from .synth import GRIDS as SYNTH_GRIDS  # noqa: E402
@@ -76,6 +79,7 @@ from .tasks import JSONL_SCHEMA, TASKS, Prompt, Task, get_task, register_task, r
 from .version import __version__  # noqa: E402
 
 __all__ = [
+    "BACKENDS", "Backend", "ModelSpec", "open_backend", "parse_spec", "export_model",
     "DISTILL_ABLATIONS", "DISTILL_METHODS", "DISTILL_PRESETS", "ENGINES", "JSONL_SCHEMA", "LPES", "LPES_PRESETS",
     "LPES_SPACES", "METHODS", "MODELS", "SYNTH_GRIDS", "SYNTH_PRESETS", "TASKS",
     "Active", "Baseline", "Buckets", "CompareResult", "DistillConfig", "DistillResult", "GAConfig", "LPESResult",

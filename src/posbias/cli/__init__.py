@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click.exceptions import NoArgsIsHelpError, UsageError
 from .explain import analyze_app, synth_app, theory
 from .grid import grid
-from .measure import compare, models, sweep, tasks
+from .measure import backends, compare, export, models, sweep, tasks
 from .mitigate import distill_app, lpes_app
 from .moice import moice_app
 from .report import report
@@ -28,7 +28,7 @@ app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
     help="posbias: measure, explain and mitigate position bias in transformer LLMs.",
 )
-for command in (sweep, compare, grid, theory, tasks, models, report):
+for command in (sweep, compare, grid, theory, tasks, models, backends, export, report):
     app.command()(command)
 app.add_typer(synth_app, name="synth")
 app.add_typer(lpes_app, name="lpes")

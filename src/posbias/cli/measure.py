@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .. import JSONL_SCHEMA, MODELS, TASKS, SweepConfig, format_compare, format_table, run_compare, run_sweep, split_specs
+from .. import BACKENDS, JSONL_SCHEMA, MODELS, TASKS, SweepConfig, export_model, format_compare, format_table, run_compare, run_sweep, split_specs
 from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, model_fields, placements, run_kwargs, task_fields, uses
 
 POSITIONS = typer.Option(None, help="all | 0,4,9 | 0%,50%,100% (percent of the last slot); two-hop tasks: "
@@ -62,3 +62,23 @@ def models() -> None:
     for name, (_, desc) in MODELS.items():
         typer.echo(f"{name:14s} {desc}")
     typer.echo("Also: a Hugging Face model directory or hub id, or a path to a .gguf file.")
+
+
+def backends() -> None:
+    """List the backends a model spec can name, with the keys each takes."""
+    for name, cls in BACKENDS.items():
+        typer.echo(f"{name:8s} {cls.description}")
+        for k, v in cls.ARGS.items():
+            typer.echo(f"  {k:15s} {v}")
+        if cls.PASS_THROUGH:
+            typer.echo("  (every key goes to the engine as it is)")
+    typer.echo("\nA spec: smollm2-135m | hf:DIR | vllm:DIR,tensor_parallel_size=2 | "
+               "openai:model=NAME,base_url=http://127.0.0.1:8000/v1,tokenizer=DIR")
+
+
+def export(model: str = typer.Argument(..., help="a model posbias loads: registered name, .gguf file, HF directory"),
+           out: Path = typer.Argument(..., help="a new directory for the plain model (weights, config, tokenizer)"),
+           dtype: str = typer.Option("bf16", help="bf16 | fp32")) -> None:
+    """Write a model as a plain Hugging Face directory any engine serves (vLLM does not read our GGUF packages)."""
+    export_model(model, out, dtype)
+    typer.echo(f"wrote {out} (serve it, e.g. python -m vllm.entrypoints.openai.api_server --model {out})")

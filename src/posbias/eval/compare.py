@@ -18,8 +18,9 @@ import numpy as np
 
 from ..core.metrics import paired_difference
 from ..errors import PosbiasError
+from ..backends import Backend, as_backend, check_method, open_backend, parse_spec
 from ..methods import Method, get_method
-from ..models.load import Loaded, load_model
+from ..models.load import Loaded
 from ..runs import RunFolder, is_main_process
 from ..tasks import label, placement_key
 from .config import plain
@@ -54,13 +55,13 @@ def refuse_overlap(cfg: SweepConfig, split: dict | None, what: str) -> None:
 
 def distill_record(model: str | Loaded) -> dict | None:
     """posbias_distill.json inside a model directory a distillation wrote (it travels with the model)."""
-    where = model.info.get("source", "") if isinstance(model, Loaded) else model
+    where = model.info.get("source", "") if isinstance(model, (Loaded, Backend)) else model
     p = Path(str(where)) / "posbias_distill.json"
     return json.loads(p.read_text()) if p.is_file() else None
 
 
 def model_name(model: str | Loaded) -> str:
-    return model.info.get("name", "model") if isinstance(model, Loaded) else model
+    return model.info.get("name", "model") if isinstance(model, (Loaded, Backend)) else model
 
 
 def model_label(model: str | Loaded) -> str:
@@ -85,7 +86,8 @@ def _check_entries(cfg: SweepConfig, methods: list[Method], models: list) -> Non
 
 
 def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] = ("none",), out: str | Path | None = None,
-                *, models: Sequence[str | Loaded] | None = None, loaded: Loaded | None = None, resume: bool = False,
+                *, models: Sequence[str | Loaded | Backend] | None = None, loaded: Loaded | Backend | None = None,
+                resume: bool = False,
                 overwrite: bool = False, progress: bool = True) -> CompareResult:
     """Run `cfg` once per (model, method) entry, each model loaded once; compare.json is written last.
 
@@ -96,6 +98,11 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
     named = models is not None
     model_list = list(models) if named else [loaded or cfg.model]
     _check_entries(cfg, methods, model_list)
+    for mo in model_list:  # a method on a served model is refused before any engine starts
+        if isinstance(mo, str):
+            spec = parse_spec(mo)
+            for m in methods:
+                check_method(spec.caps, spec.backend, m)
     folder = RunFolder(out, "comparison", "compare.json", ("compare.png",))
     folder.check(resume, overwrite)
     fingerprint = {"config": {**cfg.to_dict(), "model": None, "method": None}, "methods": [m.key for m in methods],
@@ -103,7 +110,7 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
     start_processes()  # several processes: join their group first (each rank's own GPU)
     first = _load(model_list[0], cfg, progress)
     for m in methods:  # a method that cannot apply to the model fails before the folder is written
-        m.check(first)
+        first.check_method(m)
     with folder.open(fingerprint, resume, overwrite):
         results, infos, res = [], {}, None
         for i, mo in enumerate(model_list):
@@ -112,6 +119,8 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
             for m in methods:
                 res, entry = _entry(cfg, folder, lo, mo, m, named, resume, overwrite, progress)
                 results.append(entry)
+            if not isinstance(mo, (Loaded, Backend)):
+                lo.close()  # opened here (a vLLM engine holds memory until closed)
             del lo
             first = None  # one model in memory at a time
         _add_paired_differences(results)
@@ -125,11 +134,13 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
     return CompareResult(record["methods"], record["config"], record)
 
 
-def _load(model: str | Loaded, cfg: SweepConfig, progress: bool) -> Loaded:
-    return model if isinstance(model, Loaded) else load_model(model, cfg.dtype, cfg.device, progress, cfg.device_map)
+def _load(model: str | Loaded | Backend, cfg: SweepConfig, progress: bool) -> Backend:
+    if isinstance(model, (Loaded, Backend)):
+        return as_backend(model)
+    return open_backend(model, cfg.dtype, cfg.device, progress, cfg.device_map)
 
 
-def _entry(cfg, folder: RunFolder, lo: Loaded, mo, m: Method, named: bool, resume: bool, overwrite: bool, progress: bool):
+def _entry(cfg, folder: RunFolder, lo: Backend, mo, m: Method, named: bool, resume: bool, overwrite: bool, progress: bool):
     """One sweep of the comparison -> (SweepResult, entry dict with the rows for the paired differences)."""
     name = model_label(mo)
     label = (name if m.name == "none" else f"{name} + {m.label}") if named else m.label

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..backends import parse_spec
 from ..errors import PosbiasError
 from ..methods import Method
 from ..models.load import DEVICES, DTYPES, check_device_map
@@ -17,7 +18,8 @@ from .scorer import CHAT_MODES
 
 @dataclass
 class ModelChoice:
-    model: str = "smollm2-135m"  # a registered name, a Hugging Face directory or hub id, or a .gguf file
+    model: str = "smollm2-135m"  # a registered name, a Hugging Face directory or hub id, a .gguf file, or a served model
+    # spec: vllm:DIR,key=value,... | openai:model=NAME,base_url=URL,tokenizer=DIR,... (backends/spec.py)
     dtype: str = "bf16"  # bf16 | fp32
     device: str = "cpu"  # cpu | cuda | auto
     chat: str = "auto"  # use the chat template: auto (if the model has one) | on | off
@@ -33,6 +35,7 @@ class ModelChoice:
         if self.chat not in CHAT_MODES:
             raise PosbiasError(f"unknown `chat` '{self.chat}'", "use auto, on or off")
         check_device_map(self.device_map)
+        parse_spec(self.model) if isinstance(self.model, str) else None  # a malformed model spec fails here
 
 
 @dataclass

@@ -39,7 +39,9 @@ def render(tokenizer, prompt: Prompt, chat: bool) -> str:
 def encode(tokenizer, prompt: Prompt, chat: bool, continuation: bool = False) -> Encoded:
     """Token ids of the prompt and of each answer after it. An answer is joined with a space unless the prompt
     ends with white space; continuation=True joins it as it is (a response the model generated from the prompt,
-    which carries its own leading space)."""
+    which carries its own leading space). tokenizer None (a chat-only server): no ids, the prompt travels as text."""
+    if tokenizer is None:
+        return Encoded(prompt, [], [[] for _ in dict.fromkeys(prompt.answers)])
     text = render(tokenizer, prompt, chat)
     # Chat templates write their own special tokens (BOS included where the model uses one).
     special = not chat

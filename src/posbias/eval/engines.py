@@ -9,14 +9,21 @@ Both also score rows that continue a cached spine (prefix sharing, eval/prefix.p
 
 Each engine also says how many context tokens a row needs (the window check) and how many padded
 tokens it costs (the batch planner), so the Scorer never branches on the engine.
+
+On a served backend (backends/) an engine is a protocol over requests: `requests` says what to ask for a row,
+`verdict` turns the replies into the same dict the in-process path gives. Teacher forcing reads each answer
+token's rank among the prompt logprobs: greedy iff rank 1, or, in a tie, iff the in-process rule would pick it
+(torch's argmax takes the lowest token id among equal logits; a served reply shows the top token, so a two-way
+tie is decided exactly and a wider tie counts as not greedy).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
-from ..core.metrics import METRICS
+from ..backends import Reply, Request
+from ..core.metrics import METRICS, first_line
 from ..errors import PosbiasError
 from ..methods import Active
 from ..models.load import Loaded
@@ -32,6 +39,7 @@ class ScorerView(Protocol):
     loaded: Loaded
     task: Task
     max_new_tokens: int
+    backend: Any
 
 
 class Engine(ABC):
@@ -48,10 +56,24 @@ class Engine(ABC):
     def score(self, scorer: ScorerView, batch: list[Encoded], active: Active, shared: tuple | None = None) -> list[dict]:
         """One dict per row: correct (the task's metric), prediction, the task's further metrics (and logprob
         for teacher forcing). shared = (spine_kv, owner, plen): the rows continue cached spines (eval/prefix.py)."""
-        out = self._predict(scorer, batch, active, shared)
-        for r, row in zip(out, batch):
-            r.update({m: METRICS[m](r["prediction"], row.prompt.answers) for m in scorer.task.also})
-        return out
+        return [self.also(scorer, r, row) for r, row in zip(self._predict(scorer, batch, active, shared), batch)]
+
+    @staticmethod
+    def also(scorer: ScorerView, result: dict, row: Encoded) -> dict:
+        """The task's further metrics of a result, added to it."""
+        result.update({m: METRICS[m](result["prediction"], row.prompt.answers) for m in scorer.task.also})
+        return result
+
+    def check(self, caps, backend: str) -> None:
+        """Refuse (one line) a backend (its capabilities and name) this protocol cannot run on."""
+
+    @abstractmethod
+    def requests(self, scorer: ScorerView, row: Encoded) -> list[Request]:
+        """What to ask a served backend for one row."""
+
+    @abstractmethod
+    def verdict(self, scorer: ScorerView, row: Encoded, replies: list[Reply]) -> dict:
+        """correct and prediction (and logprob) of a row from its replies, in the order of `requests`."""
 
     @abstractmethod
     def _predict(self, scorer: ScorerView, batch: list[Encoded], active: Active | None, shared: tuple | None) -> list[dict]:
@@ -79,6 +101,27 @@ class TeacherForced(Engine):
     def branch(self, row: Encoded, p: int, max_new_tokens: int) -> tuple[int, int]:
         return len(row.answer_ids), len(row.prompt_ids) - p + max(map(len, row.answer_ids))
 
+    def check(self, caps, backend: str) -> None:
+        if not caps.prompt_logprobs:
+            raise PosbiasError(f"teacher forcing needs prompt logprobs, which backend '{backend}' does not give with "
+                               "chat prompts", "use `engine=generate`, or token "
+                               "prompts on a server with prompt_logprobs (vLLM, SGLang: prompts=tokens,tokenizer=DIR)")
+
+    def requests(self, scorer: ScorerView, row: Encoded) -> list[Request]:
+        n = len(row.prompt_ids)
+        return [Request("logprobs", ids=row.prompt_ids + a, start=n) for a in row.answer_ids]
+
+    def verdict(self, scorer: ScorerView, row: Encoded, replies: list[Reply]) -> dict:
+        tok = scorer.backend.tokenizer
+        best = None
+        for ans, rep in zip(row.answer_ids, replies):
+            ok = all(_greedy(a, t) for a, t in zip(ans, rep.tokens))
+            pred = [a if _greedy(a, t) else t[2] for a, t in zip(ans, rep.tokens)]
+            if best is None or (ok and not best["correct"]):
+                best = {"correct": ok, "prediction": tok.decode(pred, skip_special_tokens=True),
+                        "logprob": sum(t[0] for t in rep.tokens) if best is None else best["logprob"]}
+        return best  # type: ignore[return-value]
+
 
 class Generate(Engine):
     name = "generate"
@@ -95,6 +138,26 @@ class Generate(Engine):
 
     def branch(self, row: Encoded, p: int, max_new_tokens: int) -> tuple[int, int]:
         return 1, len(row.prompt_ids) - p + max_new_tokens
+
+    def requests(self, scorer: ScorerView, row: Encoded) -> list[Request]:
+        stop = not scorer.task.multiline
+        if scorer.backend.caps.token_prompts:
+            return [Request("generate", ids=row.prompt_ids, max_tokens=scorer.max_new_tokens, stop_newline=stop)]
+        p = row.prompt  # a chat-only server: the task's prompt as one user message (its answer prefix after it)
+        text = p.user + ("\n" + p.answer_prefix if p.answer_prefix else "")
+        return [Request("generate", messages=[{"role": "user", "content": text}], max_tokens=scorer.max_new_tokens,
+                        stop_newline=stop)]
+
+    def verdict(self, scorer: ScorerView, row: Encoded, replies: list[Reply]) -> dict:
+        text = replies[0].text
+        pred = text.strip() if scorer.task.multiline else first_line(text)
+        return {"correct": METRICS[scorer.task.metric](pred, row.prompt.answers), "prediction": pred}
+
+
+def _greedy(token: int, reply: tuple[float, int, int, float]) -> bool:
+    """Whether the in-process argmax would pick `token` (see the module docstring for ties)."""
+    logprob, rank, top, top_logprob = reply
+    return rank == 1 or (rank == 2 and top_logprob == logprob and token < top)
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (TeacherForced(), Generate())}

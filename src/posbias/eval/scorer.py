@@ -5,14 +5,18 @@
     results = scorer.score(rows, method="pi:1.1")       # one dict per row, batch by batch
 
 Every pipeline scores through it: the sweep, the LPES fitness and the distillation data builder.
+The model is an in-process `Loaded` (the hf backend) or any Backend (backends/): on a served one the rows go as
+requests, many in flight, and each row is reported as soon as its replies are in (`_score_requests`).
 With prefix_sharing (the default) each example's shared prompt prefix is computed once and every row continues
 it from cached keys/values (eval/prefix.py); a method that is not `prefix_safe` runs the plain path instead.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Callable, Iterable
 
+from ..backends import Backend, as_backend
 from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded
@@ -25,13 +29,15 @@ from .teacher_forced import token_details
 CHAT_MODES = ("auto", "on", "off")
 
 
-def use_chat(loaded: Loaded, chat: str | bool) -> bool:
+def use_chat(loaded: Loaded | Backend, chat: str | bool) -> bool:
     """Whether prompts go through the model's chat template: auto (if it has one), on, off (or an
     already resolved bool)."""
     if isinstance(chat, bool):
         return chat
     if chat not in CHAT_MODES:
         raise PosbiasError(f"unknown `chat` '{chat}'", "use auto, on or off")
+    if loaded.tokenizer is None:  # a chat-only server: its own template applies to the messages
+        return chat != "off"
     has = bool(getattr(loaded.tokenizer, "chat_template", None))
     if chat == "on" and not has:
         raise PosbiasError("`chat=on`, but this model's tokenizer has no chat template", "use `chat=auto` or `chat=off`")
@@ -41,18 +47,21 @@ def use_chat(loaded: Loaded, chat: str | bool) -> bool:
 class Scorer:
     """Builds and scores (example, position) rows; the engine, answer length and chat use are resolved once."""
 
-    def __init__(self, loaded: Loaded, task: Task, engine: str | None = None, max_new_tokens: int | None = None,
+    def __init__(self, loaded: Loaded | Backend, task: Task, engine: str | None = None, max_new_tokens: int | None = None,
                  chat: str | bool = "auto", batch_tokens: int = 16384, max_batch: int = 32, prefix_sharing: bool = True):
         if max_new_tokens is not None and max_new_tokens < 1:
             raise PosbiasError(f"`max_new_tokens` must be at least 1, got {max_new_tokens}", "pass `max_new_tokens=16` or so")
         if batch_tokens < 1 or max_batch < 1:
             raise PosbiasError(f"batch sizes must be positive, got {batch_tokens} tokens / {max_batch} rows",
                                "pass `batch_tokens` and `max_batch` of at least 1")
-        self.loaded, self.task = loaded, task
+        self.backend = as_backend(loaded)
+        self.loaded = getattr(self.backend, "loaded", None)  # the in-process model (None on a served backend)
+        self.task = task
         self.engine = get_engine(engine or task.default_engine)
+        self.engine.check(self.backend.caps, self.backend.name)
         self.metric = task.metric
         self.max_new_tokens = max_new_tokens or task.max_new_tokens
-        self.chat = use_chat(loaded, chat)
+        self.chat = use_chat(self.backend, chat)
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
         self.prefix_sharing = prefix_sharing
         self._model_note: str | None = None  # why this model cannot share prefixes ("" if it can), once decided
@@ -62,6 +71,10 @@ class Scorer:
         the prefix-shared one, if not)."""
         from ..models.decoding import decoding_record
 
+        if self.loaded is None:  # served: greedy by request (backends/openai.py); recorded with the backend's name
+            return {"engine": self.engine.name, "max_new_tokens": self.max_new_tokens, "chat_used": self.chat,
+                    "decoding": {"rule": "greedy", "request": "temperature 0, seed, neutral penalties"},
+                    "backend": self.backend.name, "scoring_path": "served (the engine's own prefix cache)"}
         out = {"engine": self.engine.name, "max_new_tokens": self.max_new_tokens, "chat_used": self.chat,
                "decoding": decoding_record(self.loaded.model)}
         if method is not None:
@@ -75,7 +88,7 @@ class Scorer:
         from ..models.prefix import prefix_exact
 
         m = self.method(method)
-        if not self.prefix_sharing:
+        if not self.prefix_sharing or not self.backend.caps.prefix_sharing:
             return False, None
         if self._model_note is None:
             why = prefix_exact(self.loaded.model)
@@ -88,21 +101,21 @@ class Scorer:
 
     def rows(self, examples: Iterable, positions: list[int]) -> list[Encoded]:
         """Tokenised rows, example-major; refuses (never truncates) a row over the context window."""
-        rows = [encode(self.loaded.tokenizer, self.task.build(ex, p), self.chat) for ex in examples for p in positions]
+        rows = [encode(self.backend.tokenizer, self.task.build(ex, p), self.chat) for ex in examples for p in positions]
         self.check_window(rows)
         return rows
 
     def prompt_rows(self, prompts: Iterable[Prompt], continuation: bool = False) -> list[Encoded]:
         """Rows of ready-made prompts (e.g. from a saved training record); refused over the window like `rows`.
         continuation=True: the answers are generated responses, joined to the prompt as they are (encode)."""
-        rows = [encode(self.loaded.tokenizer, p, self.chat, continuation) for p in prompts]
+        rows = [encode(self.backend.tokenizer, p, self.chat, continuation) for p in prompts]
         self.check_window(rows)
         return rows
 
     def check_window(self, rows: list[Encoded]) -> None:
-        if not rows:
+        if not rows or self.backend.tokenizer is None:  # no tokenizer (a chat-only server): the server checks
             return
-        window = self.loaded.context_window
+        window = self.backend.context_window
         worst = max(rows, key=lambda r: self.engine.need(r, self.max_new_tokens))
         need = self.engine.need(worst, self.max_new_tokens)
         if need > window:
@@ -115,8 +128,12 @@ class Scorer:
             )
 
     def method(self, method: str | Method | None) -> Method:
-        """The method (spec, object, None: unmodified) as it runs on this scorer's task (`Method.for_task`)."""
-        return get_method(method if method is not None else "none").for_task(self.task)
+        """The method (spec, object, None: unmodified) as it runs on this scorer's task (`Method.for_task`); refused
+        in one line on a backend that cannot apply it."""
+        m = get_method(method if method is not None else "none").for_task(self.task)
+        if self.loaded is None:
+            self.backend.check_method(m)
+        return m
 
     def score(self, rows: list[Encoded], method: str | Method | None = None, done: set | None = None,
               on_batch: Callable[[list[dict]], None] | None = None) -> list[dict]:
@@ -133,6 +150,11 @@ class Scorer:
             if on_batch:
                 on_batch(new)
 
+        if self.backend.caps.batching == "requests":
+            self._score_requests(rows, done, emit)
+            order = {r.key: i for i, r in enumerate(rows)}
+            out.sort(key=lambda d: order[(d["example_id"], placement_key(d["position"]))])
+            return out
         with method.apply(self.loaded) as active:
             if self.path(method)[0]:
                 self._score_shared(rows, done, emit)
@@ -145,6 +167,28 @@ class Scorer:
                     if not all(r.key in done for r in batch):
                         emit(batch, self.engine.score(self, batch, active))
         return out
+
+    def _score_requests(self, rows: list[Encoded], done: set, emit: Callable) -> None:
+        """A served backend: every row's requests in flight at once (as many as the backend keeps), and each row
+        emitted as soon as its last reply is in, so a killed run has written every row it finished."""
+        todo = [r for r in rows if r.key not in done]
+        reqs, owner = [], []
+        for i, row in enumerate(todo):
+            for q in self.engine.requests(self, row):
+                reqs.append(q)
+                owner.append(i)
+        need = defaultdict(int)
+        for i in owner:
+            need[i] += 1
+        got: dict[int, dict] = defaultdict(dict)
+        for j, reply in self.backend.run(reqs):  # type: ignore[attr-defined]
+            i = owner[j]
+            got[i][j] = reply
+            if len(got[i]) == need[i]:
+                row = todo[i]
+                mine = got.pop(i)
+                verdict = self.engine.verdict(self, row, [mine[k] for k in sorted(mine)])
+                emit([row], [self.engine.also(self, verdict, row)])
 
     def units(self, rows: list[Encoded], method: str | Method | None = None) -> list[list[int]]:
         """The independent pieces of `score`'s work on `rows`, in its order (row indices): on the prefix-shared path

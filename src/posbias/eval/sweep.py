@@ -19,11 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from ..core.metrics import summarize_curve, wilson_ci
+from ..backends import Backend, as_backend, check_method, open_backend, parse_spec
 from ..methods import Method, get_method
-from ..models.load import Loaded, load_model
+from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, versions
 from ..runs import progress as progress_bar
 from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, placement_key
+from .engines import get_engine
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict
 from .scaleout import broadcast_rows, score_split, start_processes
 from .scorer import Scorer
@@ -81,9 +83,10 @@ def per_position_stats(rows: list[dict], positions: list[Placement], example_ids
     return per, {**summary, **(mode_summary(per) or {})}
 
 
-def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | None = None,
+def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | Backend | None = None,
               resume: bool = False, overwrite: bool = False, progress: bool = True) -> SweepResult:
-    """Run (or resume) a sweep. out=None writes nothing; `loaded` reuses an already loaded model."""
+    """Run (or resume) a sweep. out=None writes nothing; `loaded` reuses an already loaded model (or an open
+    backend); else cfg.model is a model spec (backends/spec.py: in process, vllm:..., openai:...)."""
     cfg = (cfg or SweepConfig()).validate()
     method = get_method(cfg.method)  # parse (and read factor files) before loading anything
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
@@ -92,14 +95,27 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
     folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)
     folder.check(resume, overwrite)
+    if loaded is None:  # what a served backend cannot do is refused before it starts
+        spec = parse_spec(cfg.model)
+        check_method(spec.caps, spec.backend, method)
+        get_engine(cfg.engine or task.default_engine).check(spec.caps, spec.backend)
     start_processes()  # several processes: join their group first (each rank's own GPU)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
-    method.check(loaded)
-    scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch,
+    backend = as_backend(loaded) if loaded is not None else open_backend(cfg.model, cfg.dtype, cfg.device, progress,
+                                                                          cfg.device_map)
+    try:
+        return _run(cfg, out, backend, task, method, positions, examples, folder, resume, overwrite, progress)
+    finally:
+        if loaded is None:
+            backend.close()
+
+
+def _run(cfg, out, backend, task, method, positions, examples, folder, resume, overwrite, progress) -> SweepResult:
+    backend.check_method(method)
+    scorer = Scorer(backend, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch,
                     cfg.prefix_sharing)
     rows = scorer.rows(examples, positions)
     resolved = {**cfg.to_dict(), **scorer.settings(method), "positions_resolved": [as_json(p) for p in positions]}
-    fingerprint = {"config": resolved, "task": task.config(), "model": loaded.info, "method": method.config()}
+    fingerprint = {"config": resolved, "task": task.config(), "model": backend.info, "method": method.config()}
     with folder.open(fingerprint, resume, overwrite):
         log = JsonlLog(folder.file("examples.jsonl")) if out is not None else None
         done_rows = log.read(ROW_KEYS) if folder.resuming and is_main_process() else []
@@ -111,8 +127,10 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
         all_rows = done_rows + new_rows
         per, summary = per_position_stats(all_rows, positions, [e.id for e in examples], task.also)
         record = {**fingerprint, "versions": versions(), "per_position": per, "summary": summary}
+        if backend.caps.batching == "requests":  # how requests went: recorded, not compared on resume
+            record["backend"] = {"settings": backend.settings(), "counters": backend.counters()}
         if out is not None and is_main_process():
-            _write(folder, record, method, task.name, cfg, elapsed, len(new_rows))
+            _write(folder, record, method, task.name, cfg, elapsed, len(new_rows), backend.counters())
     return SweepResult(resolved, per, summary, all_rows, record, folder.path)
 
 
@@ -135,7 +153,7 @@ def _score(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: Jso
 
 
 def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg: SweepConfig, seconds: float,
-           n_rows: int) -> None:
+           n_rows: int, counters: dict) -> None:
     from ..report.plots import plot_curve, plot_pair_heatmap
     from ..runs import write_json_atomic
 
@@ -144,7 +162,7 @@ def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg:
     plot_curve(record["per_position"], title, folder.file("curve.png"))
     if "modes" in record["summary"]:  # two hops: accuracy over (first, second)
         plot_pair_heatmap(record["per_position"], record["task"]["n_slots"], title, folder.file("heatmap.png"))
-    write_json_atomic(folder.file("timing.json"), {"seconds_this_run": seconds, "rows_this_run": n_rows}, indent=2)
+    write_json_atomic(folder.file("timing.json"), {"seconds_this_run": seconds, "rows_this_run": n_rows, **counters}, indent=2)
     folder.finish(record)  # last: its presence means "complete"
 
 

@@ -107,8 +107,17 @@ def check_device_map(device_map: str | None) -> None:
                            "run one process with `device_map=auto`, or several processes without it")
 
 
+SERVED = ("openai:", "vllm:")  # model specs of served backends (backends/spec.py): never loaded in process
+
+
 def _locate(name: str) -> tuple[str, str | None, str]:
     """-> (path or hub id, gguf file name or None, kind)."""
+    if name.startswith(SERVED):
+        raise PosbiasError(f"'{name}' is a served model, and this command needs the model in process",
+                           "served models work with `sweep` and `compare`; here pass a registered name, a model "
+                           "directory or a .gguf file")
+    if name.startswith("hf:"):
+        name = name[3:]
     if name in REGISTRY:
         d, f = REGISTRY[name][0]()
         return str(d), f, "registered"
@@ -189,6 +198,38 @@ def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "c
         tok.pad_token = tok.eos_token
     info = _info(name, kind, src, gguf, model, tok, dtype, dev)
     return Loaded(model=model, tokenizer=tok, info={**info, "device_map": device_map} if device_map else info)
+
+
+def load_tokenizer(name: str, progress: bool = True):
+    """Only the tokenizer of a model `load_model` would load (a served model's, for token-id prompts)."""
+    from transformers import AutoTokenizer
+
+    src, gguf, kind = _locate(name)
+    kw = {"gguf_file": gguf} if gguf else {}
+    if kind == "hub":
+        kw["local_files_only"] = True
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
+            tok = AutoTokenizer.from_pretrained(src, **kw)
+    except Exception as e:
+        raise PosbiasError(f"could not load the tokenizer of '{name}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                           "pass the served model's directory (or its registered name) as `tokenizer`") from e
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def export_model(name: str, out: str | Path, dtype: str = "bf16") -> Path:
+    """Write a model posbias loads (a registered name, a .gguf, ...) as a plain model directory that any engine
+    serves (vLLM does not read our GGUF packages): weights, config, generation config and tokenizer."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise PosbiasError(f"{out} exists and is not empty", "pass a new directory")
+    loaded = load_model(name, dtype, "cpu", progress=False)
+    loaded.model.save_pretrained(out)
+    loaded.tokenizer.save_pretrained(out)
+    return out
 
 
 def _info(name: str, kind: str, src: str, gguf: str | None, model, tok, dtype: str, dev) -> dict:

@@ -1,0 +1,35 @@
+"""The in-process backend: a transformers model loaded by posbias (models/load.py).
+
+Everything posbias does to a model runs here: training-free methods (hooks on the module), prefix sharing (the
+Scorer's), attention capture, training. The Scorer plans padded batches and the protocols run them
+(eval/teacher_forced.py, eval/generate.py) on `loaded`.
+"""
+
+from __future__ import annotations
+
+from ..models.load import Loaded, load_model
+from .base import Backend, Capabilities
+
+CAPS = Capabilities(prompt_logprobs=True, token_prompts=True, methods=True, prefix_sharing=True, batching="padded")
+
+
+class HFBackend(Backend):
+    name = "hf"
+    description = "in process with transformers: methods, prefix sharing, hooks"
+
+    def __init__(self, loaded: Loaded):
+        self.loaded = loaded
+        self.caps = CAPS
+        self.tokenizer = loaded.tokenizer
+        self.info = loaded.info  # as before backends existed: the fingerprints of in-process runs are unchanged
+
+    @classmethod
+    def capabilities(cls, args: dict) -> Capabilities:
+        return CAPS
+
+    @classmethod
+    def open(cls, args: dict, dtype: str, device: str, progress: bool, device_map: str | None) -> "HFBackend":
+        return cls(load_model(args["model"], dtype, device, progress, device_map))
+
+    def check_method(self, method) -> None:
+        method.check(self.loaded)

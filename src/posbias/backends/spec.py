@@ -1,0 +1,87 @@
+"""Model specs, parsed once for the CLI and the Python API alike (lm-evaluation-harness's model_args habit).
+
+    smollm2-135m | DIR | FILE.gguf | hub-id      in process (hf), as before
+    hf:DIR                                        the same, spelled out
+    vllm:DIR,tensor_parallel_size=2,max_model_len=4096     vLLM's offline engine; every key goes to vllm.LLM
+    openai:model=NAME,base_url=http://127.0.0.1:8000/v1,tokenizer=DIR     an OpenAI-compatible server
+
+Values are ints, floats, true/false or strings. A served backend's API key is read from the environment variable
+named by `api_key_env` (default OPENAI_API_KEY) and is never written to disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import PosbiasError
+from .base import Backend, Capabilities
+from .hf import HFBackend
+from .openai import OpenAIBackend
+from .vllm import VLLMBackend
+
+BACKENDS: dict[str, type] = {b.name: b for b in (HFBackend, VLLMBackend, OpenAIBackend)}
+
+
+def _value(v: str):
+    low = v.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    backend: str  # a key of BACKENDS
+    args: dict = field(default_factory=dict)  # "model" first, then the backend's own keys
+
+    @property
+    def cls(self) -> type:
+        return BACKENDS[self.backend]
+
+    @property
+    def caps(self) -> Capabilities:
+        return self.cls.capabilities(self.args)
+
+    @property
+    def served(self) -> bool:
+        return self.caps.batching == "requests"
+
+
+def parse_spec(spec: str) -> ModelSpec:
+    """`BACKEND:model,key=value,...` (or a plain in-process model name / path) -> ModelSpec; unknown backends,
+    malformed pairs and keys a backend does not take are refused in one line."""
+    head, sep, rest = spec.partition(":")
+    if not sep or head not in BACKENDS:  # a registered name, a path, a hub id: in process
+        return ModelSpec("hf", {"model": spec})
+    cls = BACKENDS[head]
+    args: dict = {}
+    for i, part in enumerate(p.strip() for p in rest.split(",")):
+        if not part:
+            continue
+        k, eq, v = part.partition("=")
+        if not eq:
+            if i == 0:  # the first item may name the model without "model="
+                args["model"] = part
+                continue
+            raise PosbiasError(f"'{part}' in model spec '{spec}' is not key=value",
+                               f"write it as {head}:MODEL,key=value,... (see `posbias backends`)")
+        args[k.strip()] = _value(v.strip())
+    cls.check_args(args, spec)
+    return ModelSpec(head, args)
+
+
+def open_backend(spec: str | ModelSpec, dtype: str = "bf16", device: str = "cpu", progress: bool = True,
+                 device_map: str | None = None) -> Backend:
+    """Start (or load) what the spec names: the hf backend loads the model in process (models.load.load_model)."""
+    spec = parse_spec(spec) if isinstance(spec, str) else spec
+    return spec.cls.open(spec.args, dtype=dtype, device=device, progress=progress, device_map=device_map)
+
+
+def as_backend(model) -> Backend:
+    """A Backend as it is; an in-process Loaded model wrapped in the hf backend."""
+    return model if isinstance(model, Backend) else HFBackend(model)

