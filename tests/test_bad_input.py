@@ -85,6 +85,20 @@ SYNTH_TINY = ["--iters", "5", "--eval-seqs", "20", "--classes", "64", "--labels"
 CASES = [
     # sweep
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "nope"], "new", "unknown task 'nope'"),
+    # served models (backends/): refused before any server is contacted, or one line when it cannot be reached
+    (["sweep", "--model", "openai:model=m,base_url=http://127.0.0.1:9/v1,tokenizer={MODEL}", *TINY, "--method", "pi:1.1"],
+     "new", "method 'pi:1.1' changes the model in process, but backend 'openai' serves the model as it is"),
+    (["compare", "--models", "{MODEL},openai:model=m,tokenizer={MODEL}", *TINY, "--methods", "none,pi:1.1"], "new",
+     "backend 'openai' serves the model as it is"),
+    (["sweep", "--model", "openai:model=m,prompts=chat", *TINY, "--engine", "teacher-forced"], "new",
+     "teacher forcing needs prompt logprobs"),
+    (["sweep", "--model", "openai:model=m,prompts=tokens", *TINY], "new", "token prompts need the served model's tokenizer"),
+    (["sweep", "--model", "openai:model=m,colour=red", *TINY], "new", "backend 'openai' takes no 'colour'"),
+    (["sweep", "--model", "openai:m,notapair", *TINY], "new", "'notapair' in model spec"),
+    (["sweep", "--model", "openai:model=m,base_url=http://127.0.0.1:9/v1,retries=1,tokenizer={MODEL}", *TINY], "new",
+     "cannot connect"),
+    (["lpes", "search", "--model", "openai:model=m,tokenizer={MODEL}", "--n", "2", "--quiet"], "new",
+     "is a served model, and this command needs the model in process"),
     (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,12"], "new", "position 12 is out of range"),
     (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,x"], "new", "bad position 'x' in --positions"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "nq", "--data-dir", "/nonexistent"], "new", "does not exist"),

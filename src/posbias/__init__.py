@@ -28,7 +28,7 @@ from .analysis.checks import format_summary as format_theory_summary
 from .analysis.rollout_real import format_real as format_real_rollout  # noqa: E402
 from .analysis.shifting import ShiftingConfig, ShiftingResult, format_shifting, run_shifting  # noqa: E402
 from .analysis.theory import RealRollout, TheoryConfig, TheoryResult, run_theory  # noqa: E402
-from .backends import BACKENDS, Backend, ModelSpec, open_backend, parse_spec  # noqa: E402
+from .backends import BACKENDS, Backend, ModelSpec, open_backend, parse_spec, split_models  # noqa: E402
 from .core.ga import GAConfig  # noqa: E402
 from .errors import PosbiasError  # noqa: E402
 from .eval.compare import CompareResult, format_compare, run_compare  # noqa: E402
@@ -79,7 +79,7 @@ from .tasks import JSONL_SCHEMA, TASKS, Prompt, Task, get_task, register_task, r
 from .version import __version__  # noqa: E402
 
 __all__ = [
-    "BACKENDS", "Backend", "ModelSpec", "open_backend", "parse_spec", "export_model",
+    "BACKENDS", "Backend", "ModelSpec", "open_backend", "parse_spec", "split_models", "export_model",
     "DISTILL_ABLATIONS", "DISTILL_METHODS", "DISTILL_PRESETS", "ENGINES", "JSONL_SCHEMA", "LPES", "LPES_PRESETS",
     "LPES_SPACES", "METHODS", "MODELS", "SYNTH_GRIDS", "SYNTH_PRESETS", "TASKS",
     "Active", "Baseline", "Buckets", "CompareResult", "DistillConfig", "DistillResult", "GAConfig", "LPESResult",

@@ -89,7 +89,7 @@ class Backend(ABC):
         """Requests, tokens, retries and cache hits since the backend opened (served backends)."""
         return {}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release what the backend holds (an engine, connections)."""
 
 

@@ -100,15 +100,16 @@ class Http:
             if attempt < self.retries:
                 time.sleep(wait)
         raise PosbiasError(f"{url}: {last}, {self.retries + 1} tries", "check that the server is up and reachable "
-                           "(or raise `timeout` / `retries` in the model spec); rerun with `resume` to continue")
+                           "(or raise timeout=... / retries=... in the model spec); rerun with `resume` to continue")
 
     def _refusal(self, r, url: str) -> PosbiasError:
         msg = _message(r)
         if r.status_code in (401, 403):
-            return PosbiasError(f"{url} refused the API key (HTTP {r.status_code}: {msg})",
-                                f"set ${self.api_key_env} to a valid key (or name another variable with `api_key_env`)")
+            return PosbiasError(f"{url} refused the API key (HTTP {r.status_code}: {msg})", f"set ${self.api_key_env} to a "
+                                "valid key (or name another variable with api_key_env=... in the model spec)")
         if r.status_code == 404:
-            return PosbiasError(f"{url}: HTTP 404 ({msg})", "check `base_url` (it ends in /v1) and the served `model` name")
+            return PosbiasError(f"{url}: HTTP 404 ({msg})", "check base_url=... (it ends in /v1) and model=... (the served "
+                                "name) in the model spec")
         return PosbiasError(f"{url} rejected the request (HTTP {r.status_code}: {msg})",
                             "check the model spec's options against what this server supports")
 

@@ -48,7 +48,7 @@ class OpenAIBackend(ServedBackend):
         self.seed = int(args.get("seed", 0))
         self.concurrency = int(args.get("concurrency", 8))
         if self.concurrency < 1:
-            raise PosbiasError(f"`concurrency` must be at least 1, got {self.concurrency}", "pass concurrency=8 or so")
+            raise PosbiasError(f"concurrency must be at least 1, got {self.concurrency}", "pass concurrency=8 or so")
         self.http = Http(str(args.get("base_url", "http://127.0.0.1:8000/v1")), str(args.get("api_key_env", "OPENAI_API_KEY")),
                          float(args.get("timeout", 120)), int(args.get("retries", 6)), args.get("cache"))
         self.tokenizer = None
@@ -136,7 +136,7 @@ class OpenAIBackend(ServedBackend):
 def _prompts(args: dict) -> str:
     p = args.get("prompts", "tokens" if "tokenizer" in args else "chat")
     if p not in PROMPTS:
-        raise PosbiasError(f"unknown `prompts` '{p}' in the model spec", "use prompts=tokens (with tokenizer=...) or prompts=chat")
+        raise PosbiasError(f"unknown prompts '{p}' in the model spec", "use prompts=tokens (with tokenizer=...) or prompts=chat")
     if p == "tokens" and "tokenizer" not in args:
         raise PosbiasError("token prompts need the served model's tokenizer", "add tokenizer=DIR (or a registered "
                            "name) to the model spec, or use prompts=chat")

@@ -75,6 +75,20 @@ def parse_spec(spec: str) -> ModelSpec:
     return ModelSpec(head, args)
 
 
+def split_models(text: str) -> list[str]:
+    """A comma list of model specs, where a spec's own key=value items stay with it:
+    `a,openai:model=m,base_url=U,b` -> [a, openai:model=m,base_url=U, b]."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if out and "=" in part and parse_spec(out[-1]).backend != "hf":
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
 def open_backend(spec: str | ModelSpec, dtype: str = "bf16", device: str = "cpu", progress: bool = True,
                  device_map: str | None = None) -> Backend:
     """Start (or load) what the spec names: the hf backend loads the model in process (models.load.load_model)."""

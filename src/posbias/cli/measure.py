@@ -7,7 +7,20 @@ from typing import Optional
 
 import typer
 
-from .. import BACKENDS, JSONL_SCHEMA, MODELS, TASKS, SweepConfig, export_model, format_compare, format_table, run_compare, run_sweep, split_specs
+from .. import (
+    BACKENDS,
+    JSONL_SCHEMA,
+    MODELS,
+    TASKS,
+    SweepConfig,
+    export_model,
+    format_compare,
+    format_table,
+    run_compare,
+    run_sweep,
+    split_models,
+    split_specs,
+)
 from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, model_fields, placements, run_kwargs, task_fields, uses
 
 POSITIONS = typer.Option(None, help="all | 0,4,9 | 0%,50%,100% (percent of the last slot); two-hop tasks: "
@@ -36,10 +49,11 @@ def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positi
 def compare(model: Args, task: Args, split: Args, scoring: Args, run: Args, positions: Optional[str] = POSITIONS,
             methods: str = typer.Option("none", help="comma list of method specs, e.g. "
                                                      "none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json"),
-            models: Optional[str] = typer.Option(None, help="comma list of models (e.g. smollm2-135m,runs/p2d/model): "
+            models: Optional[str] = typer.Option(None, help="comma list of models (e.g. smollm2-135m,runs/p2d/model,"
+                                                           "openai:model=M,base_url=URL,tokenizer=DIR): "
                                                            "every model with every method; overrides --model")) -> None:
     """Run several methods (and models) on the same examples; one table (per position, average, gap) and one plot."""
-    model_list = [m.strip() for m in models.split(",") if m.strip()] if models else None
+    model_list = split_models(models) if models else None
     fields = {**model_fields(model), "model": model_list[0] if model_list else model.model}
     cfg = SweepConfig(**fields, **task_fields(task), **vars(split), **vars(scoring), positions=placements(task, positions))
     res = run_compare(cfg, split_specs(methods), run.out, models=model_list, **run_kwargs(run))

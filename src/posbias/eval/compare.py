@@ -16,9 +16,9 @@ from typing import Sequence
 
 import numpy as np
 
+from ..backends import Backend, as_backend, check_method, open_backend, parse_spec
 from ..core.metrics import paired_difference
 from ..errors import PosbiasError
-from ..backends import Backend, as_backend, check_method, open_backend, parse_spec
 from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..runs import RunFolder, is_main_process

@@ -64,7 +64,7 @@ class Engine(ABC):
         result.update({m: METRICS[m](result["prediction"], row.prompt.answers) for m in scorer.task.also})
         return result
 
-    def check(self, caps, backend: str) -> None:
+    def check(self, caps, backend: str) -> None:  # noqa: B027 - most protocols run on every backend
         """Refuse (one line) a backend (its capabilities and name) this protocol cannot run on."""
 
     @abstractmethod

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.metrics import summarize_curve, wilson_ci
 from ..backends import Backend, as_backend, check_method, open_backend, parse_spec
+from ..core.metrics import summarize_curve, wilson_ci
 from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, versions
 from ..runs import progress as progress_bar
 from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, placement_key
-from .engines import get_engine
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict
+from .engines import get_engine
 from .scaleout import broadcast_rows, score_split, start_processes
 from .scorer import Scorer
 
