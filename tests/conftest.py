@@ -167,3 +167,40 @@ def _no_hub(monkeypatch):
 
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+# The served-backend tests (test_served.py) need a real vLLM server, whose start takes minutes on these CPUs: it
+# is launched (export included) as soon as collection shows those tests will run, so it starts while earlier
+# modules run; the `vllm_server` fixture waits for it and stops it at the end of the session.
+_SERVER: dict = {}
+
+
+def pytest_collection_finish(session):
+    from served import launch, vllm_missing
+
+    modules = {getattr(getattr(item, "module", None), "__name__", "") for item in session.items}
+    if vllm_missing() is None and "test_served" in modules:
+        import tempfile
+        from pathlib import Path
+
+        root = Path(tempfile.mkdtemp(prefix="posbias-served-"))
+        proc, url = launch(root / "smollm2", root / "vllm.log", export=True)
+        _SERVER.update(proc=proc, url=url, root=root)
+
+
+def pytest_sessionfinish(session):
+    if _SERVER:
+        from served import stop
+
+        stop(_SERVER["proc"])
+
+
+@pytest.fixture(scope="session")
+def vllm_server():
+    """{url, dir, root} of the session's vLLM server (launched at collection), once it answers."""
+    from served import ready
+
+    if not _SERVER:
+        pytest.skip("the vLLM server was not launched (no vLLM environment)")
+    ready(_SERVER["proc"], _SERVER["url"], _SERVER["root"] / "vllm.log")
+    return {"url": _SERVER["url"], "dir": str(_SERVER["root"] / "smollm2"), "root": _SERVER["root"]}

@@ -31,16 +31,32 @@ def vllm_missing() -> str | None:
     return None
 
 
-def start_server(model_dir: Path, log: Path, port: int | None = None, timeout: float = 900) -> tuple[subprocess.Popen, str]:
-    """Start vLLM's OpenAI server on the model directory; -> (process, base_url) once /v1/models answers."""
-    import requests
+def server_cmd(model_dir: Path, port: int) -> list[str]:
+    return [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--dtype", "bfloat16",
+            "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", NAME]
 
+
+def launch(model_dir: Path, log: Path, port: int | None = None, export: bool = False) -> tuple[subprocess.Popen, str]:
+    """Start the server without waiting (export=True: `posbias export` the default model to model_dir first, in the
+    same child), -> (process, base_url); `ready` waits for it."""
     port = port or free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
-    cmd = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--dtype", "bfloat16",
-           "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", NAME]
+    cmd = server_cmd(model_dir, port)
+    if export:
+        cmd = [sys.executable, __file__, "--export-and-serve", str(model_dir), str(port)]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/v1"
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def start_server(model_dir: Path, log: Path, port: int | None = None, timeout: float = 900) -> tuple[subprocess.Popen, str]:
+    """Start vLLM's OpenAI server on the model directory; -> (process, base_url) once /v1/models answers."""
+    proc, url = launch(model_dir, log, port)
+    return ready(proc, url, log, timeout)
+
+
+def ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 900) -> tuple[subprocess.Popen, str]:
+    import requests
+
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
@@ -153,7 +169,12 @@ class Proxy:
             pass
 
 
-if __name__ == "__main__":  # python tests/served.py DIR: start a server by hand
-    p, u = start_server(Path(sys.argv[1]), Path("/tmp/vllm.log"))
+if __name__ == "__main__":
+    if sys.argv[1] == "--export-and-serve":  # launch(export=True): the model directory, then the server in its place
+        from posbias import export_model
+
+        export_model("smollm2-135m", sys.argv[2])
+        os.execv(str(VLLM_PY), server_cmd(Path(sys.argv[2]), int(sys.argv[3])))
+    p, u = start_server(Path(sys.argv[1]), Path("/tmp/vllm.log"))  # python tests/served.py DIR: a server by hand
     print(u)
     p.wait()

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from served import NAME, Proxy, start_server, stop, vllm_missing
+from served import NAME, Proxy, vllm_missing
 
 pytestmark = [pytest.mark.real, pytest.mark.skipif(vllm_missing() is not None, reason=str(vllm_missing()))]
 
@@ -21,14 +21,8 @@ POS = "0,2,5"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from posbias import export_model
-
-    root = tmp_path_factory.mktemp("served")
-    model_dir = export_model("smollm2-135m", root / "smollm2")
-    proc, url = start_server(model_dir, root / "vllm.log")
-    yield {"url": url, "dir": str(model_dir), "root": root}
-    stop(proc)
+def server(vllm_server):
+    return vllm_server  # launched at collection (conftest.py), so its start overlaps the modules before this one
 
 
 @pytest.fixture()
@@ -73,12 +67,12 @@ def test_served_sweep_reproduces_in_process(server, in_process, engine):
         assert all("logprob" in r for r in served.rows)
 
 
-def test_compare_served_and_in_process(server, tmp_path):
+def test_compare_served_and_in_process(server, in_process, tmp_path):
     from posbias import SweepConfig, run_compare
 
     cfg = SweepConfig(task_options=KV, positions=POS, n=4, engine="generate")
     s = spec(server["url"], server["dir"])
-    res = run_compare(cfg, ["none"], tmp_path / "cmp", models=["smollm2-135m", s], progress=False)
+    res = run_compare(cfg, ["none"], tmp_path / "cmp", models=[in_process, s], progress=False)
     assert [e["model"] for e in res.entries] == ["smollm2-135m", s]
     assert res.record["models"][s]["backend"] == "openai" and "vs_first" in res.entries[1]
     assert (tmp_path / "cmp" / "compare.json").is_file()
