@@ -46,8 +46,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--cores", type=int, default=1, choices=(1, 2))
     ap.add_argument("--skip", default="")
+    ap.add_argument("--concurrency", type=int, default=64, help="the server path's requests in flight")
     ap.add_argument("--model-dir", default=None, help="an exported model directory (default: export SmolLM2 now)")
     a = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # vLLM's worker processes must not inherit (and repeat) buffered lines
     skip = set(filter(None, a.skip.split(",")))
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "1" if a.cores == 1 else "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -81,12 +83,12 @@ def main() -> None:
 
         t0 = time.perf_counter()
         proc, url = start_server(model_dir, Path(tempfile.mkdtemp()) / "vllm.log")
-        be = open_backend(f"openai:model={NAME},base_url={url},tokenizer={model_dir},concurrency=16")
+        be = open_backend(f"openai:model={NAME},base_url={url},tokenizer={model_dir},concurrency={a.concurrency}")
         starts["vllm server"] = time.perf_counter() - t0
         try:
             for e in engines:
                 results.append(score("vllm server", be, task, a.n, e))
-            # request order and batching: the same rows one request at a time, against 16 in flight
+            # request order and batching: the same rows one request at a time, against `concurrency` in flight
             one = open_backend(f"openai:model={NAME},base_url={url},tokenizer={model_dir},concurrency=1")
             for e in engines:
                 results.append(score("vllm server, 1 in flight", one, task, a.n, e))
@@ -111,7 +113,7 @@ def report(results: list[dict], starts: dict, a) -> None:
         y = next((r for r in results if r["path"] == "vllm server, 1 in flight" and r["engine"] == e), None)
         if x and y:
             flips = sum(x["verdicts"][k] != y["verdicts"][k] for k in x["verdicts"])
-            print(f"{e}: 16 vs 1 request in flight: {flips} of {len(x['verdicts'])} verdicts differ")
+            print(f"{e}: {a.concurrency} vs 1 request in flight: {flips} of {len(x['verdicts'])} verdicts differ")
     by = {(r["path"], r["engine"]): r["tokens_per_s"] for r in results}
     for e in ("teacher-forced", "generate"):
         off = by.get(("vllm offline", e))
