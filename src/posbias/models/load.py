@@ -153,6 +153,19 @@ def _in_hub_cache(repo_id: str) -> bool:
         return False
 
 
+def _source(name: str) -> tuple[str, str | None, str, dict]:
+    """(path or hub id, gguf file, kind, from_pretrained keywords) of a model name, offline."""
+    src, gguf, kind = _locate(name)
+    kw: dict = {"gguf_file": gguf} if gguf else {}
+    if kind == "hub":
+        kw["local_files_only"] = True
+    # transformers logs a misleading hint that GGUF weights "stay quantized" and that
+    # fp32 is faster; on these CPUs weights are de-quantized to plain Linear layers
+    # and bf16 runs ~4x faster (measured, see docs/sweep.md), so we silence it.
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    return src, gguf, kind, kw
+
+
 def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "cpu", progress: bool = True,
                device_map: str | None = None) -> Loaded:
     """Load a causal LM and its tokenizer, offline: a registered name (see REGISTRY), a local
@@ -166,14 +179,7 @@ def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "c
         raise PosbiasError(f"unknown dtype '{dtype}'", "use `dtype` bf16 or fp32")
     check_device_map(device_map)
     dev = resolve_device(device)
-    src, gguf, kind = _locate(name)
-    kw = {"gguf_file": gguf} if gguf else {}
-    if kind == "hub":
-        kw["local_files_only"] = True
-    # transformers logs a misleading hint that GGUF weights "stay quantized" and that
-    # fp32 is faster; on these CPUs weights are de-quantized to plain Linear layers
-    # and bf16 runs ~4x faster (measured, see docs/sweep.md), so we silence it.
-    logging.getLogger("transformers").setLevel(logging.ERROR)
+    src, gguf, kind, kw = _source(name)
     try:
         with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
             tok = AutoTokenizer.from_pretrained(src, **kw)
@@ -204,17 +210,13 @@ def load_tokenizer(name: str, progress: bool = True):
     """Only the tokenizer of a model `load_model` would load (a served model's, for token-id prompts)."""
     from transformers import AutoTokenizer
 
-    src, gguf, kind = _locate(name)
-    kw = {"gguf_file": gguf} if gguf else {}
-    if kind == "hub":
-        kw["local_files_only"] = True
-    logging.getLogger("transformers").setLevel(logging.ERROR)
+    src, _, _, kw = _source(name)
     try:
         with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
             tok = AutoTokenizer.from_pretrained(src, **kw)
     except Exception as e:
         raise PosbiasError(f"could not load the tokenizer of '{name}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
-                           "pass the served model's directory (or its registered name) as `tokenizer`") from e
+                           "pass the served model's directory (or its registered name) as tokenizer=... in the model spec") from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
