@@ -12,7 +12,8 @@ engine start (load / spawn until the first request can go), wall time of the sco
 Cores. vLLM's CPU build binds its worker to the compute cores and, by default, reserves one core for its front
 end (`VLLM_CPU_NUM_OF_RESERVED_CPU`, "reserve_cpu_num" in its log). `--cores 1`: vLLM computes on one core (one
 reserved), hf runs with one torch thread: equal compute cores. `--cores 2`: VLLM_CPU_NUM_OF_RESERVED_CPU=0 (both
-cores compute; the front end shares them), hf with two threads. Targets: openai server >= 0.9 x vLLM offline
+cores compute; the front end shares them), hf with two threads. The server path sends `--batch` token prompts per
+request (default 8), `--concurrency` requests in flight (64). Targets: openai server >= 0.9 x vLLM offline
 throughput; hf >= 1.0 x vLLM offline on equal cores, both protocols.
 """
 
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("--cores", type=int, default=1, choices=(1, 2))
     ap.add_argument("--skip", default="")
     ap.add_argument("--concurrency", type=int, default=64, help="the server path's requests in flight")
+    ap.add_argument("--batch", type=int, default=8, help="the server path's prompts per request")
     ap.add_argument("--model-dir", default=None, help="an exported model directory (default: export SmolLM2 now)")
     a = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # vLLM's worker processes must not inherit (and repeat) buffered lines
@@ -83,7 +85,8 @@ def main() -> None:
 
         t0 = time.perf_counter()
         proc, url = start_server(model_dir, Path(tempfile.mkdtemp()) / "vllm.log")
-        be = open_backend(f"openai:model={NAME},base_url={url},tokenizer={model_dir},concurrency={a.concurrency}")
+        be = open_backend(f"openai:model={NAME},base_url={url},tokenizer={model_dir},concurrency={a.concurrency},"
+                          f"batch={a.batch}")
         starts["vllm server"] = time.perf_counter() - t0
         try:
             for e in engines:
@@ -113,7 +116,8 @@ def report(results: list[dict], starts: dict, a) -> None:
         y = next((r for r in results if r["path"] == "vllm server, 1 in flight" and r["engine"] == e), None)
         if x and y:
             flips = sum(x["verdicts"][k] != y["verdicts"][k] for k in x["verdicts"])
-            print(f"{e}: {a.concurrency} vs 1 request in flight: {flips} of {len(x['verdicts'])} verdicts differ")
+            print(f"{e}: {a.concurrency} requests of {a.batch} vs 1 request of 1 in flight: {flips} of "
+                  f"{len(x['verdicts'])} verdicts differ")
     by = {(r["path"], r["engine"]): r["tokens_per_s"] for r in results}
     for e in ("teacher-forced", "generate"):
         off = by.get(("vllm offline", e))

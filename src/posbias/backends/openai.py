@@ -33,6 +33,7 @@ class OpenAIBackend(ServedBackend):
         "prompts": "tokens (token ids on /v1/completions; needs tokenizer) | chat (messages on /v1/chat/completions)",
         "api_key_env": "environment variable holding the API key (default OPENAI_API_KEY; unset: no key sent)",
         "concurrency": "requests in flight (default 8)",
+        "batch": "token prompts per /v1/completions request (default 1; vLLM and SGLang take a list: 8 cuts HTTP cost)",
         "timeout": "seconds to wait for one reply (default 120)",
         "retries": "tries after the first on 429 / 5xx / timeouts / dropped connections (default 6)",
         "cache": "a directory for an on-disk response cache (default none): a re-run costs no requests",
@@ -47,8 +48,10 @@ class OpenAIBackend(ServedBackend):
         self.prompts = _prompts(args)
         self.seed = int(args.get("seed", 0))
         self.concurrency = int(args.get("concurrency", 8))
-        if self.concurrency < 1:
-            raise PosbiasError(f"concurrency must be at least 1, got {self.concurrency}", "pass concurrency=8 or so")
+        self.batch = int(args.get("batch", 1)) if self.prompts == "tokens" else 1
+        if self.concurrency < 1 or self.batch < 1:
+            raise PosbiasError(f"concurrency and batch must be at least 1, got {self.concurrency} and {self.batch}",
+                               "pass concurrency=8 or so, batch=1 or more")
         self.http = Http(str(args.get("base_url", "http://127.0.0.1:8000/v1")), str(args.get("api_key_env", "OPENAI_API_KEY")),
                          float(args.get("timeout", 120)), int(args.get("retries", 6)), args.get("cache"))
         self.tokenizer = None
@@ -92,8 +95,8 @@ class OpenAIBackend(ServedBackend):
         return None
 
     def settings(self) -> dict:
-        return {"concurrency": self.concurrency, "timeout_s": self.http.timeout, "retries": self.http.retries,
-                "cache": str(self.http.cache) if self.http.cache else None}
+        return {"concurrency": self.concurrency, "batch": self.batch, "timeout_s": self.http.timeout,
+                "retries": self.http.retries, "cache": str(self.http.cache) if self.http.cache else None}
 
     def counters(self) -> dict:
         return dict(self.http.counts)
@@ -101,36 +104,58 @@ class OpenAIBackend(ServedBackend):
     def run(self, requests: list[Request]) -> Iterator[tuple[int, Reply]]:
         pool = ThreadPoolExecutor(self.concurrency)
         pending = {}
-        todo = iter(enumerate(requests))
         try:
-            for i, q in todo:  # keep `concurrency` requests in flight (a bounded window: a failure stops early)
-                pending[pool.submit(self._one, q)] = i
+            for unit in self._units(requests):  # keep `concurrency` requests in flight (bounded: a failure stops early)
+                pending[pool.submit(self._send, [requests[i] for i in unit])] = unit
                 if len(pending) < self.concurrency:
                     continue
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for f in finished:
-                    yield pending.pop(f), f.result()
+                    yield from zip(pending.pop(f), f.result())
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for f in finished:
-                    yield pending.pop(f), f.result()
+                    yield from zip(pending.pop(f), f.result())
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _one(self, q: Request) -> Reply:
+    def _units(self, requests: list[Request]) -> Iterator[list[int]]:
+        """Indices of the requests one HTTP request carries: up to `batch` neighbours of one kind and length limit."""
+        unit: list[int] = []
+        for i, q in enumerate(requests):
+            if unit and (len(unit) == self.batch or _shape(requests[unit[0]]) != _shape(q)):
+                yield unit
+                unit = []
+            unit.append(i)
+        if unit:
+            yield unit
+
+    def _send(self, qs: list[Request]) -> list[Reply]:
+        """One HTTP request for `qs` (one chat message, or a list of token prompts): one reply per request."""
+        q = qs[0]
         common = {"model": self.model, "temperature": 0, "top_p": 1, "seed": self.seed}
+        if self.prompts == "chat":
+            stop = {"stop": ["\n"]} if q.stop_newline else {}
+            out = self.http.post("/chat/completions", {**common, **stop, "messages": q.messages, "max_tokens": q.max_tokens})
+            return [Reply(text=(_choice(out).get("message") or {}).get("content") or "", **_usage(out))]
+        prompt = q.ids if len(qs) == 1 else [x.ids for x in qs]  # a single prompt as before (the same cache keys)
         if q.kind == "logprobs":
-            body = {**common, **NEUTRAL, "prompt": q.ids, "max_tokens": 1, "prompt_logprobs": 1}
-            out = self.http.post("/completions", body)
-            return Reply(tokens=_ranks(out, q), **_usage(out))
-        stop = {"stop": ["\n"]} if q.stop_newline else {}
-        if self.prompts == "tokens":
-            body = {**common, **NEUTRAL, **stop, "prompt": q.ids, "max_tokens": q.max_tokens}
-            out = self.http.post("/completions", body)
-            return Reply(text=_choice(out).get("text") or "", **_usage(out))
-        body = {**common, **stop, "messages": q.messages, "max_tokens": q.max_tokens}
-        out = self.http.post("/chat/completions", body)
-        return Reply(text=(_choice(out).get("message") or {}).get("content") or "", **_usage(out))
+            body = {**common, **NEUTRAL, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 1}
+        else:
+            body = {**common, **NEUTRAL, **({"stop": ["\n"]} if q.stop_newline else {}), "prompt": prompt,
+                    "max_tokens": q.max_tokens}
+        out = self.http.post("/completions", body)
+        choices = sorted(out.get("choices") or [], key=lambda c: c.get("index", 0))
+        if len(choices) != len(qs):
+            raise PosbiasError(f"the server answered {len(choices)} choices for {len(qs)} prompts",
+                               "use batch=1 in the model spec (this server does not take a list of prompts)")
+        usage = _usage(out)
+        return [Reply(tokens=_ranks(c, x) if x.kind == "logprobs" else [], text=c.get("text") or "",
+                      **(usage if k == 0 else {})) for k, (c, x) in enumerate(zip(choices, qs))]
+
+
+def _shape(q: Request) -> tuple:
+    return (q.kind, q.max_tokens, q.stop_newline)
 
 
 def _prompts(args: dict) -> str:
@@ -155,10 +180,10 @@ def _usage(out: dict) -> dict:
     return {"prompt_tokens": int(u.get("prompt_tokens") or 0), "completion_tokens": int(u.get("completion_tokens") or 0)}
 
 
-def _ranks(out: dict, q: Request) -> list[tuple[float, int, int]]:
-    """(logprob, rank, greedy token id) of each prompt token from q.start on, from vLLM's prompt_logprobs: one dict
-    per prompt position (None at 0) keyed by token id, holding the actual token and the top-1 token."""
-    plp = _choice(out).get("prompt_logprobs") or out.get("prompt_logprobs")
+def _ranks(choice: dict, q: Request) -> list[tuple[float, int, int, float]]:
+    """(logprob, rank, top token id, top logprob) of each prompt token from q.start on, from vLLM's prompt_logprobs:
+    one dict per prompt position (None at 0) keyed by token id, holding the actual token and the top-1 token."""
+    plp = choice.get("prompt_logprobs")
     if not plp or len(plp) != len(q.ids):
         raise PosbiasError("the server returned no prompt logprobs for a teacher-forced row",
                            "use a server that supports prompt_logprobs (vLLM, SGLang), or `engine=generate`")
