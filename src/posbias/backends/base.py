@@ -49,6 +49,18 @@ class Reply:
     completion_tokens: int = 0
 
 
+def prompt_ranks(positions: list, q: Request) -> list[tuple[float, int, int, float]]:
+    """Reply.tokens of a teacher-forced request from prompt logprobs as vLLM gives them: per prompt position a dict
+    {token id: (logprob, rank)} holding the actual token and the top-1 token; read from q.start on."""
+    res = []
+    for j in range(q.start, len(q.ids)):
+        entry = positions[j]
+        logprob, rank = entry[q.ids[j]]
+        top = min(entry, key=lambda t: (entry[t][1], t))
+        res.append((float(logprob), int(rank), int(top), float(entry[top][0])))
+    return res
+
+
 class Backend(ABC):
     name: ClassVar[str]
     description: ClassVar[str]

@@ -17,7 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Iterator
 
 from ..errors import PosbiasError
-from .base import Capabilities, Reply, Request, ServedBackend
+from .base import Capabilities, Reply, Request, ServedBackend, prompt_ranks
 from .http import Http
 
 PROMPTS = ("tokens", "chat")
@@ -42,7 +42,6 @@ class OpenAIBackend(ServedBackend):
     }
 
     def __init__(self, args: dict, progress: bool = True):
-        self.args = args
         self.caps = self.capabilities(args)
         self.model = str(args["model"])
         self.prompts = _prompts(args)
@@ -181,16 +180,9 @@ def _usage(out: dict) -> dict:
 
 
 def _ranks(choice: dict, q: Request) -> list[tuple[float, int, int, float]]:
-    """(logprob, rank, top token id, top logprob) of each prompt token from q.start on, from vLLM's prompt_logprobs:
-    one dict per prompt position (None at 0) keyed by token id, holding the actual token and the top-1 token."""
+    """Reply.tokens from a choice's prompt_logprobs (vLLM's JSON: per position None or {"id": {logprob, rank}})."""
     plp = choice.get("prompt_logprobs")
     if not plp or len(plp) != len(q.ids):
         raise PosbiasError("the server returned no prompt logprobs for a teacher-forced row",
                            "use a server that supports prompt_logprobs (vLLM, SGLang), or `engine=generate`")
-    res = []
-    for j in range(q.start, len(q.ids)):
-        entry = {int(k): v for k, v in plp[j].items()}
-        mine = entry[q.ids[j]]
-        top = min(entry, key=lambda t: (entry[t]["rank"], t))
-        res.append((float(mine["logprob"]), int(mine["rank"]), top, float(entry[top]["logprob"])))
-    return res
+    return prompt_ranks([e and {int(k): (v["logprob"], v["rank"]) for k, v in e.items()} for e in plp], q)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..errors import PosbiasError
-from .base import Capabilities, Reply, Request, ServedBackend
+from .base import Capabilities, Reply, Request, ServedBackend, prompt_ranks
 
 CAPS = Capabilities(prompt_logprobs=True, token_prompts=True, methods=False, prefix_sharing=False, batching="requests")
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -75,22 +75,13 @@ class VLLMBackend(ServedBackend):
                 self.counts["prompt_tokens"] += len(q.ids)
                 self.counts["completion_tokens"] += len(gen.token_ids)
                 if q.kind == "logprobs":
-                    yield lo + k, Reply(tokens=_ranks(o.prompt_logprobs, q))
+                    yield lo + k, Reply(tokens=prompt_ranks([e and {t: (x.logprob, x.rank) for t, x in e.items()}
+                                                            for e in o.prompt_logprobs], q))
                 else:
                     yield lo + k, Reply(text=gen.text)
 
     def close(self) -> None:
         self.llm = None
-
-
-def _ranks(plp, q: Request) -> list[tuple[float, int, int, float]]:
-    res = []
-    for j in range(q.start, len(q.ids)):
-        entry = plp[j]
-        mine = entry[q.ids[j]]
-        top = min(entry, key=lambda t: (entry[t].rank, t))
-        res.append((float(mine.logprob), int(mine.rank), int(top), float(entry[top].logprob)))
-    return res
 
 
 def _version() -> str:

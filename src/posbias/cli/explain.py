@@ -27,7 +27,8 @@ from .. import (
     synth_grid_runs,
     synth_run_config,
 )
-from .options import MODEL, RUN, SPLIT, TASK, Args, floats, ints, model_fields, placements, run_kwargs, task_fields, uses, words
+from .options import (MODEL, RUN, SPLIT, TASK, Args, floats, ints, model_fields, placements, run_kwargs, task_fields,
+                      uses, words)
 
 analyze_app = typer.Typer(no_args_is_help=True, help="Why the model fails where it fails: analyses of a real model.")
 synth_app = typer.Typer(no_args_is_help=True, help="Controlled synthetic experiments (Wu et al. 2025, Sec. 5).")

@@ -35,7 +35,8 @@ class ModelChoice:
         if self.chat not in CHAT_MODES:
             raise PosbiasError(f"unknown `chat` '{self.chat}'", "use auto, on or off")
         check_device_map(self.device_map)
-        parse_spec(self.model) if isinstance(self.model, str) else None  # a malformed model spec fails here
+        if isinstance(self.model, str):
+            parse_spec(self.model)  # a malformed model spec fails here
 
 
 @dataclass

@@ -28,7 +28,7 @@ from ..errors import PosbiasError
 from ..methods import Active
 from ..models.load import Loaded
 from ..tasks import Task
-from .encode import Encoded
+from .encode import Encoded, render
 from .generate import generate_greedy
 from .teacher_forced import score_teacher_forced
 
@@ -115,8 +115,9 @@ class TeacherForced(Engine):
         tok = scorer.backend.tokenizer
         best = None
         for ans, rep in zip(row.answer_ids, replies):
-            ok = all(_greedy(a, t) for a, t in zip(ans, rep.tokens))
-            pred = [a if _greedy(a, t) else t[2] for a, t in zip(ans, rep.tokens)]
+            hits = [_greedy(a, t) for a, t in zip(ans, rep.tokens)]
+            ok = all(hits)
+            pred = [a if hit else t[2] for a, hit, t in zip(ans, hits, rep.tokens)]
             if best is None or (ok and not best["correct"]):
                 best = {"correct": ok, "prediction": tok.decode(pred, skip_special_tokens=True),
                         "logprob": sum(t[0] for t in rep.tokens) if best is None else best["logprob"]}
@@ -143,8 +144,7 @@ class Generate(Engine):
         stop = not scorer.task.multiline
         if scorer.backend.caps.token_prompts:
             return [Request("generate", ids=row.prompt_ids, max_tokens=scorer.max_new_tokens, stop_newline=stop)]
-        p = row.prompt  # a chat-only server: the task's prompt as one user message (its answer prefix after it)
-        text = p.user + ("\n" + p.answer_prefix if p.answer_prefix else "")
+        text = render(None, row.prompt, chat=False)  # a chat-only server: one user message, its answer prefix after it
         return [Request("generate", messages=[{"role": "user", "content": text}], max_tokens=scorer.max_new_tokens,
                         stop_newline=stop)]
 

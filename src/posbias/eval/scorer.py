@@ -13,7 +13,7 @@ it from cached keys/values (eval/prefix.py); a method that is not `prefix_safe` 
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Callable, Iterable
 
 from ..backends import Backend, as_backend
@@ -152,14 +152,11 @@ class Scorer:
 
         if self.backend.caps.batching == "requests":
             self._score_requests(rows, done, emit)
-            order = {r.key: i for i, r in enumerate(rows)}
-            out.sort(key=lambda d: order[(d["example_id"], placement_key(d["position"]))])
-            return out
+            return _in_row_order(out, rows)
         with method.apply(self.loaded) as active:
             if self.path(method)[0]:
                 self._score_shared(rows, done, emit)
-                order = {r.key: i for i, r in enumerate(rows)}  # row order (the plain path's, for equal-cost rows)
-                out.sort(key=lambda d: order[(d["example_id"], placement_key(d["position"]))])
+                _in_row_order(out, rows)  # the plain path's order, for equal-cost rows
             else:
                 costs = [self.engine.cost(r, self.max_new_tokens) for r in rows]
                 for idx in plan_batches(costs, self.batch_tokens, self.max_batch):
@@ -177,9 +174,7 @@ class Scorer:
             for q in self.engine.requests(self, row):
                 reqs.append(q)
                 owner.append(i)
-        need = defaultdict(int)
-        for i in owner:
-            need[i] += 1
+        need = Counter(owner)
         got: dict[int, dict] = defaultdict(dict)
         for j, reply in self.backend.run(reqs):  # type: ignore[attr-defined]
             i = owner[j]
@@ -254,3 +249,9 @@ class Scorer:
             hits.setdefault(placement_key(r["position"]), []).append(bool(r["correct"]))
         return {p: sum(h) / len(h) for p, h in hits.items()}
 
+
+def _in_row_order(out: list[dict], rows: list[Encoded]) -> list[dict]:
+    """Sort result dicts (in place) into the order of `rows`; returns them."""
+    order = {r.key: i for i, r in enumerate(rows)}
+    out.sort(key=lambda d: order[(d["example_id"], placement_key(d["position"]))])
+    return out
