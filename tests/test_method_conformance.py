@@ -22,6 +22,7 @@ import torch
 from conftest import char_tokenizer, position_sensitive, random_seqs, tiny_model
 from posbias import METHODS, Active, Loaded, get_method
 from posbias.eval.encode import left_pad
+from posbias.models.compat import cache_key, output_cache
 from posbias.models.moice import PAPER_BASES, Routers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -104,7 +105,7 @@ def test_cached_decoding_equals_a_full_forward(loaded, method):
         active.set_prompt_end(torch.tensor([ids.shape[1] - 2]))  # the prompt is ids[:, :-1]
         full = loaded.model(input_ids=ids).logits[:, -1]
         pre = loaded.model(input_ids=ids[:, :-1], use_cache=True)
-        step = loaded.model(input_ids=ids[:, -1:], past_key_values=pre.past_key_values, use_cache=True).logits[:, -1]
+        step = loaded.model(input_ids=ids[:, -1:], **{cache_key(loaded.model): output_cache(pre)}, use_cache=True).logits[:, -1]
     torch.testing.assert_close(step, full, atol=1e-4, rtol=1e-4)
 
 
@@ -116,7 +117,7 @@ def test_the_prompt_end_matters_where_a_method_reads_the_input(loaded):
     with get_method("mspoe").apply(loaded):
         full = loaded.model(input_ids=ids).logits[:, -1]
         pre = loaded.model(input_ids=ids[:, :-1], use_cache=True)
-        step = loaded.model(input_ids=ids[:, -1:], past_key_values=pre.past_key_values, use_cache=True).logits[:, -1]
+        step = loaded.model(input_ids=ids[:, -1:], **{cache_key(loaded.model): output_cache(pre)}, use_cache=True).logits[:, -1]
     assert (full - step).abs().max() > 1e-2
 
 

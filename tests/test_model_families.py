@@ -26,6 +26,7 @@ from posbias import METHODS, Loaded, PosbiasError, Scorer, get_method, get_task
 from posbias.eval.encode import Encoded, left_pad
 from posbias.eval.generate import generate_greedy
 from posbias.eval.teacher_forced import score_teacher_forced
+from posbias.models.compat import cache_key, output_cache
 from posbias.models.moice import Routers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -265,7 +266,7 @@ def test_method_applies_exactly_or_refuses_in_one_line(family, method, tmp_path)
         active.set_prompt_end(torch.tensor([ids.shape[1] - 2]))  # the prompt is ids[:, :-1]
         full = lo.model(input_ids=ids).logits[:, -1]
         pre = lo.model(input_ids=ids[:, :-1], use_cache=True)
-        step = lo.model(input_ids=ids[:, -1:], past_key_values=pre.past_key_values, use_cache=True).logits[:, -1]
+        step = lo.model(input_ids=ids[:, -1:], **{cache_key(lo.model): output_cache(pre)}, use_cache=True).logits[:, -1]
     torch.testing.assert_close(batch, alone, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(step, full, atol=1e-4, rtol=1e-4)
 

@@ -14,6 +14,7 @@ from conftest import char_tokenizer, dies_after, position_sensitive, random_seqs
 from posbias import Loaded, MoICEConfig, PosbiasError, get_method, train_moice
 from posbias.core.losses import load_balancing_loss
 from posbias.eval.encode import left_pad
+from posbias.models.compat import cache_key, output_cache
 from posbias.models.moice import PAPER_BASES, Routers, mix_experts, moice, rotate, routing_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -136,8 +137,8 @@ def test_gemma3_cached_decoding_equals_a_full_forward():
     with moice(model, Routers.for_model(model, top_k=4)):
         full = model(input_ids=ids).logits[:, -3:]
         pre = model(input_ids=ids[:, :-2], use_cache=True)
-        s1 = model(input_ids=ids[:, -2:-1], past_key_values=pre.past_key_values, use_cache=True)
-        s2 = model(input_ids=ids[:, -1:], past_key_values=s1.past_key_values, use_cache=True).logits[:, -1]
+        s1 = model(input_ids=ids[:, -2:-1], **{cache_key(model): output_cache(pre)}, use_cache=True)
+        s2 = model(input_ids=ids[:, -1:], **{cache_key(model): output_cache(s1)}, use_cache=True).logits[:, -1]
     torch.testing.assert_close(torch.stack([pre.logits[:, -1], s1.logits[:, -1], s2], 1), full, atol=1e-4, rtol=1e-4)
 
 

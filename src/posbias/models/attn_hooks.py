@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..errors import PosbiasError
+from .compat import cache_kwargs_key
 
 
 def register_attention(model, attn, tag: str, make_attention: Callable, who: str) -> tuple[str, str]:
@@ -36,13 +37,15 @@ def take_rope_and_cache(st, module, kwargs: dict, who: str) -> dict:
     give the stock code identity RoPE (cos 1, sin 0: q and k pass un-rotated, exactly) and no cache."""
     if kwargs.get("position_ids") is None or "position_embeddings" not in kwargs:
         raise PosbiasError(f"{who}: self_attn was called without position_ids/position_embeddings", "use a supported model")
-    cache = kwargs.get("past_key_values")
+    key = cache_kwargs_key(kwargs)
+    cache = kwargs.get(key)
     st.prefill = cache is None or cache.get_seq_length(module.layer_idx) == 0
     st.cache = cache
     cos = kwargs["position_embeddings"][0]
     one = torch.ones((1, 1, 1), dtype=cos.dtype, device=cos.device)
     kwargs["position_embeddings"] = (one, torch.zeros_like(one))
-    kwargs["past_key_values"] = None
+    if key in kwargs:
+        kwargs[key] = None
     return kwargs
 
 

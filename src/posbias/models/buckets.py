@@ -29,6 +29,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ..errors import PosbiasError
+from .compat import CACHE_KEYS
 from .rope import RopeInfo, RopeTables, model_dtype, position_ids_of, replace_position_embeddings, rope_guard, rope_info
 
 TOOLBENCH_BASES = (10000.0, 17500.0, 18000.0, 19000.0, 20000.0, 25000.0)  # original default (Llama-2, theta 1e4)
@@ -119,7 +120,7 @@ def _expand_hook(n: int):
             raise PosbiasError("attention_buckets needs input_ids or inputs_embeds", "pass them to the model")
         batch = ref.shape[0]
         args = tuple(_repeat(a, batch, n) for a in args)
-        kwargs = {k: (v if k == "past_key_values" else _repeat(v, batch, n)) for k, v in kwargs.items()}
+        kwargs = {k: (v if k in CACHE_KEYS else _repeat(v, batch, n)) for k, v in kwargs.items()}
         return args, kwargs
 
     return hook

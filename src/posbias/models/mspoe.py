@@ -76,8 +76,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import PosbiasError
-from .mspoe_heads import ALPHA, outlier_scores, probe_valid, rank_groups, ratio_ladder, rotate_heads
 from .attn_hooks import patched_attention, register_attention, take_rope_and_cache
+from .mspoe_heads import ALPHA, outlier_scores, probe_valid, rank_groups, ratio_ladder, rotate_heads
 from .rope import rope_info
 
 __all__ = ["ALPHA", "MODES", "MsPoE", "check_model", "mspoe", "outlier_scores", "rank_groups", "ratio_ladder"]

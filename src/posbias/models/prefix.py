@@ -24,6 +24,7 @@ import inspect
 
 import torch
 
+from .compat import cache_key
 from .rope import LENGTH_DEPENDENT
 
 
@@ -132,7 +133,7 @@ def prefill(model, spines: list[list[int]], pad_id: int) -> list[tuple[torch.Ten
         ids = torch.tensor(part, dtype=torch.long, device=dev)  # [e, P]
         cache = DynamicCache()  # plain layers: sliding-window layers keep every column too (our masks cut them)
         model(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=dev)[None].expand(len(part), -1),
-              past_key_values=cache, use_cache=True, **kw)
+              use_cache=True, **{cache_key(model): cache}, **kw)
         per.append([(layer.keys, layer.values) for layer in cache.layers])
 
     def stack(i: int, j: int) -> torch.Tensor:  # layer i, keys (0) or values (1): [E, H, width, D]
@@ -179,7 +180,7 @@ class SharedKV:
         kpos = torch.cat([self.kpos, torch.where(valid, qpos, -1)], dim=1)  # [R, K + Q]
         kw = {"logits_to_keep": keep} if keep and _keeps_logits(self.model) else {}
         out = self.model(input_ids=ids, attention_mask=self._masks(kpos, qpos), position_ids=qpos.clamp(min=0),
-                         past_key_values=self.cache, use_cache=True, **kw)
+                         use_cache=True, **{cache_key(self.model): self.cache}, **kw)
         self.kpos = kpos
         return out.logits if keep is None else out.logits[:, -keep:]
 
