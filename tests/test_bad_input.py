@@ -44,6 +44,11 @@ def env(tmp_path_factory):
             "goldfloat": [good, {**good, "gold": 1.9}], "noquestion": [{k: v for k, v in good.items() if k != "question"}]}
     for name, recs in rows.items():
         (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    order = {"one": {"question": "q", "answers": ["a"]}, "dup": {"question": "q", "options": ["a", "b", "a"], "gold": 0},
+             "gold": {"question": "q", "options": ["a", "b"], "gold": 2},
+             "clash": {"question": "q", "options": ["a", "b"], "gold": 0, "labels": ["A", "A"]}}
+    for name, rec in order.items():
+        (data / f"order-{name}.jsonl").write_text(json.dumps(rec) + "\n")
     (data / "hop1.jsonl").write_text(json.dumps({**good, "gold": [1]}) + "\n")
     (data / "latin1.jsonl").write_bytes(json.dumps(good).replace('"q"', '"caf\u00e9"', 1).encode("latin-1") + b"\n")
     (data / "plain.jsonl.gz").write_text(json.dumps(good) + "\n")
@@ -131,6 +136,13 @@ CASES = [
     (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,3", "--resume"], "bad-marker", "is not a readable run marker"),
     (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,3", "--resume"], "bad-rows", "is not a row this pipeline wrote"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/latin1.jsonl"], "new", "not UTF-8"),
+    # order tasks: one candidate, the same option twice, a gold index out of range, two options with one label
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge:{DATA}/order-one.jsonl"], "new", "list of 2 to 2"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "mc:{DATA}/order-dup.jsonl"], "new", "lists 'a' twice"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "mc:{DATA}/order-gold.jsonl"], "new", "gold=2 but there are 2"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "mc:{DATA}/order-clash.jsonl"], "new", "'labels' lists 'A' twice"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge-kv", "--options", "11"], "new", "cannot be labelled"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "swap"], "new", "kv-lookup is not one"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/answers5.jsonl"], "new", ":2: 'answers' must be"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/docstr.jsonl"], "new", ":2: 'documents' must be a list"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/goldfloat.jsonl"], "new", ":2: 'gold' must be an integer"),

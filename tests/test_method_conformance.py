@@ -21,6 +21,7 @@ import torch
 
 from conftest import char_tokenizer, position_sensitive, random_seqs, tiny_model
 from posbias import METHODS, Active, Loaded, get_method
+from posbias.methods import DecisionRule
 from posbias.eval.encode import left_pad
 from posbias.models.compat import cache_key, output_cache
 from posbias.models.moice import PAPER_BASES, Routers
@@ -28,6 +29,8 @@ from posbias.models.moice import PAPER_BASES, Routers
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 EXTRA = ("mspoe-query",)  # further modes of a registered method, each through the whole suite
+# the order decision rules leave the model as it is (changes_model False): tests/test_order.py covers them
+DECISIONS = {n for n, c in METHODS.items() if issubclass(c, DecisionRule)}
 LAYERS = 4  # Ms-PoE leaves the first two layers alone by default: a 4-layer model has two it changes
 ARCHS = ("llama", "qwen2")
 
@@ -52,7 +55,7 @@ def loaded(request):
     return Loaded(model, tok, {"name": f"tiny-{request.param}", "context_window": 2048})
 
 
-@pytest.fixture(params=sorted({*METHODS, *EXTRA}))
+@pytest.fixture(params=sorted({*METHODS, *EXTRA} - DECISIONS))
 def method(request, tmp_path):
     return get_method(_examples(tmp_path)[request.param])
 
@@ -62,7 +65,7 @@ def _ids(n: int = 48, seed: int = 0) -> torch.Tensor:
 
 
 def test_every_registered_method_has_an_example(tmp_path):
-    assert set(_examples(tmp_path)) == set(METHODS) | set(EXTRA)
+    assert set(_examples(tmp_path)) == (set(METHODS) - DECISIONS) | set(EXTRA) and DECISIONS == {"swap", "pride"}
 
 
 def test_spec_and_config_round_trip(method):

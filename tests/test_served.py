@@ -146,6 +146,21 @@ def test_response_cache_makes_a_rerun_free(server, proxy, tmp_path):
     assert again.rows == first.rows
 
 
+def test_order_task_on_the_server_matches_in_process(server, in_process):
+    """Label logprobs over the server's prompt logprobs give the in-process choices; swap decides on them too."""
+    from posbias import SweepConfig, run_sweep
+
+    opts = {"options": 2, "facts": 3}
+    served = run_sweep(SweepConfig(model=spec(server["url"], server["dir"]), task="judge-kv", task_options=opts, n=4,
+                                   method="swap"), progress=False)
+    local = run_sweep(SweepConfig(task="judge-kv", task_options=opts, n=4, method="swap"), loaded=in_process,
+                      progress=False)
+    key = lambda r: (r["example_id"], r["position"])  # noqa: E731
+    pairs = list(zip(sorted(served.rows, key=key), sorted(local.rows, key=key)))
+    assert len(pairs) == 8 and sum(a["raw_choice"] == b["raw_choice"] for a, b in pairs) >= 7  # bf16 near ties
+    assert all(len(a["option_logprobs"]) == 2 for a, _ in pairs) and "order" in served.summary
+
+
 def test_chat_messages_generate(server):
     res = sweep(f"openai:model={NAME},base_url={server['url']},prompts=chat", n=2)
     assert res.record["model"]["prompts"] == "chat-messages" and len(res.rows) == 6

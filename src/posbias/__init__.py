@@ -75,12 +75,12 @@ from .synth import grid_runs as synth_grid_runs  # noqa: E402
 from .synth import one_run_config as synth_run_config  # noqa: E402
 from .synth import run_grid as run_synth_grid  # noqa: E402
 from .synth import run_single as run_synth_one  # noqa: E402
-from .tasks import JSONL_SCHEMA, TASKS, Prompt, Task, get_task, register_task, resolve_positions  # noqa: E402
+from .tasks import JSONL_SCHEMA, ORDER_SCHEMAS, TASKS, Prompt, Task, get_task, register_task, resolve_positions  # noqa: E402
 from .version import __version__  # noqa: E402
 
 __all__ = [
     "BACKENDS", "Backend", "ModelSpec", "open_backend", "parse_spec", "split_models", "export_model",
-    "DISTILL_ABLATIONS", "DISTILL_METHODS", "DISTILL_PRESETS", "ENGINES", "JSONL_SCHEMA", "LPES", "LPES_PRESETS",
+    "DISTILL_ABLATIONS", "DISTILL_METHODS", "DISTILL_PRESETS", "ENGINES", "JSONL_SCHEMA", "LPES", "ORDER_SCHEMAS", "LPES_PRESETS",
     "LPES_SPACES", "METHODS", "MODELS", "SYNTH_GRIDS", "SYNTH_PRESETS", "TASKS",
     "Active", "Baseline", "Buckets", "CompareResult", "DistillConfig", "DistillResult", "GAConfig", "LPESResult",
     "LayerScaling", "Loaded", "Method", "MsPoE", "PosbiasError", "Prompt", "RealRollout", "Scorer", "SearchConfig",

@@ -106,8 +106,8 @@ class Backend(ABC):
 
 
 def check_method(caps: Capabilities, backend: str, method) -> None:
-    """Refuse, in one line, a method other than `none` on a backend without methods (known before it starts)."""
-    if method.name != "none" and not caps.methods:
+    """Refuse, in one line, a method that changes the model on a backend without methods (known before it starts)."""
+    if getattr(method, "changes_model", True) and not caps.methods:
         raise PosbiasError(f"method '{method.label}' changes the model in process, but backend '{backend}' "
                            "serves the model as it is", "use `method=none` on a served model, or load the model "
                            "in process (model=hf:DIR) to apply a method")

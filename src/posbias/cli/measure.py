@@ -10,6 +10,7 @@ import typer
 from .. import (
     BACKENDS,
     JSONL_SCHEMA,
+    ORDER_SCHEMAS,
     MODELS,
     TASKS,
     SweepConfig,
@@ -69,6 +70,7 @@ def tasks() -> None:
     for name, entry in TASKS.items():
         typer.echo(f"{entry.usage(name):12s} {entry.description}")
     typer.echo("\njsonl:PATH schema\n" + JSONL_SCHEMA)
+    typer.echo("\njudge:PATH and mc:PATH schemas (order tasks)\n" + ORDER_SCHEMAS)
 
 
 def models() -> None:

@@ -96,7 +96,8 @@ MODEL = Group(
 
 TASK = Group(
     "task", "Task",
-    task=Opt("kv-lookup", "kv-lookup | kv-uuid | nq | musique | kv-2hop | jsonl:PATH (posbias tasks)"),
+    task=Opt("kv-lookup", "kv-lookup | kv-uuid | nq | musique | kv-2hop | jsonl:PATH | judge-nq | mc-nq | judge-kv | mc-kv | "
+                          "judge:PATH | mc:PATH (posbias tasks)"),
     facts=Opt(None, "kv-lookup: number of facts (default 10)", Optional[int]),
     digits=Opt(None, "kv-lookup: digits per key/value (default 6)", Optional[int]),
     docs=Opt(None, "nq: 10 or 20 documents (default 10)", Optional[int]),
@@ -107,6 +108,9 @@ TASK = Group(
               Optional[str]),
     prompt=Opt(None, "musique/two-hop jsonl: reasoning (the paper's template; default) | coc (Chain-of-Citation)",
                Optional[str]),
+    options=Opt(None, "order tasks: candidates per item (judge default 2, mc default 4; 2..10)", Optional[int]),
+    labels=Opt(None, "order tasks: option labels, letters (A, B, ...; default) | digits (1, 2, ...)", Optional[str]),
+    reference=Opt(None, "judge-nq/mc-nq: show the gold passage, yes (default) | no (closed book)", Optional[str]),
     data_dir=Opt(None, "benchmark data dir (default ../shared/data or $POSBIAS_DATA)", Optional[Path]),
 )
 
@@ -138,7 +142,8 @@ RUN = Group(
 
 def task_fields(a: Args) -> dict:
     """TaskChoice fields of a library config from the TASK group (--pairs only where it is the kv-uuid count)."""
-    opts = {k: getattr(a, k) for k in ("facts", "digits", "docs", "answers", "style", "prompt")}
+    opts = {k: getattr(a, k) for k in ("facts", "digits", "docs", "answers", "style", "prompt", "options", "labels",
+                                       "reference")}
     if a.pairs is not None and "pairs" in getattr(TASKS.get(a.task.partition(":")[0]), "options", ()):
         try:
             opts["pairs"] = int(a.pairs)

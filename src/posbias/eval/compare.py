@@ -27,7 +27,9 @@ from .config import plain
 from .scaleout import start_processes
 from .sweep import SweepConfig, run_sweep
 
-PATH_KEYS = ("scoring_path", "scoring_note")  # which scoring path each entry ran (Scorer.settings), and why
+PATH_KEYS = ("scoring_path", "scoring_note")
+ORDER_COLUMNS = {"consistency": "consistency", "conflict_rate": "conflict rate", "preference_fairness": "pref. fairness",
+                 "rstd": "RStd"}  # which scoring path each entry ran (Scorer.settings), and why
 
 
 @dataclass
@@ -116,9 +118,11 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
         for i, mo in enumerate(model_list):
             lo = first if i == 0 else _load(mo, cfg, progress)
             infos[model_name(mo)] = lo.info
+            plain = None  # the unmodified model's rows: the order decision rules (swap, pride) reuse them
             for m in methods:
-                res, entry = _entry(cfg, folder, lo, mo, m, named, resume, overwrite, progress)
+                res, entry = _entry(cfg, folder, lo, mo, m, named, resume, overwrite, progress, plain)
                 results.append(entry)
+                plain = res.rows if m.name == "none" else plain
             if not isinstance(mo, (Loaded, Backend)):
                 lo.close()  # opened here (a vLLM engine holds memory until closed)
             del lo
@@ -140,7 +144,8 @@ def _load(model: str | Loaded | Backend, cfg: SweepConfig, progress: bool) -> Ba
     return open_backend(model, cfg.dtype, cfg.device, progress, cfg.device_map)
 
 
-def _entry(cfg, folder: RunFolder, lo: Backend, mo, m: Method, named: bool, resume: bool, overwrite: bool, progress: bool):
+def _entry(cfg, folder: RunFolder, lo: Backend, mo, m: Method, named: bool, resume: bool, overwrite: bool, progress: bool,
+           plain: list[dict] | None = None):
     """One sweep of the comparison -> (SweepResult, entry dict with the rows for the paired differences)."""
     name = model_label(mo)
     label = (name if m.name == "none" else f"{name} + {m.label}") if named else m.label
@@ -148,7 +153,7 @@ def _entry(cfg, folder: RunFolder, lo: Backend, mo, m: Method, named: bool, resu
     sub = folder.file(d) if folder.path is not None else None
     started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
     res = run_sweep(replace(cfg, model=model_name(mo), method=m), sub, loaded=lo, resume=resume and started,
-                    overwrite=overwrite, progress=progress)
+                    overwrite=overwrite, progress=progress, scored=plain)
     return res, {"model": model_name(mo), "method": m.key, "label": label, "dir": d, "method_config": res.record["method"],
                  **{k: res.config[k] for k in PATH_KEYS if k in res.config},
                  "per_position": res.per_position, "summary": res.summary, "rows": res.rows}
@@ -195,6 +200,15 @@ def format_compare(record: dict | CompareResult) -> str:
         if v and v.get("mde80"):  # older compare.json files have no power figure
             vs += f"  {v['mde80']:.3f}"
         lines.append(f"{r['label']:<{w}} {accs} {s['average']:>6.3f} {s['gap']:>6.3f}  {ci:<16}  {vs}")
+    if "order" in rows[0]["summary"]:  # order tasks: consistency, conflict, fairness, RStd (95% CIs) per entry
+        lines += ["", f"{what:<{w}} " + "  ".join(f"{t:>22}" for t in ORDER_COLUMNS.values()) + "  forward passes per verdict"]
+        for r in rows:
+            o, dec = r["summary"]["order"], r["summary"].get("decision") or {}
+            cells = [f"{o[k]['value']:.3f} [{o[k]['ci'][0]:.2f},{o[k]['ci'][1]:.2f}]"
+                     if k in o and o[k]["value"] == o[k]["value"] else "-" for k in ORDER_COLUMNS]
+            cost = str(dec.get("forward_passes_per_verdict", 1))
+            cost += f" + {dec['calibration_forward_passes']} calibration" if "calibration_forward_passes" in dec else ""
+            lines.append(f"{r['label']:<{w}} " + "  ".join(f"{c:>22}" for c in cells) + f"  {cost}")
     if "modes" in rows[0]["summary"]:  # two-hop placements: the average of each mode and the gap between modes
         modes = list(rows[0]["summary"]["modes"])
         lines += ["", f"{what:<{w}} " + " ".join(f"{m:>12}" for m in modes) + f" {'mode gap':>9}"]

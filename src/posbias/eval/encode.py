@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import PosbiasError
 from ..tasks.base import Prompt
 
 
@@ -14,12 +15,14 @@ class Encoded:
     """One (example, position) row, tokenised.
 
     answer_ids[k] continues prompt_ids with the k-th accepted answer; both engines
-    start after prompt_ids (which ends with the task's answer prefix).
+    start after prompt_ids (which ends with the task's answer prefix). option_ids: an order task's option
+    labels, each as the one token that continues the prompt (in slot order; empty for other tasks).
     """
 
     prompt: Prompt
     prompt_ids: list[int]
     answer_ids: list[list[int]]
+    option_ids: list[int] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -36,10 +39,11 @@ def render(tokenizer, prompt: Prompt, chat: bool) -> str:
     return prompt.user + ("\n" + prompt.answer_prefix if prompt.answer_prefix else "")
 
 
-def encode(tokenizer, prompt: Prompt, chat: bool, continuation: bool = False) -> Encoded:
+def encode(tokenizer, prompt: Prompt, chat: bool, continuation: bool = False, options: bool = True) -> Encoded:
     """Token ids of the prompt and of each answer after it. An answer is joined with a space unless the prompt
     ends with white space; continuation=True joins it as it is (a response the model generated from the prompt,
-    which carries its own leading space). tokenizer None (a chat-only server): no ids, the prompt travels as text."""
+    which carries its own leading space). tokenizer None (a chat-only server): no ids, the prompt travels as text.
+    options: an order task's labels become option_ids (teacher forcing scores them; generation reads text)."""
     if tokenizer is None:
         return Encoded(prompt, [], [[] for _ in dict.fromkeys(prompt.answers)])
     text = render(tokenizer, prompt, chat)
@@ -47,14 +51,39 @@ def encode(tokenizer, prompt: Prompt, chat: bool, continuation: bool = False) ->
     special = not chat
     ids = tokenizer(text, add_special_tokens=special)["input_ids"]
     sep = "" if (continuation or not text or text[-1].isspace()) else " "
-    answers = []
-    for ans in dict.fromkeys(prompt.answers):  # de-duplicated, order kept
+
+    def after(ans: str) -> list[int]:
         full = tokenizer(text + sep + ans, add_special_tokens=special)["input_ids"]
         if full[: len(ids)] == ids and len(full) > len(ids):
-            answers.append(full[len(ids) :])
-        else:  # the answer merged with the prompt's last token: tokenise it on its own
-            answers.append(tokenizer(sep + ans, add_special_tokens=False)["input_ids"])
+            return full[len(ids) :]
+        return tokenizer(sep + ans, add_special_tokens=False)["input_ids"]  # merged with the prompt's last token
+
+    if prompt.options and options:  # an order task scored by its labels: their shared leading tokens join the prompt
+        common, options = option_tokens(prompt.options, after)
+        return Encoded(prompt, ids + common, [[options[prompt.options.index(prompt.answers[0])]]], options)
+    answers = [after(ans) for ans in dict.fromkeys(prompt.answers)]  # de-duplicated, order kept
     return Encoded(prompt, ids, answers)
+
+
+def option_tokens(labels: tuple[str, ...], after) -> tuple[list[int], list[int]]:
+    """(the tokens every option label starts with, the one token that then tells each label apart): the labels
+    are scored by one next-token distribution, so a label that needs more than one token after the shared ones,
+    or two labels with the same token, are refused."""
+    toks = [after(label) for label in labels]
+    n = 0
+    while all(len(t) > n + 1 for t in toks) and len({t[n] for t in toks}) == 1:
+        n += 1
+    long = next((label for label, t in zip(labels, toks) if len(t) != n + 1 or t[:n] != toks[0][:n]), None)
+    if long is not None:
+        raise PosbiasError(f"option label {long!r} is several tokens for this tokenizer, and teacher forcing scores one "
+                           "next token per label", "use `labels=letters` or `labels=digits`, or `engine=generate`")
+    last = [t[n] for t in toks]
+    clash = next(((a, b) for i, a in enumerate(labels) for b in labels[i + 1:]
+                  if last[i] == last[labels.index(b)]), None)
+    if clash:
+        raise PosbiasError(f"option labels {clash[0]!r} and {clash[1]!r} are the same token for this tokenizer",
+                           "give the options distinct labels, e.g. `labels=letters`")
+    return toks[0][:n], last
 
 
 def pad(seqs: list[list[int]], pad_id: int, side: str = "left") -> dict[str, torch.Tensor]:

@@ -24,13 +24,14 @@ from typing import Any, ClassVar, Protocol
 
 from ..backends import Reply, Request
 from ..core.metrics import METRICS, first_line
+from ..core.order import parse_choice
 from ..errors import PosbiasError
 from ..methods import Active
 from ..models.load import Loaded
 from ..tasks import Task
 from .encode import Encoded, render
 from .generate import generate_greedy
-from .teacher_forced import score_teacher_forced
+from .teacher_forced import option_verdict, score_teacher_forced
 
 
 class ScorerView(Protocol):
@@ -44,6 +45,7 @@ class ScorerView(Protocol):
 
 class Engine(ABC):
     name: ClassVar[str]
+    reads_options: ClassVar[bool] = False  # an order task's labels are scored as next tokens (encode: option_ids)
 
     @abstractmethod
     def need(self, row: Encoded, max_new_tokens: int) -> int:
@@ -86,6 +88,7 @@ class Engine(ABC):
 
 class TeacherForced(Engine):
     name = "teacher-forced"
+    reads_options = True
 
     def need(self, row: Encoded, max_new_tokens: int) -> int:
         return len(row.prompt_ids) + max(map(len, row.answer_ids))
@@ -109,9 +112,13 @@ class TeacherForced(Engine):
 
     def requests(self, scorer: ScorerView, row: Encoded) -> list[Request]:
         n = len(row.prompt_ids)
+        if row.option_ids:  # an order task: each option label's logprob as the next token
+            return [Request("logprobs", ids=row.prompt_ids + [t], start=n) for t in row.option_ids]
         return [Request("logprobs", ids=row.prompt_ids + a, start=n) for a in row.answer_ids]
 
     def verdict(self, scorer: ScorerView, row: Encoded, replies: list[Reply]) -> dict:
+        if row.option_ids:
+            return option_verdict(row, [rep.tokens[0][0] for rep in replies])
         tok = scorer.backend.tokenizer
         best = None
         for ans, rep in zip(row.answer_ids, replies):
@@ -134,8 +141,15 @@ class Generate(Engine):
         tok = scorer.loaded.tokenizer
         preds = generate_greedy(scorer.loaded.model, tok, batch, tok.pad_token_id, scorer.max_new_tokens,
                                 multiline=scorer.task.multiline, shared=shared)
-        metric = METRICS[scorer.task.metric]
-        return [{"correct": metric(p, r.prompt.answers), "prediction": p} for p, r in zip(preds, batch)]
+        return [self._judge(scorer, p, r) for p, r in zip(preds, batch)]
+
+    @staticmethod
+    def _judge(scorer: ScorerView, pred: str, row: Encoded) -> dict:
+        """correct and prediction of a generated answer; on an order task also the option it names (-1: none)."""
+        if row.prompt.options:
+            choice = parse_choice(pred, row.prompt.options)
+            return {"correct": choice == row.prompt.position, "prediction": pred, "choice": choice}
+        return {"correct": METRICS[scorer.task.metric](pred, row.prompt.answers), "prediction": pred}
 
     def branch(self, row: Encoded, p: int, max_new_tokens: int) -> tuple[int, int]:
         return 1, len(row.prompt_ids) - p + max_new_tokens
@@ -150,8 +164,7 @@ class Generate(Engine):
 
     def verdict(self, scorer: ScorerView, row: Encoded, replies: list[Reply]) -> dict:
         text = replies[0].text
-        pred = text.strip() if scorer.task.multiline else first_line(text)
-        return {"correct": METRICS[scorer.task.metric](pred, row.prompt.answers), "prediction": pred}
+        return self._judge(scorer, text.strip() if scorer.task.multiline else first_line(text), row)
 
 
 def _greedy(token: int, reply: tuple[float, int, int, float]) -> bool:

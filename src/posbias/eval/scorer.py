@@ -101,7 +101,8 @@ class Scorer:
 
     def rows(self, examples: Iterable, positions: list[int]) -> list[Encoded]:
         """Tokenised rows, example-major; refuses (never truncates) a row over the context window."""
-        rows = [encode(self.backend.tokenizer, self.task.build(ex, p), self.chat) for ex in examples for p in positions]
+        rows = [encode(self.backend.tokenizer, self.task.build(ex, p), self.chat, options=self.engine.reads_options)
+                for ex in examples for p in positions]
         self.check_window(rows)
         return rows
 

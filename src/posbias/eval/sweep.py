@@ -5,6 +5,7 @@ Files in the output folder (runs.RunFolder protocol):
   examples.jsonl  one row per example x position, appended batch by batch (resume reads it)
   sweep.json      written atomically once every row is scored: its presence means complete
   curve.png       accuracy against position with a 95% CI band; timing.json
+  order.png       order tasks: the share of rows choosing each slot (and PriDe's prior), with the order figures
 
 Under `accelerate launch` with several processes the rows are split by example across them and gathered in
 rounds; rank 0 alone reads and writes the folder, and the result is the one-process result (eval/scaleout.py).
@@ -20,7 +21,8 @@ import numpy as np
 
 from ..backends import Backend, as_backend, check_method, open_backend, parse_spec
 from ..core.metrics import summarize_curve, wilson_ci
-from ..methods import Method, get_method
+from ..core.order import order_figures
+from ..methods import DecisionRule, Method, get_method
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, versions
 from ..runs import progress as progress_bar
@@ -31,7 +33,7 @@ from .scaleout import broadcast_rows, score_split, start_processes
 from .scorer import Scorer
 
 ROW_KEYS = ("example_id", "position", "correct")
-SWEEP_FILES = ("examples.jsonl", "curve.png", "heatmap.png", "timing.json", "sweep.partial.json")
+SWEEP_FILES = ("examples.jsonl", "curve.png", "heatmap.png", "order.png", "timing.json", "sweep.partial.json")
 
 
 @dataclass
@@ -84,15 +86,23 @@ def per_position_stats(rows: list[dict], positions: list[Placement], example_ids
 
 
 def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | Backend | None = None,
-              resume: bool = False, overwrite: bool = False, progress: bool = True) -> SweepResult:
+              resume: bool = False, overwrite: bool = False, progress: bool = True,
+              scored: list[dict] | None = None) -> SweepResult:
     """Run (or resume) a sweep. out=None writes nothing; `loaded` reuses an already loaded model (or an open
-    backend); else cfg.model is a model spec (backends/spec.py: in process, vllm:..., openai:...)."""
+    backend); else cfg.model is a model spec (backends/spec.py: in process, vllm:..., openai:...).
+    scored: rows the unmodified model already gave on this configuration (compare hands the `none` entry's rows
+    to the order decision rules, which leave the model as it is): they are logged, not scored again."""
     cfg = (cfg or SweepConfig()).validate()
     method = get_method(cfg.method)  # parse (and read factor files) before loading anything
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
     method = method.for_task(task)  # a task-dependent default resolved once: the fingerprint records what runs
     positions = task.placements(cfg.positions)
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
+    calibration = []  # an order decision's calibration items: the next ones in the seeded order, never evaluated
+    if isinstance(method, DecisionRule):
+        method.check_run(task, positions, cfg.engine or task.default_engine)
+        c = method.calibration(cfg.n)
+        calibration = task.examples(c, cfg.seed, cfg.skip + cfg.n) if c else []
     folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)
     folder.check(resume, overwrite)
     if loaded is None:  # what a served backend cannot do is refused before it starts
@@ -103,17 +113,19 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     backend = as_backend(loaded) if loaded is not None else open_backend(cfg.model, cfg.dtype, cfg.device, progress,
                                                                           cfg.device_map)
     try:
-        return _run(cfg, out, backend, task, method, positions, examples, folder, resume, overwrite, progress)
+        return _run(cfg, out, backend, task, method, positions, examples, calibration, folder, resume, overwrite, progress,
+                    scored if isinstance(method, DecisionRule) else None)
     finally:
         if loaded is None:
             backend.close()
 
 
-def _run(cfg, out, backend, task, method, positions, examples, folder, resume, overwrite, progress) -> SweepResult:
+def _run(cfg, out, backend, task, method, positions, examples, calibration, folder, resume, overwrite,
+         progress, scored) -> SweepResult:
     backend.check_method(method)
     scorer = Scorer(backend, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch,
                     cfg.prefix_sharing)
-    rows = scorer.rows(examples, positions)
+    rows = scorer.rows(examples, positions) + scorer.rows(calibration, task.all_placements())
     resolved = {**cfg.to_dict(), **scorer.settings(method), "positions_resolved": [as_json(p) for p in positions]}
     fingerprint = {"config": resolved, "task": task.config(), "model": backend.info, "method": method.config()}
     with folder.open(fingerprint, resume, overwrite):
@@ -121,17 +133,43 @@ def _run(cfg, out, backend, task, method, positions, examples, folder, resume, o
         done_rows = log.read(ROW_KEYS) if folder.resuming and is_main_process() else []
         if num_processes() > 1:  # every rank skips what rank 0's examples.jsonl holds
             done_rows = broadcast_rows(done_rows)
+        if scored:  # the unmodified model's rows, handed over: logged here as if scored
+            have, want = {(r["example_id"], placement_key(r["position"])) for r in done_rows}, {r.key for r in rows}
+            given = [r for r in scored if (k := (r["example_id"], placement_key(r["position"]))) in want and k not in have]
+            if log is not None and is_main_process():
+                log.append(given)
+            done_rows = done_rows + given
         t0 = time.perf_counter()
         new_rows = _score(scorer, rows, method, done_rows, log, progress, f"{task.name} on {cfg.model}")
         elapsed = time.perf_counter() - t0
-        all_rows = done_rows + new_rows
-        per, summary = per_position_stats(all_rows, positions, [e.id for e in examples], task.also)
-        record = {**fingerprint, "versions": versions(), "per_position": per, "summary": summary}
+        all_rows, decision = _decide(method, done_rows + new_rows, {e.id for e in examples}, task.n_slots)
+        ids = [e.id for e in examples]
+        per, summary = per_position_stats(all_rows, positions, ids, task.also)
+        if getattr(task, "order", False):  # the order of candidates: consistency, fairness, RStd, choice shares
+            summary["order"] = order_summary(all_rows, positions, ids, task.n_slots)
+        if decision:
+            summary["decision"] = {k: v for k, v in decision.items() if k != "calibration_items"}
+        record = {**fingerprint, "versions": versions(), "per_position": per, "summary": summary,
+                  **({"decision": decision} if decision else {})}
         if backend.caps.batching == "requests":  # how requests went: recorded, not compared on resume
             record["backend"] = {"settings": backend.settings(), "counters": backend.counters()}
         if out is not None and is_main_process():
             _write(folder, record, method, task.name, cfg, elapsed, len(new_rows), backend.counters())
     return SweepResult(resolved, per, summary, all_rows, record, folder.path)
+
+
+def _decide(method: Method, rows: list[dict], evaluated: set, k: int) -> tuple[list[dict], dict | None]:
+    """The evaluated rows (a decision rule's verdicts on them, from every order and its calibration rows)."""
+    mine = [r for r in rows if r["example_id"] in evaluated]
+    if not isinstance(method, DecisionRule):
+        return mine, None
+    return method.decide(mine, [r for r in rows if r["example_id"] not in evaluated], k)
+
+
+def order_summary(rows: list[dict], positions: list, example_ids: list[str], k: int) -> dict:
+    """core.order.order_figures of the rows' choices, item by placement."""
+    by_key = {(r["example_id"], placement_key(r["position"])): r.get("choice", -1) for r in rows}
+    return order_figures(np.array([[by_key[(e, p)] for p in positions] for e in example_ids]), positions, k)
 
 
 def _score(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: JsonlLog | None, show: bool,
@@ -154,7 +192,7 @@ def _score(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: Jso
 
 def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg: SweepConfig, seconds: float,
            n_rows: int, counters: dict) -> None:
-    from ..report.plots import plot_curve, plot_pair_heatmap
+    from ..report.plots import plot_curve, plot_order, plot_pair_heatmap
     from ..runs import write_json_atomic
 
     label = "" if method.name == "none" else f", {method.label}"
@@ -162,6 +200,8 @@ def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg:
     plot_curve(record["per_position"], title, folder.file("curve.png"))
     if "modes" in record["summary"]:  # two hops: accuracy over (first, second)
         plot_pair_heatmap(record["per_position"], record["task"]["n_slots"], title, folder.file("heatmap.png"))
+    if "order" in record["summary"]:  # the order of candidates: the share each slot is chosen (and PriDe's prior)
+        plot_order(record["summary"], title, folder.file("order.png"))
     write_json_atomic(folder.file("timing.json"), {"seconds_this_run": seconds, "rows_this_run": n_rows, **counters}, indent=2)
     folder.finish(record)  # last: its presence means "complete"
 
@@ -182,4 +222,23 @@ def format_table(per: list[dict], summary: dict) -> str:
     if "modes" in s:
         modes = " | ".join(f"{m} {v:.3f}" for m, v in s["modes"].items())
         lines.append(f"modes: {modes} | gap between modes {s['mode_gap']:.3f}")
+    if "order" in s:
+        lines += format_order(s["order"], s.get("decision"))
     return "\n".join(lines)
+
+
+def format_order(o: dict, decision: dict | None = None) -> list[str]:
+    """The order figures (core/order.py) with their 95% CIs, the choice share per slot, and a decision's cost."""
+    names = (("consistency", "consistency"), ("conflict_rate", "conflict rate"),
+             ("preference_fairness", "preference fairness"), ("rstd", "RStd"))
+    figs = [f"{text} {o[k]['value']:.3f} [{o[k]['ci'][0]:.3f}, {o[k]['ci'][1]:.3f}]" for k, text in names
+            if k in o and o[k]["value"] == o[k]["value"]]  # NaN (not defined here) left out
+    shares = " ".join(f"{s}:{v:.2f}" for s, v in enumerate(o["choice_share"]))
+    out = ["order: " + " | ".join(figs), f"chosen by slot: {shares} | unread verdicts {o['unread']:.3f}"]
+    if decision:
+        cost = f"{decision['forward_passes_per_verdict']} forward pass(es) per verdict"
+        if "calibration_forward_passes" in decision:
+            cost += f" + {decision['calibration_forward_passes']} on calibration items"
+        prior = f" | prior by slot {' '.join(f'{p:.2f}' for p in decision['prior'])}" if "prior" in decision else ""
+        out.append(f"decision {decision['rule']}: {cost}{prior}")
+    return out

@@ -47,7 +47,7 @@ def score_teacher_forced(model, tokenizer, rows: list[Encoded], pad_id: int,
     owner, answers = _sequences(rows)
     seqs = [rows[r].prompt_ids + a for r, a in zip(owner, answers)]
     logits = _answer_logits(model, seqs, [len(a) for a in answers], pad_id, prompt_end)  # [S, a_max+1, V]
-    return verdicts(tokenizer, len(rows), owner, answers, logits)
+    return verdicts(tokenizer, rows, owner, answers, logits)
 
 
 @torch.inference_mode()
@@ -64,7 +64,7 @@ def score_teacher_forced_shared(model, tokenizer, rows: list[Encoded], spine_kv,
     shared = SharedKV(model, spine_kv, torch.tensor([owner[r] for r in seq_row]), torch.tensor(starts))
     a_max = max(map(len, answers))
     logits = shared.extend(ids, qpos, valid, keep=a_max + 1).float()  # [S, a_max+1, V]
-    return verdicts(tokenizer, len(rows), seq_row, answers, logits)
+    return verdicts(tokenizer, rows, seq_row, answers, logits)
 
 
 def _sequences(rows: list[Encoded]) -> tuple[list[int], list[list[int]]]:
@@ -90,11 +90,15 @@ def left_pad_at(seqs: list[list[int]], starts: list[int]) -> tuple[torch.Tensor,
     return ids, pos, valid
 
 
-def verdicts(tokenizer, n_rows: int, owner: list[int], answers: list[list[int]], logits: torch.Tensor) -> list[dict]:
+def verdicts(tokenizer, rows: list[Encoded], owner: list[int], answers: list[list[int]], logits: torch.Tensor) -> list[dict]:
     """Per row from the answer logits [S, a_max+1, V] (column j predicts answer token j of the longest answer,
-    right-aligned): correct if any answer is greedy, its prediction, and the first answer's logprob."""
+    right-aligned): correct if any answer is greedy, its prediction, and the first answer's logprob.
+    Order-task rows (option_ids) are scored by their option labels instead (option_verdict)."""
     a_max = logits.shape[1] - 1
     logp = torch.log_softmax(logits, dim=-1)
+    if rows and rows[0].option_ids:  # one sequence per row: prompt + the gold label, one token
+        return [option_verdict(r, logp[s, a_max - 1, r.option_ids].tolist()) for s, r in enumerate(rows)]
+    n_rows = len(rows)
     greedy = logits.argmax(-1)  # [S, a_max+1]
     results: list[dict | None] = [None] * n_rows
     for s, (r, ans) in enumerate(zip(owner, answers)):
@@ -112,6 +116,14 @@ def verdicts(tokenizer, n_rows: int, owner: list[int], answers: list[list[int]],
                 "logprob": lp if prev is None else prev["logprob"],  # of the first (canonical) answer
             }
     return results  # type: ignore[return-value]
+
+
+def option_verdict(row: Encoded, option_logprobs: list[float]) -> dict:
+    """An order-task row from each option label's logprob as the next token: the choice is the best label's slot
+    (the first of equal ones, as argmax takes), correct iff it is the gold slot."""
+    choice = max(range(len(option_logprobs)), key=lambda s: (option_logprobs[s], -s))
+    return {"correct": choice == row.prompt.position, "prediction": row.prompt.options[choice], "choice": choice,
+            "option_logprobs": [round(x, 6) for x in option_logprobs]}
 
 
 @torch.inference_mode()

@@ -44,6 +44,7 @@ class Method(ABC):
     # exact only for a method that treats each position independently of the rest of the prompt (RoPE scaling by
     # position: none, pi, layers, lpes). Others run the plain path; prefix_note says why, in the run's record.
     prefix_safe: ClassVar[bool] = False
+    changes_model: ClassVar[bool] = True  # False: the model runs as it is (none, the order decision rules), served too
     prefix_note: ClassVar[str] = "not declared prefix-safe"
 
     @classmethod
@@ -94,6 +95,7 @@ class Baseline(Method):
     name = "none"
     usage = "none"
     prefix_safe = True
+    changes_model = False
 
     def config(self) -> dict:
         return {"name": "none"}

@@ -152,3 +152,27 @@ def plot_compare(results: list[dict], title: str, path: str | Path) -> None:
         ax.fill_between(x, [p["ci_low"] for p in per], [p["ci_high"] for p in per], alpha=0.12, color=line.get_color())
     _position_axes(ax, x, title, legend_size=7, labels=labels)
     save_figure(fig, path)
+
+
+def plot_order(summary: dict, title: str, path: str | Path) -> None:
+    """An order task: how often each slot is chosen (the choice share, 1/k for a model without order bias), the
+    PriDe prior when a run estimated one, and the consistency / fairness figures with their CIs in the legend."""
+    o, dec = summary["order"], summary.get("decision") or {}
+    k = len(o["choice_share"])
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    width = 0.4 if "prior" in dec else 0.7
+    ax.bar([s - (width / 2 if "prior" in dec else 0) for s in range(k)], o["choice_share"], width, label="chosen")
+    if "prior" in dec:
+        ax.bar([s + width / 2 for s in range(k)], dec["prior"], width, label="PriDe prior")
+    ax.axhline(1 / k, color="grey", linestyle="--", linewidth=1, label=f"no order bias (1/{k})")
+    figs = [f"{name} {o[key]['value']:.2f} [{o[key]['ci'][0]:.2f}, {o[key]['ci'][1]:.2f}]"
+            for key, name in (("consistency", "consistency"), ("preference_fairness", "pref. fairness"), ("rstd", "RStd"))
+            if key in o and o[key]["value"] == o[key]["value"]]
+    ax.set_xticks(range(k))
+    ax.set_xlabel("slot of the option (0 = first)")
+    ax.set_ylabel("share")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title + "\n" + "; ".join(figs), fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
+    save_figure(fig, path)

@@ -87,6 +87,27 @@ def summary_line(s: dict) -> Raw:
     return Raw(f'<p class="summary">{esc(text)}</p>')
 
 
+ORDER_FIGURES = (("consistency", "consistency"), ("conflict_rate", "conflict rate"),
+                 ("preference_fairness", "preference fairness"), ("rstd", "RStd"))
+
+
+def order_cells(s: dict) -> list:
+    """An order task's figures as '0.620 [0.55, 0.70]' cells ('-' where not defined), then the choice shares."""
+    o = s["order"]
+    cells = [f"{fmt(o[k]['value'])} [{fmt(o[k]['ci'][0])}, {fmt(o[k]['ci'][1])}]" if k in o and o[k]["value"] == o[k]["value"]
+             else "-" for k, _ in ORDER_FIGURES]
+    dec = s.get("decision") or {}
+    cost = str(dec.get("forward_passes_per_verdict", 1)) + (f" + {dec['calibration_forward_passes']} calibration"
+                                                            if "calibration_forward_passes" in dec else "")
+    return [*cells, " ".join(f"{fmt(v)}" for v in o["choice_share"]), cost]
+
+
+def order_table(entries: list[tuple[str, dict]]) -> Raw:
+    """Order figures (95% bootstrap CIs over items) per entry: how the candidates' order moves the verdict."""
+    return table(["entry", *(name for _, name in ORDER_FIGURES), "chosen by slot", "forward passes per verdict"],
+                 [[label, *order_cells(s)] for label, s in entries], "order of the candidates (95% CIs over items)")
+
+
 @renderer("sweep")
 def sweep(run: Run) -> str:
     r = run.result
@@ -94,8 +115,9 @@ def sweep(run: Run) -> str:
     what = (f"task {cfg.get('task', r.get('task', {}).get('name', '?'))}, model {cfg.get('model', '?')}, "
             f"method {method.get('label') or method.get('name') or cfg.get('method', '?')}, engine {cfg.get('engine', '?')}, "
             f"n = {cfg.get('n', '?')} examples per position")
-    return "".join([para(what), summary_line(r["summary"]), curve_table(r["per_position"]),
-                    figures(run.path, ("curve.png", "heatmap.png"))])
+    order = [order_table([("this run", r["summary"])])] if "order" in r["summary"] else []
+    return "".join([para(what), summary_line(r["summary"]), curve_table(r["per_position"]), *order,
+                    figures(run.path, ("curve.png", "heatmap.png", "order.png"))])
 
 
 @renderer("comparison")
@@ -120,6 +142,8 @@ def comparison(run: Run) -> str:
         parts.append(table(["entry", *modes, "mode gap"],
                            [[e["label"], *(e["summary"]["modes"][m] for m in modes), e["summary"]["mode_gap"]] for e in entries],
                            "average per two-hop mode"))
+    if "order" in entries[0]["summary"]:
+        parts.append(order_table([(e["label"], e["summary"]) for e in entries]))
     parts.append(figures(run.path, ("compare.png",)))
     for e in entries:
         body = curve_table(e["per_position"]) + key_values(e.get("method_config") or {}, "method")

@@ -22,6 +22,8 @@ class Prompt:
     user: the user-turn text (the whole prompt for models without a chat template);
     answer_prefix: text the assistant turn starts with (may be empty), after which
     both scoring engines continue; answers: accepted gold answers (first = canonical).
+    options: an order task's option labels in slot order (tasks/order.py; empty elsewhere): the model picks
+    one, and the gold answer is the label of the slot the correct candidate sits in.
     """
 
     example_id: str
@@ -29,6 +31,7 @@ class Prompt:
     user: str
     answer_prefix: str
     answers: tuple[str, ...]
+    options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from .base import Task
 from .docqa import jsonl_task, nq_task
 from .kv_lookup import KVLookup
 from .kv_uuid import KVUUID
+from .order import kv_order_task, nq_order_task, order_file_task
 from .twohop import KV2Hop, musique_task
 
 
@@ -57,6 +58,20 @@ register_task("musique", lambda arg, data_dir, **o: musique_task(data_dir=data_d
 register_task("kv-2hop", lambda arg, data_dir, **o: KV2Hop(**o),
               "chain lookup 'The code for A is B.' ... 'The code for B is C.', two hops placed (options: facts, digits, "
               "style = direct | cot)", ("facts", "digits", "style"))
+
+for _style, _k, _what in (("judge", 2, "pairwise judge: which of two candidate answers is correct"),
+                          ("mc", 4, "multiple choice")):
+    register_task(f"{_style}-nq",
+                  lambda arg, data_dir, options=_k, _s=_style, **o: nq_order_task(_s, int(options), data_dir, **o),
+                  f"order bias, {_what} (default {_k} options), NQ-open questions, wrong candidates answers to other "
+                  "questions of the same kind (options: options, reference = yes | no, labels = letters | digits)",
+                  ("options", "reference", "labels"))
+    register_task(f"{_style}-kv", lambda arg, data_dir, options=_k, _s=_style, **o: kv_order_task(_s, int(options), **o),
+                  f"order bias, {_what} (default {_k} options), generated facts, wrong candidates one digit off "
+                  "(options: options, facts, digits, labels)", ("options", "facts", "digits", "labels"))
+    register_task(_style, lambda arg, data_dir, _s=_style, **o: order_file_task(_s, arg, **o),
+                  f"order bias on your own {'pairwise judge' if _style == 'judge' else 'multiple-choice'} file (schemas "
+                  "below; option: labels)", ("labels",), arg="PATH")
 
 
 def get_task(spec: str | Task, data_dir: str | None = None, **options) -> Task:

@@ -1,0 +1,142 @@
+"""Order bias: what a judge or multiple-choice model picks as the order of its candidates changes.
+
+The design (tasks/order.py): an item has k candidates, candidate 0 the correct one; placement p shows them in
+the cyclic order that puts the correct one in slot p, so slot s holds candidate (s - p) mod k. For k = 2 this
+is the swap of MT-Bench and FairEval; for k options the cyclic permutations PriDe averages over. A row's
+`choice` is the slot it picked, -1 when no option could be read from a generated verdict.
+
+Figures (each with a bootstrap CI over items, `order_figures`):
+  consistency          share of items whose chosen candidate is the same under every order shown (items with
+                       an unread verdict left out, as "Judging the Judges" leaves out failed extractions)
+  conflict_rate        share of (item, pair of orders) whose choices differ (FairEval's conflict rate; for
+                       k = 2 it is 1 - consistency)
+  preference_fairness  k = 2 only. "Judging the Judges" (Shi et al.), authors' code: primacy-preferred pairs P
+                       (slot A chosen in both orders), recency-preferred R (slot B in both), raw score
+                       R * R/(P+R) - P * P/(P+R), rescaled from [-n, n] (n pairs) to [-1, 1]: which is (R - P) / n.
+                       0 = fair, -1 = always the first, +1 = always the last.
+  rstd                 PriDe's RStd: the standard deviation of the recall of each option label; the gold sits
+                       under label s exactly when it is placed at slot s, so this is the std of accuracy by slot
+  choice_share         how often each slot is chosen (all rows; an unbiased model chooses each 1/k of the time)
+PriDe (Zheng et al., ICLR 2024): `pride_prior` (Eqs. 5-6) and `pride_choice`; balanced position calibration
+(FairEval) / swap-and-average: `balanced_choice`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import numpy as np
+
+N_BOOT = 2000
+
+
+def candidate(choice: int, placement: int, k: int) -> int:
+    """The candidate a choice of slot `choice` names when the correct one sits at `placement` (-1: no choice)."""
+    return -1 if choice < 0 else (choice - placement) % k
+
+
+def parse_choice(text: str, labels: Sequence[str]) -> int:
+    """The slot a generated verdict names: `[[X]]` (MT-Bench's format) first, else the first label standing on its
+    own (not inside a word or number); -1 if none."""
+    alts = "|".join(re.escape(lb) for lb in sorted(labels, key=len, reverse=True))
+    for pattern in (rf"\[\[\s*({alts})\s*\]\]", rf"(?<![A-Za-z0-9])({alts})(?![A-Za-z0-9])"):
+        m = re.search(pattern, text)
+        if m:
+            return list(labels).index(m.group(1))
+    return -1
+
+
+def _log_normalize(logp: np.ndarray) -> np.ndarray:
+    """log-softmax over the last axis (the option labels)."""
+    m = logp.max(axis=-1, keepdims=True)
+    return logp - (m + np.log(np.exp(logp - m).sum(axis=-1, keepdims=True)))
+
+
+def pride_prior(logp: np.ndarray) -> np.ndarray:
+    """PriDe's option-ID prior from calibration items, as log-probabilities [k].
+
+    logp [Q, P, k]: log P(label s | item q, order j) for every order j of each calibration item (any scale: they
+    are normalised over the k labels here). Eq. 5: an item's prior is the softmax of its mean log-probability over
+    the orders (the content moves, the label stays); Eq. 6: the prior is the softmax of the items' mean log-prior."""
+    per_item = _log_normalize(_log_normalize(logp).mean(axis=1))  # [Q, k]
+    return _log_normalize(per_item.mean(axis=0))
+
+
+def pride_choice(logp: Sequence[float], log_prior: np.ndarray) -> int:
+    """PriDe's debiased choice (Eq. 7): argmax over labels of log P(label) - log prior(label)."""
+    return int(np.argmax(_log_normalize(np.asarray(logp, dtype=float)) - log_prior))
+
+
+def balanced_choice(placements: Sequence[int], k: int, logps: Sequence[Sequence[float]] | None = None,
+                    choices: Sequence[int] | None = None) -> int:
+    """The candidate chosen after seeing every order (FairEval's balanced position calibration; MT-Bench's swap).
+
+    With logps (one list of k label logprobs per order): each candidate's mean normalised log-probability over
+    the orders, the best wins. With choices only (generated verdicts): a vote over the orders; a tie for the most
+    votes, or a verdict not read, is no decision (-1), as MT-Bench counts a disagreement between orders a tie."""
+    if logps is not None:
+        lp = _log_normalize(np.asarray(logps, dtype=float))  # [P, k]
+        score = [np.mean([lp[j, (c + p) % k] for j, p in enumerate(placements)]) for c in range(k)]
+        return int(np.argmax(score))
+    cands = [candidate(c, p, k) for c, p in zip(choices or [], placements)]
+    if -1 in cands:
+        return -1
+    votes = np.bincount(cands, minlength=k)
+    best = np.flatnonzero(votes == votes.max())
+    return int(best[0]) if len(best) == 1 else -1
+
+
+def _consistency(cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per item: read (every choice read) and consistent (one candidate under every order)."""
+    read = (cand >= 0).all(axis=1)
+    return read, read & (cand == cand[:, :1]).all(axis=1)
+
+
+def _conflicts(cand: np.ndarray) -> np.ndarray:
+    """Per item: share of its order pairs whose (read) choices differ (NaN with no read pair)."""
+    a, b = np.triu_indices(cand.shape[1], 1)
+    valid = (cand[:, a] >= 0) & (cand[:, b] >= 0)  # [E, pairs]
+    differ = (cand[:, a] != cand[:, b]) & valid
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return differ.sum(axis=1) / valid.sum(axis=1)
+
+
+def _figures(choices: np.ndarray, placements: list[int], k: int) -> dict:
+    cand = np.where(choices < 0, -1, (choices - np.asarray(placements)[None, :]) % k)
+    read, consistent = _consistency(cand)
+    conflicts = _conflicts(cand)
+    acc = (choices == np.asarray(placements)[None, :]).mean(axis=0)
+    out = {"consistency": float(consistent.sum() / read.sum()) if read.any() else float("nan"),
+           "conflict_rate": float(np.nanmean(conflicts)) if not np.isnan(conflicts).all() else float("nan"),
+           "rstd": float(np.std(acc)) if len(placements) == k else float("nan")}
+    if k == 2 and sorted(placements) == [0, 1]:
+        a = choices[:, placements.index(0)]  # the slot chosen with the correct candidate first, and second
+        b = choices[:, placements.index(1)]
+        primacy, recency = int(((a == 0) & (b == 0)).sum()), int(((a == 1) & (b == 1)).sum())
+        out["preference_fairness"] = (recency - primacy) / len(a)
+    return out
+
+
+def order_figures(choices: np.ndarray, placements: Sequence[int], k: int, n_boot: int = N_BOOT, seed: int = 0) -> dict:
+    """The module's figures for a choice matrix [items, orders] (slot chosen, -1 unread), each as
+    {"value", "ci"} (95% percentile bootstrap over items, seeded), plus choice_share per slot and unread."""
+    choices = np.asarray(choices, dtype=int)
+    placements = list(placements)
+    point = _figures(choices, placements, k)
+    rng = np.random.default_rng(seed)
+    boots: dict[str, list[float]] = {name: [] for name in point}
+    for _ in range(n_boot if len(choices) > 1 else 0):
+        b = _figures(choices[rng.integers(0, len(choices), len(choices))], placements, k)
+        for name in point:
+            boots[name].append(b[name])
+    out = {}
+    for name, v in point.items():
+        vals = np.asarray(boots[name], dtype=float)
+        vals = vals[~np.isnan(vals)]
+        ci = [float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))] if len(vals) and not np.isnan(v) else [v, v]
+        out[name] = {"value": v, "ci": ci}
+    flat = choices.ravel()
+    out["choice_share"] = [float((flat == s).mean()) for s in range(k)]
+    out["unread"] = float((flat < 0).mean())
+    return out

@@ -1,0 +1,133 @@
+"""Decision rules for order tasks (tasks/order.py): mitigations that leave the model as it is and change how its
+answers over the candidates' orders become a verdict. They are methods like the others (registered, compared on
+the same items with paired CIs, served models included) whose `apply` changes nothing; the sweep scores every
+order of each item and calls `decide` on the rows (core/order.py holds the maths).
+
+  swap         balanced position calibration (FairEval; MT-Bench's swap for two answers): every cyclic order of
+               the candidates is read and the candidate with the best mean normalised label log-probability wins;
+               with generated verdicts, a vote, where a tie (two answers: the orders disagree) is no verdict.
+               Cost: k forward passes per verdict (k candidates).
+  pride[:F|N]  PriDe (Zheng et al., ICLR 2024): the option-ID prior estimated on calibration items (all k cyclic
+               orders each; F a share of the evaluated items, default 0.05 as in the paper, or N items) taken
+               after the evaluated ones in the seeded order, so never among them; each verdict is then
+               argmax log P(label) - log prior(label). Cost: 1 forward pass per verdict, plus k per
+               calibration item. Needs the label log-probabilities (engine=teacher-forced).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator
+
+import numpy as np
+
+from ..core.order import balanced_choice, pride_choice, pride_prior
+from ..errors import PosbiasError
+from ..models.load import Loaded
+from .base import Active, Method
+from .registry import register_method
+
+
+class DecisionRule(Method):
+    """A verdict rule over the orders of an order task; the model is untouched (changes_model False)."""
+
+    changes_model = False
+    prefix_safe = True
+    calibration_share: float = 0.0  # items to calibrate on, as a share of the evaluated ones
+    calibration_items: int | None = None  # or a fixed number of them
+
+    @contextmanager
+    def apply(self, loaded: Loaded) -> Iterator[Active]:
+        yield Active()
+
+    def calibration(self, n: int) -> int:
+        """How many calibration items a run of n evaluated items takes (0: none)."""
+        if self.calibration_items is not None:
+            return self.calibration_items
+        return max(1, math.ceil(self.calibration_share * n)) if self.calibration_share else 0
+
+    def check_run(self, task, positions: list, engine: str) -> None:
+        """Refuse, in one line, a run this rule cannot decide (before any model loads)."""
+        if not getattr(task, "order", False):
+            raise PosbiasError(f"method {self.key} decides between the orders of an order task, and {task.name} is not one",
+                               "use it with judge-nq, mc-nq, judge-kv, mc-kv, judge:PATH or mc:PATH")
+        if sorted(positions) != list(range(task.n_slots)):
+            raise PosbiasError(f"method {self.key} needs every order of each item, got positions "
+                               f"{','.join(map(str, positions))}", "drop `positions` (the default is all)")
+
+    def decide(self, rows: list[dict], calibration: list[dict], k: int) -> tuple[list[dict], dict]:
+        """(the evaluated rows with this rule's choice and correctness, a record of the decision)."""
+        raise NotImplementedError
+
+
+def _by_item(rows: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["example_id"], []).append(r)
+    return {e: sorted(rs, key=lambda r: r["position"]) for e, rs in out.items()}
+
+
+def _decided(row: dict, choice: int) -> dict:
+    return {**row, "raw_choice": row.get("choice", -1), "choice": choice, "correct": choice == row["position"]}
+
+
+@register_method
+class Swap(DecisionRule):
+    name = "swap"
+    usage = "swap"
+
+    def config(self) -> dict:
+        return {"name": "swap"}
+
+    def decide(self, rows: list[dict], calibration: list[dict], k: int) -> tuple[list[dict], dict]:
+        out, ties = [], 0
+        for rs in _by_item(rows).values():
+            placements = [r["position"] for r in rs]
+            if all("option_logprobs" in r for r in rs):
+                c = balanced_choice(placements, k, logps=[r["option_logprobs"] for r in rs])
+            else:
+                c = balanced_choice(placements, k, choices=[r["choice"] for r in rs])
+            ties += c < 0
+            out += [_decided(r, -1 if c < 0 else (c + r["position"]) % k) for r in rs]
+        return out, {"rule": "swap", "forward_passes_per_verdict": k, "no_verdict_items": ties}
+
+
+@register_method
+class PriDe(DecisionRule):
+    name = "pride"
+    usage = "pride|pride:SHARE|pride:ITEMS"
+
+    def __init__(self, share: float = 0.05, items: int | None = None):
+        if items is not None and items < 1 or items is None and not 0 < share <= 1:
+            raise PosbiasError(f"pride calibrates on a share in (0, 1] or a number of items >= 1, got {items or share}",
+                               "write it as pride, pride:0.05 or pride:20")
+        self.calibration_share, self.calibration_items = share, items
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "PriDe":
+        if not arg:
+            return cls()
+        try:
+            return cls(items=int(arg)) if arg.isdigit() else cls(share=float(arg))
+        except ValueError:
+            raise PosbiasError(f"bad pride calibration {arg!r}", "write it as pride, pride:0.05 or pride:20") from None
+
+    def config(self) -> dict:
+        return {"name": "pride", "calibration_share": None if self.calibration_items else self.calibration_share,
+                "calibration_items": self.calibration_items}
+
+    def check_run(self, task, positions: list, engine: str) -> None:
+        super().check_run(task, positions, engine)
+        if engine != "teacher-forced":
+            raise PosbiasError("pride estimates its prior from the option labels' log-probabilities, which generation "
+                               "does not give", "use `engine=teacher-forced`, or the swap method with generate")
+
+    def decide(self, rows: list[dict], calibration: list[dict], k: int) -> tuple[list[dict], dict]:
+        cal = _by_item(calibration)
+        if not cal or any(len(rs) != k for rs in cal.values()):
+            raise PosbiasError("pride: the calibration items were not scored in every order", "run the sweep again")
+        prior = pride_prior(np.array([[r["option_logprobs"] for r in rs] for rs in cal.values()]))  # [Q, k, k] -> [k]
+        out = [_decided(r, pride_choice(r["option_logprobs"], prior)) for r in rows]
+        return out, {"rule": "pride", "prior": [float(x) for x in np.exp(prior)], "calibration_items": sorted(cal),
+                     "forward_passes_per_verdict": 1, "calibration_forward_passes": k * len(cal)}

@@ -1,0 +1,265 @@
+"""Order tasks: the position is the slot of the correct candidate among k (a judge's two answers, a multiple-
+choice question's options), and the sweep moves it through every slot on the same items.
+
+Placement p shows the candidates in the cyclic order that puts the correct one (candidate 0) at slot p, so
+slot s holds candidate (s - p) mod k: for k = 2 the swap of MT-Bench / FairEval, for k options the cyclic
+permutations of PriDe. The model answers with an option label; core/order.py turns the choices into the
+consistency, conflict and fairness figures.
+
+    judge-nq, mc-nq   NQ-open questions (the shared oracle file: question, gold passage, answers); the wrong
+                      candidates are answers to other questions of the same kind (who / when / how many ...)
+    judge-kv, mc-kv   generated facts "The code for K is V."; the wrong candidates are near misses of V
+                      (one digit changed)
+    judge:PATH        your pairwise file, mc:PATH your multiple-choice file (ORDER_SCHEMAS)
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.metrics import best_subspan_em, normalize_answer
+from ..errors import PosbiasError
+from .base import Prompt, Task, read_jsonl, shared_data_dir
+
+LABELS = {"letters": tuple(string.ascii_uppercase[:10]), "digits": tuple("123456789")}
+STYLES = ("judge", "mc")
+
+ORDER_SCHEMAS = """\
+Pairwise judge file (judge:PATH), one JSON object per line:
+  {"id": "p1",                         (optional; default: the line number)
+   "question": "...",
+   "answers": ["first answer", "second answer"],   (exactly two, different)
+   "preferred": 0,                     (optional: the better one; without it, on every line, the curve is the
+                                         rate of choosing answers[0] and the consistency figures still hold)
+   "context": "..."}                   (optional reference text shown before the question)
+Multiple-choice file (mc:PATH):
+  {"id": "q1", "question": "...", "options": ["...", "...", ...],   (2 to 10, all different)
+   "gold": 2,                          (0-based index of the correct option)
+   "context": "...",                   (optional)
+   "labels": ["A", "B", ...]}          (optional, one per option, all different; default A, B, C ...)
+Every line must have the same number of options."""
+
+
+@dataclass(frozen=True)
+class OrderItem:
+    """An item with its candidates; candidates[0] is the correct (or preferred) one."""
+
+    id: str
+    question: str
+    candidates: tuple[str, ...]
+    context: str = ""
+    labels: tuple[str, ...] | None = None  # the item's own labels (a user's file), else the task's
+
+
+class OrderTask(Task):
+    """k candidates per item, the correct one moved through the slots (cyclically; module docstring)."""
+
+    metric = "choice"  # the engines score an order task by the option it names (Prompt.options)
+    default_engine = "teacher-forced"
+    max_new_tokens = 8
+    order = True  # sweeps add the order figures (core/order.py) and accept the order decisions (swap, pride)
+
+    def __init__(self, name: str, items: list[OrderItem] | None, k: int, style: str = "mc", labels: str = "letters",
+                 make=None, has_gold: bool = True):
+        if style not in STYLES:
+            raise PosbiasError(f"unknown order style {style!r}", "use `style=judge` or `style=mc`")
+        if labels not in LABELS:
+            raise PosbiasError(f"unknown labels {labels!r}", f"use `labels={'` or `labels='.join(LABELS)}`")
+        if not 2 <= k <= len(LABELS[labels]):
+            raise PosbiasError(f"{name}: {k} options cannot be labelled with {labels} (2..{len(LABELS[labels])})",
+                               "use `options` between 2 and 9" if labels == "digits" else "use `options` between 2 and 10")
+        self.name, self._items, self.k, self.style, self.label_set = name, items, k, style, labels
+        self._make, self.has_gold = make, has_gold
+
+    @property
+    def n_slots(self) -> int:
+        return self.k
+
+    @property
+    def pool_size(self) -> int | None:
+        return None if self._items is None else len(self._items)
+
+    def config(self) -> dict:
+        return {**super().config(), "style": self.style, "labels": self.label_set, "has_gold": self.has_gold}
+
+    def _example(self, index: int) -> OrderItem:
+        return self._make(index) if self._items is None else self._items[index]
+
+    def labels_of(self, item: OrderItem) -> tuple[str, ...]:
+        return item.labels or LABELS[self.label_set][: self.k]
+
+    def arrangement(self, item: OrderItem, position: int) -> list[str]:
+        """The candidates in slot order with the correct one at `position` (slot s: candidate (s - p) mod k)."""
+        return [item.candidates[(s - position) % self.k] for s in range(self.k)]
+
+    def items(self, item: OrderItem, position: int) -> list[str]:
+        labels = self.labels_of(item)
+        if self.style == "judge":
+            return [f"[Answer {lb}]\n{c}" for lb, c in zip(labels, self.arrangement(item, position))]
+        return [f"{lb}. {c}" for lb, c in zip(labels, self.arrangement(item, position))]
+
+    def build(self, item: OrderItem, position: int) -> Prompt:
+        labels = self.labels_of(item)
+        ref = f"Reference:\n{item.context}\n\n" if item.context else ""
+        if self.style == "judge":
+            ask = " or ".join(labels) if self.k == 2 else ", ".join(labels)
+            user = (f"You are a fair judge. Decide which candidate answer to the question is correct"
+                    f"{', using the reference' if item.context else ''}. The order of the answers does not matter.\n\n"
+                    f"{ref}Question: {item.question}\n\n" + "\n\n".join(self.items(item, position))
+                    + f"\n\nWhich answer is correct? Reply with {ask} only.")
+            prefix = "Verdict:"
+        else:
+            what = "letter" if labels == LABELS["letters"][: self.k] else "label"
+            user = (f"{ref}Question: {item.question}\n" + "\n".join(self.items(item, position))
+                    + f"\nAnswer with the {what} of the correct option.")
+            prefix = "Answer:"
+        return Prompt(item.id, position, user, prefix, (labels[position],), tuple(labels))
+
+
+# --- NQ: the oracle file's questions, wrong candidates from questions of the same kind ---------------------------
+
+def _kind(question: str) -> str:
+    words = question.lower().split()
+    if not words:
+        return "other"
+    if words[0] == "how" and len(words) > 1:
+        return f"how {words[1]}"
+    return words[0] if words[0] in ("who", "when", "where", "what", "which", "why") else "other"
+
+
+def nq_order_task(style: str, k: int, data_dir=None, reference: str = "yes", labels: str = "letters") -> OrderTask:
+    """NQ-open questions from the shared oracle file; `reference=yes` shows the gold passage (a reference-guided
+    judge), `no` asks closed-book."""
+    if reference not in ("yes", "no"):
+        raise PosbiasError(f"reference must be yes or no, got {reference!r}", "use `reference=yes` or `reference=no`")
+    path = Path(data_dir or shared_data_dir()) / "nq" / "nq-open-oracle.jsonl.gz"
+    recs = []
+    for lineno, r in read_jsonl(path):
+        ctxs, answers = r.get("ctxs"), r.get("answers")
+        if not (isinstance(r.get("question"), str) and isinstance(answers, list) and answers and isinstance(ctxs, list) and ctxs):
+            raise PosbiasError(f"{path}:{lineno}: not an NQ-open oracle record", "use the Lost in the Middle oracle file")
+        recs.append((r["question"], [str(a) for a in answers], str(ctxs[0].get("text", ""))))
+    by_kind: dict[str, list[int]] = {}
+    for i, (q, _, _) in enumerate(recs):
+        by_kind.setdefault(_kind(q), []).append(i)
+    items = [_nq_item(i, recs, by_kind, k, reference == "yes") for i in range(len(recs))]
+    return OrderTask(f"{style}-nq", items, k, style, labels)
+
+
+def _nq_item(i: int, recs: list, by_kind: dict, k: int, reference: bool) -> OrderItem:
+    """Question i with k - 1 wrong candidates: first answers of other questions of its kind (all questions when its
+    kind has too few), none matching a gold answer either way, all different (seeded by i)."""
+    question, golds, passage = recs[i]
+    rng = random.Random(f"order-nq/{i}")
+    wrong: list[str] = []
+    seen = {normalize_answer(golds[0])}
+    for pool in (by_kind[_kind(question)], range(len(recs))):
+        order = [j for j in pool if j != i]
+        rng.shuffle(order)
+        for j in order:
+            cand = recs[j][1][0]
+            norm = normalize_answer(cand)
+            if len(wrong) == k - 1:
+                break
+            if norm and norm not in seen and not best_subspan_em(cand, golds) and not best_subspan_em(golds[0], [cand]):
+                seen.add(norm)
+                wrong.append(cand)
+    return OrderItem(f"nq{i}", question, (golds[0], *wrong), passage if reference else "")
+
+
+# --- kv: generated facts, wrong candidates one digit away ----------------------------------------------------------
+
+def kv_order_task(style: str, k: int, facts: int = 6, digits: int = 6, labels: str = "letters") -> OrderTask:
+    if facts < 1 or not 3 <= digits <= 12:
+        raise PosbiasError(f"kv order tasks need facts >= 1 and digits 3..12, got {facts} and {digits}",
+                           "use `facts=6` and `digits=6`")
+
+    def make(index: int) -> OrderItem:
+        rng = random.Random(f"order-kv/{facts}/{digits}/{k}/{index}")
+        codes: list[str] = []
+        while len(codes) < 2 * facts:
+            c = str(rng.randint(10 ** (digits - 1), 10**digits - 1))
+            if c not in codes:
+                codes.append(c)
+        pairs = [(codes[2 * j], codes[2 * j + 1]) for j in range(facts)]
+        key, value = pairs[rng.randrange(facts)]
+        near: list[str] = []
+        while len(near) < k - 1:  # one digit changed, never a code of the context
+            pos = rng.randrange(digits)
+            digit = rng.choice([d for d in "0123456789" if d != value[pos] and not (pos == 0 and d == "0")])
+            miss = value[:pos] + digit + value[pos + 1:]
+            if miss not in codes and miss not in near:
+                near.append(miss)
+        context = "\n".join(f"The code for {a} is {b}." for a, b in pairs)
+        return OrderItem(f"kv{index}", f"What is the code for {key}?", (value, *near), context)
+
+    return OrderTask(f"{style}-kv", None, k, style, labels, make=make)
+
+
+# --- users' files ---------------------------------------------------------------------------------------------------
+
+def _bad(where: str, what: str) -> PosbiasError:
+    return PosbiasError(f"{where}: {what}", "fix that line (the schemas: posbias tasks)")
+
+
+def _strings(where: str, field: str, value, lo: int, hi: int) -> list[str]:
+    if not isinstance(value, list) or not lo <= len(value) <= hi or not all(isinstance(x, str) and x.strip() for x in value):
+        raise _bad(where, f"{field!r} must be a list of {lo} to {hi} non-empty strings, got {value!r}"[:160])
+    norm = [" ".join(x.split()).lower() for x in value]
+    dup = next((x for j, x in enumerate(value) if norm[j] in norm[:j]), None)
+    if dup is not None:
+        raise _bad(where, f"{field!r} lists {dup!r} twice: the sweep could not tell the two apart")
+    return value
+
+
+def _order_record(where: str, r: dict, style: str, default_id: str) -> tuple[OrderItem, bool]:
+    """One line of ORDER_SCHEMAS -> (item with the correct candidate first, whether it names one)."""
+    field = "answers" if style == "judge" else "options"
+    for need in ("question", field) + (() if style == "judge" else ("gold",)):
+        if need not in r:
+            raise _bad(where, f"missing field {need!r}")
+    if not isinstance(r["question"], str) or not r["question"].strip():
+        raise _bad(where, f"'question' must be a non-empty string, got {r['question']!r}"[:160])
+    cands = _strings(where, field, r[field], 2, 2 if style == "judge" else 10)
+    key = "preferred" if style == "judge" else "gold"
+    gold = r.get(key, 0)
+    if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(cands):
+        raise PosbiasError(f"{where}: {key}={gold!r} but there are {len(cands)} {field}",
+                           f"{key} is a 0-based index below {len(cands)}")
+    context = r.get("context", "")
+    if not isinstance(context, str):
+        raise _bad(where, f"'context' must be a string, got {context!r}"[:160])
+    labels = r.get("labels")
+    if labels is not None:
+        labels = tuple(_strings(where, "labels", labels, len(cands), len(cands)))
+        if style == "judge":
+            raise _bad(where, "'labels' belongs to multiple-choice files; a judge file's answers are labelled A and B")
+    rid = r.get("id", default_id)
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        raise _bad(where, f"'id' must be a string or an integer, got {rid!r}")
+    ordered = (cands[gold], *cands[:gold], *cands[gold + 1:])  # the correct one first, the others in file order
+    return OrderItem(str(rid), r["question"], ordered, context, labels), key in r
+
+
+def order_file_task(style: str, path: str | Path, labels: str = "letters") -> OrderTask:
+    """A user's pairwise (style judge) or multiple-choice (mc) file in ORDER_SCHEMAS, checked line by line."""
+    items, named = [], []
+    for lineno, r in read_jsonl(path):
+        item, has = _order_record(f"{path}:{lineno}", r, style, f"line{lineno}")
+        if items and len(item.candidates) != len(items[0].candidates):
+            raise PosbiasError(f"{path}:{lineno}: {len(item.candidates)} options, but earlier lines have "
+                               f"{len(items[0].candidates)}", "give every line the same number of options")
+        items.append(item)
+        named.append(has)
+    if not items:
+        raise PosbiasError(f"{path} holds no items", "add one JSON object per line")
+    if len(set(named)) > 1:
+        raise PosbiasError(f"{path}: some lines name the preferred answer and some do not",
+                           "give 'preferred' on every line, or on none")
+    ids = [it.id for it in items]
+    if len(set(ids)) != len(ids):
+        raise PosbiasError(f"{path}: duplicate ids", "give every line a unique 'id'")
+    return OrderTask(f"{style}:{path}", items, len(items[0].candidates), style, labels, has_gold=named[0] or style == "mc")

@@ -1,0 +1,208 @@
+"""Order bias (tasks/order.py, core/order.py, methods/decision.py): the figures against hand counts and the
+authors' formulas, the cyclic design, label scoring against the model's own logits, the decision rules in a
+sweep and a comparison (PriDe's calibration items never evaluated), users' files and their bad lines."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from posbias import PosbiasError, Scorer, SweepConfig, get_method, get_task, run_compare, run_sweep
+from posbias.core.order import balanced_choice, candidate, order_figures, parse_choice, pride_choice, pride_prior
+from posbias.eval.encode import encode, left_pad
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+KV = {"options": 3, "facts": 2, "digits": 3}
+
+
+def test_figures_match_hand_counts():
+    # item rows: (slot chosen with the correct answer at slot 0, at slot 1)
+    ch = np.array([[0, 0], [0, 0], [1, 1], [0, 1], [1, 0], [0, -1]])
+    f = order_figures(ch, [0, 1], 2, n_boot=50)
+    assert f["consistency"]["value"] == pytest.approx(2 / 5)  # (0,1) right twice, (1,0) wrong twice; unread left out
+    assert f["conflict_rate"]["value"] == pytest.approx(3 / 5)
+    assert f["preference_fairness"]["value"] == pytest.approx((1 - 2) / 6)  # recency 1, primacy 2, over 6 pairs
+    assert f["rstd"]["value"] == pytest.approx(np.std([4 / 6, 2 / 6]))
+    assert f["choice_share"] == pytest.approx([7 / 12, 4 / 12]) and f["unread"] == pytest.approx(1 / 12)
+    lo, hi = f["consistency"]["ci"]
+    assert lo <= 0.4 <= hi and lo < hi
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_preference_fairness_is_the_authors_rescaled_raw_score(seed):
+    """Judging the Judges, authors' code: raw = R * R/(P+R) - P * P/(P+R), rescaled from [-n, n] to [-1, 1]."""
+    ch = np.random.default_rng(seed).integers(-1, 2, (40, 2))
+    p = int(((ch[:, 0] == 0) & (ch[:, 1] == 0)).sum())
+    r = int(((ch[:, 0] == 1) & (ch[:, 1] == 1)).sum())
+    n = len(ch)
+    raw = r * r / (p + r) - p * p / (p + r) if p + r else 0.0
+    assert order_figures(ch, [0, 1], 2, n_boot=0)["preference_fairness"]["value"] == pytest.approx((raw + n) / (2 * n) * 2 - 1)
+
+
+def test_conflicts_over_pairs_of_orders_for_k_options():
+    ch = np.array([[0, 1, 2], [0, 0, 0]])  # always right; always slot 0 (candidates 0, 2, 1)
+    f = order_figures(ch, [0, 1, 2], 3, n_boot=0)
+    assert f["consistency"]["value"] == 0.5 and f["conflict_rate"]["value"] == 0.5
+    assert "preference_fairness" not in f and candidate(0, 1, 3) == 2
+
+
+def test_pride_prior_and_debiasing():
+    # one item, two orders: label A gets 0.7 then 0.6 -> geometric means 0.648 : 0.346 -> prior 0.652 : 0.348
+    lp = np.log([[[0.7, 0.3], [0.6, 0.4]]])
+    prior = pride_prior(lp)
+    assert np.exp(prior) == pytest.approx([0.6517, 0.3483], abs=1e-4)
+    assert pride_choice(np.log([0.6, 0.4]), prior) == 1  # 0.6/0.652 < 0.4/0.348
+    assert pride_choice(np.log([0.9, 0.1]), prior) == 0
+    assert np.exp(pride_prior(lp + 3.0)) == pytest.approx(np.exp(prior))  # any scale: normalised over labels
+
+
+def test_balanced_choice_averages_orders_and_ties_are_no_verdict():
+    # order 0: candidate 0 at A, 1 at B; order 1: candidate 1 at A, 0 at B. Slot A is favoured by 1 nat in both
+    # orders; candidate 0 by 0.5 nat in the first, candidate 1 by 0.5 nat... net: candidate 1 by the mean.
+    assert balanced_choice([0, 1], 2, logps=[[0.5, 0.0], [2.0, 0.0]]) == 1  # c0: (.5 + 0)/2 vs c1: (0 + 2)/2 on
+    assert balanced_choice([0, 1], 2, logps=[[3.0, 0.0], [1.0, 0.0]]) == 0  # normalised logps: the larger mean wins
+    assert balanced_choice([0, 1], 2, choices=[0, 1]) == 0  # both orders name candidate 0
+    assert balanced_choice([0, 1], 2, choices=[0, 0]) == -1  # A both times: the orders disagree -> a tie
+    assert balanced_choice([0, 1, 2], 3, choices=[0, 1, 0]) == 0  # 2 votes of 3
+
+
+def test_parse_choice():
+    labels = ("A", "B", "C")
+    assert parse_choice(" [[B]]", labels) == 1 and parse_choice(" C. the third", labels) == 2
+    assert parse_choice("Answer B", labels) == 1 and parse_choice(" ABC", labels) == -1 and parse_choice("", labels) == -1
+    assert parse_choice(" 12", ("1", "12")) == 1  # the longer label first
+
+
+@pytest.mark.parametrize("name", ["judge-kv", "mc-kv", "judge-nq", "mc-nq"])
+def test_every_order_holds_the_same_candidates_cyclically(name):
+    task = get_task(name, options=3)
+    item = task.examples(1, seed=3)[0]
+    arrangements = [task.arrangement(item, p) for p in range(task.n_slots)]
+    for p, arr in enumerate(arrangements):
+        assert arr[p] == item.candidates[0] and sorted(arr) == sorted(item.candidates)
+        assert all(arr[s] == item.candidates[(s - p) % 3] for s in range(3))
+        prompt = task.build(item, p)
+        assert prompt.answers == (prompt.options[p],) and all(c in prompt.user for c in item.candidates)
+    assert len(set(item.candidates)) == 3
+
+
+def test_nq_wrong_candidates_never_match_a_gold_answer():
+    from posbias.core.metrics import best_subspan_em
+
+    task = get_task("mc-nq", options=5)
+    for item in task.examples(200):
+        golds = task._items[int(item.id[2:])].candidates[:1]
+        assert not any(best_subspan_em(w, golds) for w in item.candidates[1:]), item
+
+
+def test_label_scoring_is_the_models_next_token_distribution(loaded):
+    task = get_task("mc-kv", **KV)
+    scorer = Scorer(loaded, task, chat=False)
+    rows = scorer.rows(task.examples(3), [0, 1, 2])
+    got = scorer.score(rows)
+    with torch.no_grad():
+        logits = loaded.model(**left_pad([r.prompt_ids for r in rows], 0)).logits[:, -1].float()
+    logp = torch.log_softmax(logits, -1)
+    by_key = {(d["example_id"], d["position"]): d for d in got}
+    for i, r in enumerate(rows):
+        d = by_key[r.key]
+        want = logp[i, r.option_ids]
+        assert d["option_logprobs"] == pytest.approx(want.tolist(), abs=1e-4)
+        assert d["choice"] == int(want.argmax()) and d["correct"] == (d["choice"] == r.key[1])
+
+
+def test_prefix_shared_label_scoring_equals_plain(loaded):
+    task = get_task("judge-kv", **KV)
+    rows = Scorer(loaded, task, chat=False).rows(task.examples(4), [0, 1, 2])
+    shared = Scorer(loaded, task, chat=False).score(rows)
+    plain = Scorer(loaded, task, chat=False, prefix_sharing=False).score(rows)
+    key = lambda d: (d["example_id"], d["position"])  # noqa: E731
+    for a, b in zip(sorted(shared, key=key), sorted(plain, key=key)):
+        assert a["choice"] == b["choice"] and a["option_logprobs"] == pytest.approx(b["option_logprobs"], abs=1e-4)
+
+
+def test_labels_that_need_two_tokens_or_share_one_are_refused(loaded):
+    from posbias.tasks.order import OrderItem, OrderTask
+
+    two = OrderTask("t", [OrderItem("i", "q?", ("x", "y"), labels=("AB", "CD"))], 2)
+    with pytest.raises(PosbiasError, match="several tokens"):
+        encode(loaded.tokenizer, two.build(two.examples(1)[0], 0), False)
+    generated = Scorer(loaded, two, engine="generate", chat=False).rows(two.examples(1), [0, 1])  # generate reads text
+    assert generated[0].option_ids == []
+
+
+def test_swap_and_pride_in_a_comparison(model_dir, tmp_path):
+    cfg = SweepConfig(model=str(model_dir), task="judge-kv", task_options=KV, n=8, dtype="fp32")
+    res = run_compare(cfg, ["none", "swap", "pride:3"], tmp_path / "c", progress=False)
+    none, swap, pride = res.entries
+    accs = [p["accuracy"] for p in swap["per_position"]]
+    assert max(accs) == min(accs)  # one verdict per item from every order: no slot effect left
+    assert swap["summary"]["order"]["consistency"]["value"] == 1.0
+    assert none["vs_first"]["difference"] == 0 and "difference" in pride["vs_first"]
+    logs = {d: [json.loads(x) for x in (tmp_path / "c" / d / "examples.jsonl").read_text().splitlines()]
+            for d in ("none", "swap", "pride-3")}
+    rec = json.loads((tmp_path / "c" / "pride-3" / "sweep.json").read_text())
+    cal = set(rec["decision"]["calibration_items"])
+    evaluated = {e.id for e in get_task("judge-kv", **KV).examples(8)}
+    assert len(cal) == 3 and not cal & evaluated and cal | evaluated == {r["example_id"] for r in logs["pride-3"]}
+    assert rec["summary"]["decision"]["calibration_forward_passes"] == 9
+    # the decision rules reuse the unmodified model's rows (logged as they were, scored once)
+    assert sorted(map(json.dumps, logs["none"])) == sorted(map(json.dumps, logs["swap"]))
+
+
+def test_decision_rules_refuse_what_they_cannot_decide(model_dir):
+    base = dict(model=str(model_dir), task="judge-kv", task_options=KV, n=2, dtype="fp32")
+    with pytest.raises(PosbiasError, match="needs every order"):
+        run_sweep(SweepConfig(**base, positions="0,1", method="swap"), progress=False)
+    with pytest.raises(PosbiasError, match="engine=teacher-forced"):
+        run_sweep(SweepConfig(**base, engine="generate", method="pride"), progress=False)
+    with pytest.raises(PosbiasError, match="not one"):
+        run_sweep(SweepConfig(model=str(model_dir), task_options={"facts": 3}, n=2, method="swap"), progress=False)
+    with pytest.raises(PosbiasError, match="pride:0.05"):
+        get_method("pride:1.5")
+
+
+def test_generated_verdicts_give_choices_and_the_figures(model_dir):
+    cfg = SweepConfig(model=str(model_dir), task="mc-kv", task_options=KV, n=3, dtype="fp32", engine="generate",
+                      max_new_tokens=3, method="swap")
+    res = run_sweep(cfg, progress=False)
+    assert all(r["choice"] in (-1, 0, 1, 2) and "raw_choice" in r for r in res.rows)
+    assert set(res.summary["order"]) >= {"consistency", "conflict_rate", "rstd", "choice_share", "unread"}
+
+
+def _write(path, recs):
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def test_users_files_both_schemas(tmp_path):
+    pair = _write(tmp_path / "p.jsonl", [{"question": "2+2?", "answers": ["5", "4"], "preferred": 1},
+                                         {"id": "b", "question": "sky?", "answers": ["blue", "green"], "preferred": 0}])
+    t = get_task(f"judge:{pair}")
+    assert t.n_slots == 2 and t.examples(2, seed=0)[0].candidates[0] in ("4", "blue") and t.has_gold
+    mc = _write(tmp_path / "m.jsonl", [{"question": "q", "options": ["a", "b", "c"], "gold": 2, "labels": ["x", "y", "z"],
+                                        "context": "ctx"}])
+    item = get_task(f"mc:{mc}").examples(1)[0]
+    assert item.candidates == ("c", "a", "b") and item.labels == ("x", "y", "z")
+    nopref = _write(tmp_path / "n.jsonl", [{"question": "q", "answers": ["a", "b"]}])
+    assert not get_task(f"judge:{nopref}").has_gold
+
+
+@pytest.mark.parametrize("style, recs, message", [
+    ("judge", [{"question": "q", "answers": ["only one"]}], "list of 2 to 2 non-empty strings"),
+    ("mc", [{"question": "q", "options": ["a", "A ", "b"], "gold": 0}], "twice"),
+    ("mc", [{"question": "q", "options": ["a", "b"], "gold": 2}], "gold=2 but there are 2 options"),
+    ("mc", [{"question": "q", "options": ["a", "b"], "gold": 0, "labels": ["A", "A"]}], "'labels' lists 'A' twice"),
+    ("mc", [{"question": "q", "options": ["a", "b"], "gold": 0}, {"question": "q", "options": ["a", "b", "c"], "gold": 0}],
+     "earlier lines have 2"),
+    ("judge", [{"question": "q", "answers": ["a", "b"], "preferred": 0}, {"question": "r", "answers": ["a", "b"]}],
+     "some lines name the preferred answer"),
+])
+def test_bad_files_are_refused_in_one_line(tmp_path, style, recs, message):
+    path = _write(tmp_path / "f.jsonl", recs)
+    with pytest.raises(PosbiasError, match=message) as e:
+        get_task(f"{style}:{path}")
+    assert "\n" not in str(e.value)
