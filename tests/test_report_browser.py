@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,9 @@ import pytest
 from browser import check_page, embedded_png_problems, find_chromium
 from posbias import (
     AttentionConfig,
-    GridConfig,
     DistillConfig,
     GAConfig,
+    GridConfig,
     PosbiasError,
     SearchConfig,
     ShiftingConfig,
@@ -60,7 +61,7 @@ def chromium():
 
 KINDS = {"sweep": "sweep", "compare": "comparison", "search": "search", "distill": "distillation", "theory": "theory run",
          "shifting": "shifting analysis", "synth": "synth sinks grid", "grid": "grid", "attention": "attention analysis",
-         "other": "mystery analysis"}
+         "other": "mystery analysis", "order": "sweep", "order-compare": "comparison"}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,10 @@ def runs(tmp_path_factory, model_dir, loaded):
     cfg = SweepConfig(model=str(model_dir), task_options=KV, positions="0,2,3", n=4, dtype="fp32", max_batch=8)
     run_sweep(cfg, root / "sweep", loaded=loaded, progress=False)
     run_compare(cfg, ["none", "pi:1.5"], root / "compare", loaded=loaded, progress=False)
+    order = SweepConfig(model=str(model_dir), task="judge-kv", task_options={"facts": 2, "digits": 3}, n=4, dtype="fp32",
+                        method="pride:2")  # an order task: its figures table and order.png (with PriDe's prior)
+    run_sweep(order, root / "order", loaded=loaded, progress=False)
+    run_compare(replace(order, method="none"), ["none", "swap"], root / "order-compare", loaded=loaded, progress=False)
     ga = GAConfig(pop_size=5, n_parents=2, n_crossover=1, n_mutation=2, generations=2, n_points=2, y_min=1.0, y_max=2.0,
                   y_step=0.25, y_init=1.25, my=0.5, mx=1)
     run_search(SearchConfig(model=str(model_dir), task_options=KV, n=2, skip=100, dtype="fp32", ga=ga), root / "search",
