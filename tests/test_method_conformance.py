@@ -29,8 +29,9 @@ from posbias.models.moice import PAPER_BASES, Routers
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 EXTRA = ("mspoe-query",)  # further modes of a registered method, each through the whole suite
-# the order decision rules leave the model as it is (changes_model False): tests/test_order.py covers them
-DECISIONS = {n for n, c in METHODS.items() if issubclass(c, DecisionRule)}
+# the order decision rules and the reordering methods leave the model as it is (changes_model False):
+# tests/test_order.py and tests/test_mitigations.py cover them
+DECISIONS = {n for n, c in METHODS.items() if issubclass(c, DecisionRule) or c.rearranges}
 LAYERS = 4  # Ms-PoE leaves the first two layers alone by default: a 4-layer model has two it changes
 ARCHS = ("llama", "qwen2")
 
@@ -43,7 +44,18 @@ def _examples(tmp_path) -> dict[str, str]:
     Routers(LAYERS, 4, 16, PAPER_BASES, top_k=3, seed=0).save(routers / "routers.safetensors")
     return {"none": "none", "pi": "pi:1.5", "layers": "layers:1,2,1,2", "lpes": f"lpes:{factors}",
             "mspoe": "mspoe:1.2-1.8", "mspoe-query": "mspoe:1.2-1.8:query", "buckets": "buckets:10000,30000",
-            "moice": f"moice:{routers}"}
+            "moice": f"moice:{routers}", "calib": "calib:prompt"}
+
+
+def _prime(active, seqs: list[list[int]], end=None) -> None:
+    """Attention calibration acts on the items of the prompts it is told about (Scorer.score calls set_rows): give it
+    three items per sequence (its thirds) and seeded weights; other methods need nothing. end: the prompt-end column
+    of each sequence in the batch layout (None: the last column, as generation's prefill)."""
+    if not hasattr(active, "st"):
+        return
+    spans = [[min(3 * i // len(s), 2) for i in range(len(s))] for s in seqs]
+    weights = [torch.randn(3, generator=torch.Generator().manual_seed(len(s))) * 2 for s in seqs]  # one per sequence
+    active.st.set(spans, torch.softmax(torch.stack(weights), -1), end)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -65,7 +77,8 @@ def _ids(n: int = 48, seed: int = 0) -> torch.Tensor:
 
 
 def test_every_registered_method_has_an_example(tmp_path):
-    assert set(_examples(tmp_path)) == (set(METHODS) - DECISIONS) | set(EXTRA) and DECISIONS == {"swap", "pride"}
+    assert set(_examples(tmp_path)) == (set(METHODS) - DECISIONS) | set(EXTRA)
+    assert DECISIONS == {"swap", "pride", "reorder", "attnsort"}
 
 
 def test_spec_and_config_round_trip(method):
@@ -80,6 +93,7 @@ def test_apply_changes_inside_and_restores_exactly(loaded, method):
     before = loaded.model(input_ids=ids).logits
     with method.apply(loaded) as active:
         assert isinstance(active, Active)
+        _prime(active, ids.tolist())
         inside = loaded.model(input_ids=ids).logits
     after = loaded.model(input_ids=ids).logits
     assert torch.equal(before, after)
@@ -93,9 +107,14 @@ def test_apply_changes_inside_and_restores_exactly(loaded, method):
 @torch.no_grad()
 def test_rows_of_a_padded_batch_equal_the_rows_alone(loaded, method):
     seqs = random_seqs([20, 33, 47], 100, seed=1)
-    with method.apply(loaded):
+    with method.apply(loaded) as active:
+        _prime(active, seqs)
         batch = loaded.model(**left_pad(seqs, 0)).logits[:, -1]
-        alone = torch.cat([loaded.model(input_ids=torch.tensor([s])).logits[:, -1] for s in seqs])
+        alone = []
+        for s in seqs:
+            _prime(active, [s])
+            alone.append(loaded.model(input_ids=torch.tensor([s])).logits[:, -1])
+        alone = torch.cat(alone)
     torch.testing.assert_close(batch, alone, atol=1e-4, rtol=1e-4)
 
 
@@ -106,7 +125,9 @@ def test_cached_decoding_equals_a_full_forward(loaded, method):
     ids = _ids(40, seed=5)
     with method.apply(loaded) as active:
         active.set_prompt_end(torch.tensor([ids.shape[1] - 2]))  # the prompt is ids[:, :-1]
+        _prime(active, ids[:, :-1].tolist(), torch.tensor([ids.shape[1] - 2]))
         full = loaded.model(input_ids=ids).logits[:, -1]
+        _prime(active, ids[:, :-1].tolist())
         pre = loaded.model(input_ids=ids[:, :-1], use_cache=True)
         step = loaded.model(input_ids=ids[:, -1:], **{cache_key(loaded.model): output_cache(pre)}, use_cache=True).logits[:, -1]
     torch.testing.assert_close(step, full, atol=1e-4, rtol=1e-4)

@@ -31,7 +31,8 @@ from .analysis.theory import RealRollout, TheoryConfig, TheoryResult, run_theory
 from .backends import BACKENDS, Backend, ModelSpec, open_backend, parse_spec, split_models  # noqa: E402
 from .core.ga import GAConfig  # noqa: E402
 from .errors import PosbiasError  # noqa: E402
-from .eval.compare import CompareResult, format_compare, run_compare  # noqa: E402
+from .analysis.prior import PriorConfig, PriorResult, format_prior, run_prior  # noqa: E402
+from .eval.compare import COLLAPSE_MARGIN, CompareResult, format_compare, run_compare  # noqa: E402
 from .eval.engines import ENGINES  # noqa: E402
 from .eval.grid import GridConfig, GridResult, format_grid, run_grid  # noqa: E402
 from .eval.length_gain import format_length_gain, run_length_gain  # noqa: E402
@@ -82,7 +83,7 @@ __all__ = [
     "BACKENDS", "Backend", "ModelSpec", "open_backend", "parse_spec", "split_models", "export_model",
     "DISTILL_ABLATIONS", "DISTILL_METHODS", "DISTILL_PRESETS", "ENGINES", "JSONL_SCHEMA", "LPES", "ORDER_SCHEMAS", "LPES_PRESETS",
     "LPES_SPACES", "METHODS", "MODELS", "SYNTH_GRIDS", "SYNTH_PRESETS", "TASKS",
-    "Active", "Baseline", "Buckets", "CompareResult", "DistillConfig", "DistillResult", "GAConfig", "LPESResult",
+    "COLLAPSE_MARGIN", "PriorConfig", "PriorResult", "format_prior", "run_prior", "Active", "Baseline", "Buckets", "CompareResult", "DistillConfig", "DistillResult", "GAConfig", "LPESResult",
     "LayerScaling", "Loaded", "Method", "MsPoE", "PosbiasError", "Prompt", "RealRollout", "Scorer", "SearchConfig",
     "ShiftingConfig", "ShiftingResult", "format_shifting", "run_shifting",
     "ReportResult", "build_report",

@@ -10,16 +10,19 @@ import typer
 from .. import (
     AttentionConfig,
     PosbiasError,
+    PriorConfig,
     RealRollout,
     ShiftingConfig,
     TheoryConfig,
     format_attention,
+    format_prior,
     format_real_rollout,
     format_shifting,
     format_synth_run,
     format_synth_summary,
     format_theory_summary,
     run_attention,
+    run_prior,
     run_shifting,
     run_synth_grid,
     run_synth_one,
@@ -184,6 +187,17 @@ def shifting(
     res = run_shifting(cfg, run.out, **run_kwargs(run))
     typer.echo(format_shifting(res))
     typer.echo(f"wrote {run.out}/shifting.json, rows.jsonl, shifting.png, divergence.png")
+
+
+@analyze_app.command()
+@uses(MODEL, TASK, SPLIT.defaults(n=20, skip=1000), RUN.defaults(out=Path("runs/prior")))
+def prior(model: Args, task: Args, split: Args, run: Args) -> None:
+    """The positional attention prior: a content-free item in each slot and the attention it gets, per slot and layer
+    band, beside the accuracy (Found-in-the-Middle Sec. 3.2); `--method calib:OUT` calibrates with it."""
+    cfg = PriorConfig(**model_fields(model), **task_fields(task), **vars(split))
+    res = run_prior(cfg, run.out, **run_kwargs(run))
+    typer.echo(format_prior(res))
+    typer.echo(f"wrote {run.out}/prior.json, rows.jsonl and prior.png (use it with --method calib:{run.out})")
 
 
 @analyze_app.command()

@@ -15,6 +15,7 @@ from .. import (
     TASKS,
     SweepConfig,
     export_model,
+    COLLAPSE_MARGIN,
     format_compare,
     format_table,
     run_compare,
@@ -52,12 +53,15 @@ def compare(model: Args, task: Args, split: Args, scoring: Args, run: Args, posi
                                                      "none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json"),
             models: Optional[str] = typer.Option(None, help="comma list of models (e.g. smollm2-135m,runs/p2d/model,"
                                                            "openai:model=M,base_url=URL,tokenizer=DIR): "
-                                                           "every model with every method; overrides --model")) -> None:
+                                                           "every model with every method; overrides --model"),
+            collapse_margin: float = typer.Option(COLLAPSE_MARGIN, help="flag a method as COLLAPSED when it loses more "
+                                                  "than this at any position (or its average is at chance)")) -> None:
     """Run several methods (and models) on the same examples; one table (per position, average, gap) and one plot."""
     model_list = split_models(models) if models else None
     fields = {**model_fields(model), "model": model_list[0] if model_list else model.model}
     cfg = SweepConfig(**fields, **task_fields(task), **vars(split), **vars(scoring), positions=placements(task, positions))
-    res = run_compare(cfg, split_specs(methods), run.out, models=model_list, **run_kwargs(run))
+    res = run_compare(cfg, split_specs(methods), run.out, models=model_list, collapse_margin=collapse_margin,
+                      **run_kwargs(run))
     typer.echo(format_compare(res))
     for e in res.entries:
         if e.get("scoring_note"):

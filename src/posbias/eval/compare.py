@@ -28,6 +28,7 @@ from .scaleout import start_processes
 from .sweep import SweepConfig, run_sweep
 
 PATH_KEYS = ("scoring_path", "scoring_note")
+COLLAPSE_MARGIN = 0.10  # the collapse guard: a larger loss at any one position flags an entry
 ORDER_COLUMNS = {"consistency": "consistency", "conflict_rate": "conflict rate", "preference_fairness": "pref. fairness",
                  "rstd": "RStd"}  # which scoring path each entry ran (Scorer.settings), and why
 
@@ -89,13 +90,17 @@ def _check_entries(cfg: SweepConfig, methods: list[Method], models: list) -> Non
 
 def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] = ("none",), out: str | Path | None = None,
                 *, models: Sequence[str | Loaded | Backend] | None = None, loaded: Loaded | Backend | None = None,
-                resume: bool = False,
-                overwrite: bool = False, progress: bool = True) -> CompareResult:
+                resume: bool = False, overwrite: bool = False, progress: bool = True,
+                collapse_margin: float = COLLAPSE_MARGIN) -> CompareResult:
     """Run `cfg` once per (model, method) entry, each model loaded once; compare.json is written last.
 
     models: None = cfg.model only (or `loaded`), entries named by method; several (names, directories or
-    loaded models) = every model with every method, entries named by model."""
+    loaded models) = every model with every method, entries named by model.
+    collapse_margin: an entry that loses more than this at any position against the first entry, or whose
+    average is at or below the task's chance level, is flagged as collapsed (`collapse` in each entry)."""
     cfg = (cfg or SweepConfig()).validate()
+    if not 0 < collapse_margin <= 1:
+        raise PosbiasError(f"`collapse_margin` must be in (0, 1], got {collapse_margin}", "pass `collapse_margin=0.1`")
     methods = [get_method(m) for m in methods]  # fail on a bad spec before any work
     named = models is not None
     model_list = list(models) if named else [loaded or cfg.model]
@@ -128,6 +133,7 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
             del lo
             first = None  # one model in memory at a time
         _add_paired_differences(results)
+        _flag_collapse(results, collapse_margin, _chance(cfg))
         shared = {k: v for k, v in res.config.items() if k not in PATH_KEYS}  # the path is per entry
         record = {"config": {**shared, "method": None, "model": None if named else cfg.model},
                   "model": None if named else infos[model_name(model_list[0])], "models": infos,
@@ -180,6 +186,28 @@ def _add_paired_differences(results: list[dict]) -> None:
         r["vs_first"] = paired_difference(a, _correct_matrix(r["rows"], examples, positions))
 
 
+def _chance(cfg: SweepConfig) -> float:
+    """The task's chance accuracy (an order task: one over its options; a free answer: 0)."""
+    from ..tasks import get_task
+
+    return get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options).chance
+
+
+def _flag_collapse(results: list[dict], margin: float, chance: float) -> None:
+    """The collapse guard: against the first entry, the position that loses most; flagged when that loss is above
+    `margin`, or when the average is at or below chance (a method that destroys the model, like Ms-PoE's paper
+    ratios on SmolLM2, must not pass as a row of numbers)."""
+    base = {label(p["position"]): p["accuracy"] for p in results[0]["per_position"]}
+    for r in results:
+        drops = {label(p["position"]): base[label(p["position"])] - p["accuracy"] for p in r["per_position"]}
+        worst = max(drops, key=drops.get)
+        reasons = ([f"position {worst} loses {drops[worst]:.3f} (> {margin:g})"] if drops[worst] > margin + 1e-9 else [])
+        reasons += [f"average {r['summary']['average']:.3f} is at or below chance ({chance:.3f})"] \
+            if r["summary"]["average"] <= chance + 1e-9 else []
+        r["collapse"] = {"flagged": bool(reasons), "worst_position": worst, "worst_drop": round(drops[worst], 6),
+                         "margin": margin, "chance": chance, "reasons": reasons}
+
+
 def format_compare(record: dict | CompareResult) -> str:
     """Accuracy per position, one row per entry, then average and gap (paired-bootstrap 95% CI)."""
     record = record.record if isinstance(record, CompareResult) else record
@@ -199,7 +227,10 @@ def format_compare(record: dict | CompareResult) -> str:
         vs = f"{v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" if v else ""
         if v and v.get("mde80"):  # older compare.json files have no power figure
             vs += f"  {v['mde80']:.3f}"
-        lines.append(f"{r['label']:<{w}} {accs} {s['average']:>6.3f} {s['gap']:>6.3f}  {ci:<16}  {vs}")
+        flag = "  COLLAPSED" if (r.get("collapse") or {}).get("flagged") else ""
+        lines.append(f"{r['label']:<{w}} {accs} {s['average']:>6.3f} {s['gap']:>6.3f}  {ci:<16}  {vs}{flag}")
+    flagged = [r for r in rows if (r.get("collapse") or {}).get("flagged")]
+    lines += [f"COLLAPSED {r['label']}: {'; '.join(r['collapse']['reasons'])}" for r in flagged]
     if "order" in rows[0]["summary"]:  # order tasks: consistency, conflict, fairness, RStd (95% CIs) per entry
         lines += ["", f"{what:<{w}} " + "  ".join(f"{t:>22}" for t in ORDER_COLUMNS.values()) + "  forward passes per verdict"]
         for r in rows:

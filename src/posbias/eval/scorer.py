@@ -101,7 +101,7 @@ class Scorer:
 
     def rows(self, examples: Iterable, positions: list[int]) -> list[Encoded]:
         """Tokenised rows, example-major; refuses (never truncates) a row over the context window."""
-        rows = [encode(self.backend.tokenizer, self.task.build(ex, p), self.chat, options=self.engine.reads_options)
+        rows = [encode(self.backend.tokenizer, self.task.prompt(ex, p), self.chat, options=self.engine.reads_options)
                 for ex in examples for p in positions]
         self.check_window(rows)
         return rows
@@ -143,6 +143,8 @@ class Scorer:
         method = self.method(method)
         done = done or set()
         out: list[dict] = []
+        if method.rearranges:  # a reordering method: the rows it presents instead (keys kept)
+            rows = self.rearranged([r for r in rows if r.key not in done], method)
 
         def emit(batch: list[Encoded], scored: list[dict]) -> None:
             new = [{"example_id": r.key[0], "position": as_json(r.key[1]), **s, "answers": list(r.prompt.answers),
@@ -163,7 +165,30 @@ class Scorer:
                 for idx in plan_batches(costs, self.batch_tokens, self.max_batch):
                     batch = [rows[i] for i in idx]
                     if not all(r.key in done for r in batch):
+                        active.set_rows(batch, self)
                         emit(batch, self.engine.score(self, batch, active))
+        return out
+
+    def item_attention(self, prompts: list[Prompt]) -> list[list[float]]:
+        """Each item's attention from the last prompt token (eval/relevance.py), on the model as it is."""
+        from .relevance import item_attention
+
+        return item_attention(self.loaded, prompts, self.chat, self.batch_tokens, self.max_batch)
+
+    def item_spans(self, prompt: Prompt):
+        """Which prompt tokens belong to each item (eval/spans.py), as this scorer encodes the prompt."""
+        from .spans import item_spans
+
+        return item_spans(self.backend.tokenizer, prompt, list(prompt.items), self.chat)
+
+    def rearranged(self, rows: list[Encoded], method: Method) -> list[Encoded]:
+        """The rows as a reordering method presents them, re-encoded and checked against the window again."""
+        if not rows:
+            return rows
+        attention = self.item_attention if self.loaded is not None else None
+        prompts = method.rearrange([r.prompt for r in rows], self.task, attention)
+        out = [encode(self.backend.tokenizer, p, self.chat, options=self.engine.reads_options) for p in prompts]
+        self.check_window(out)
         return out
 
     def _score_requests(self, rows: list[Encoded], done: set, emit: Callable) -> None:

@@ -8,17 +8,22 @@
   buckets | buckets:B1,B2        Attention Buckets (several RoPE bases)
   moice:DIR                      MoICE routers trained by `posbias moice train` (the model stays frozen)
   swap | pride[:0.05]            order tasks only: verdict rules over the candidates' orders (decision.py)
+  reorder[:bm25|oracle|attention][:litm|first|last]   reordering the items by a relevance signal (reorder.py)
+  attnsort[:ROUNDS]              attention sorting: most attended item last, repeated
+  calib:prompt | calib:DIR       Found-in-the-Middle attention calibration (calibration.py)
 """
 
 from .base import Active, Baseline, Method
 from .buckets import Buckets
+from .calibration import Calibration
 from .decision import DecisionRule, PriDe, Swap
 from .moice import MoICE
 from .mspoe import MsPoE
 from .registry import METHODS, get_method, register_method, split_specs
+from .reorder import AttentionSort, Reorder
 from .scaling import LPES, LayerScaling, UniformScaling, read_factors
 
 __all__ = [
-    "LPES", "METHODS", "Active", "Baseline", "Buckets", "DecisionRule", "LayerScaling", "PriDe", "Swap", "Method", "MoICE", "MsPoE", "UniformScaling",
+    "LPES", "METHODS", "Active", "AttentionSort", "Calibration", "Reorder", "Baseline", "Buckets", "DecisionRule", "LayerScaling", "PriDe", "Swap", "Method", "MoICE", "MsPoE", "UniformScaling",
     "get_method", "read_factors", "register_method", "split_specs",
 ]

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, contextmanager
-from typing import ClassVar, Iterator
+from typing import Callable, ClassVar, Iterator
 
 from ..errors import PosbiasError
 from ..models.load import Loaded
-from ..tasks import Task
+from ..tasks import Prompt, Task
 
 
 class Active:
@@ -28,6 +28,10 @@ class Active:
     def set_prompt_end(self, cols) -> None:
         """Before a teacher-forced forward of prompt + answer: cols[i] is the column of row i's last
         prompt token (an input-dependent method such as Ms-PoE measures there, as generation would)."""
+
+    def set_rows(self, rows, scorer=None) -> None:
+        """Before each batch is scored: the batch's rows (eval.encode.Encoded) and the Scorer (its item_attention
+        and item_spans), for a method that reads the prompts (attention calibration measures each item first)."""
 
 
 class Method(ABC):
@@ -46,6 +50,8 @@ class Method(ABC):
     prefix_safe: ClassVar[bool] = False
     changes_model: ClassVar[bool] = True  # False: the model runs as it is (none, the order decision rules), served too
     prefix_note: ClassVar[str] = "not declared prefix-safe"
+    rearranges: ClassVar[bool] = False  # True: `rearrange` rewrites the prompts before they are scored (reordering)
+    reads_attention: bool = False  # True: it measures the model's attention in process (not on a served model)
 
     @classmethod
     def from_spec(cls, arg: str) -> "Method":
@@ -67,6 +73,12 @@ class Method(ABC):
     def check(self, loaded: Loaded) -> None:
         """Raise PosbiasError if the method cannot be applied to this model (called before a run writes anything)."""
         return  # any model
+
+    def rearrange(self, prompts: list[Prompt], task: Task, attention: Callable | None) -> list[Prompt]:
+        """The prompts as this method presents them to the model (a reordering method moves their items); each keeps
+        its example id and position. attention(prompts) -> per prompt, the attention each item receives (the
+        Scorer's measurement; None on a served model). Called only when `rearranges` is True."""
+        return prompts
 
     @abstractmethod
     def apply(self, loaded: Loaded) -> AbstractContextManager[Active]:

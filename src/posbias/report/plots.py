@@ -176,3 +176,25 @@ def plot_order(summary: dict, title: str, path: str | Path) -> None:
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     save_figure(fig, path)
+
+
+def plot_prior(record: dict, title: str, path: str | Path) -> None:
+    """The positional attention prior (a content-free item's attention at each slot) per layer band, relative to its
+    mean, beside the unmodified model's accuracy with the gold at that slot."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
+    slots = list(range(len(record["prior"])))
+    for band, values in [("all layers", record["prior"]), *record["bands"].items()]:
+        mean = sum(values) / len(values) or 1.0
+        ax.plot(slots, [v / mean for v in values], marker="o", linewidth=2 if band == "all layers" else 1,
+                label=f"prior, {band}")
+    ax.set_xlabel("slot of the content-free item (0 = first)")
+    ax.set_ylabel("attention per token / its mean")
+    acc = ax.twinx()
+    acc.plot(slots, record["accuracy"], color="black", linestyle="--", marker="s", label="accuracy, gold at the slot")
+    acc.set_ylabel("accuracy")
+    acc.set_ylim(0, 1.02)
+    lines = ax.get_legend_handles_labels()
+    more = acc.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper center")
+    ax.set_title(title, fontsize=9)
+    save_figure(fig, path)

@@ -132,9 +132,11 @@ def comparison(run: Run) -> str:
         accs = [Raw(f"{esc(fmt(p['accuracy']))}<br><small>[{esc(fmt(p['ci_low']))}, {esc(fmt(p['ci_high']))}]</small>")
                 for p in e["per_position"]]
         diff = f"{v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" if v else "-"
-        rows.append([e["label"], *accs, s["average"], s["gap"], f"[{fmt(s['gap_ci'][0])}, {fmt(s['gap_ci'][1])}]", diff])
+        col = e.get("collapse") or {}
+        rows.append([e["label"], *accs, s["average"], s["gap"], f"[{fmt(s['gap_ci'][0])}, {fmt(s['gap_ci'][1])}]", diff,
+                     "; ".join(col.get("reasons", [])) or ("-" if col else "")])
     head = ["entry", *(f"pos {pos_label(p)}" for p in positions), "average", "gap", "gap 95% CI",
-            f"average - {first} (paired 95% CI)"]
+            f"average - {first} (paired 95% CI)", "collapsed"]
     parts = [para(f"{len(entries)} entries on the same examples; accuracy per position with its 95% CI (Wilson); "
                   f"differences paired over examples (bootstrap)."), table(head, rows)]
     if "modes" in entries[0]["summary"]:

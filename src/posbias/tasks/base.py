@@ -7,7 +7,7 @@ import json
 import random
 import zlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -24,6 +24,8 @@ class Prompt:
     both scoring engines continue; answers: accepted gold answers (first = canonical).
     options: an order task's option labels in slot order (tasks/order.py; empty elsewhere): the model picks
     one, and the gold answer is the label of the slot the correct candidate sits in.
+    items: the item texts in slot order, verbatim as they appear in `user` (`Task.prompt` fills them where the
+    task lists its items): what reordering and attention calibration rearrange or measure (tasks/arrange.py).
     """
 
     example_id: str
@@ -32,6 +34,7 @@ class Prompt:
     answer_prefix: str
     answers: tuple[str, ...]
     options: tuple[str, ...] = ()
+    items: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,11 @@ class Task(ABC):
     # the items are documents (retrieved passages: nq, musique, every jsonl file, whose schema holds "documents"),
     # not generated facts or key-value pairs; methods with a document-QA setting read it (Attention Buckets' RAG bases)
     documents: bool = False
+    chance: float = 0.0  # accuracy by guessing (a free answer: 0; an order task: one over its options)
+    # tasks/arrange.py: a slot's fixed label at the start of each item (it stays in its slot when items move), and
+    # the body of the content-free item that attention calibration puts in a slot to measure its positional prior
+    slot_label: str | None = None  # a regex, e.g. r"Document \[\d+\]"
+    dummy: str = "This line holds no information."
 
     def gold_target(self, prompt: Prompt) -> str:
         """The gold answer as a response the task scores correct (what SFT trains on)."""
@@ -92,6 +100,15 @@ class Task(ABC):
     @abstractmethod
     def build(self, example: Any, position: Placement) -> Prompt:
         """The prompt with the gold item at slot `position` (two-hop: the hops at (i, j)); everything else unchanged."""
+
+    def prompt(self, example: Any, position: Placement) -> Prompt:
+        """`build(example, position)` with its items attached (`Prompt.items`) where the task lists them."""
+        p = self.build(example, position)
+        try:
+            items = self.items(example, position)
+        except PosbiasError:
+            return p
+        return replace(p, items=tuple(items))
 
     def items(self, example: Any, position: Placement) -> list[str]:
         """The texts of the n_slots items (facts / documents / pairs) in prompt order, each exactly as it appears in

@@ -61,6 +61,9 @@ class DocQA(RecordsTask):
     def config(self) -> dict:
         return {**super().config(), "docs": self._n_slots, "answers": self._answers}
 
+    slot_label = r"Document \[\d+\]"  # the numbering stays with the slot when documents move
+    dummy = "(Title: Empty) This document holds no information."
+
     def items(self, ex: QAExample, position: int) -> list[str]:
         return doc_lines(move(list(ex.docs), ex.gold, position))
 

@@ -79,6 +79,10 @@ class OrderTask(Task):
         return self.k
 
     @property
+    def chance(self) -> float:  # type: ignore[override]
+        return 1 / self.k
+
+    @property
     def pool_size(self) -> int | None:
         return None if self._items is None else len(self._items)
 

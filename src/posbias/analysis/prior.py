@@ -1,0 +1,130 @@
+"""The positional attention prior (Found-in-the-Middle, Hsieh et al. 2024, Sec. 3.2): a content-free item put in each
+slot in turn, and the attention it receives from the last prompt token (per token, eval/relevance.py), per slot and
+layer. Whatever that attention varies with is position alone: the model's positional prior, the curve the paper
+subtracts to calibrate. Beside it, the unmodified model's accuracy with the gold at each slot on the same examples.
+
+The examples are `n` from offset `skip` (disjoint from an evaluation that starts at 0); example i has its gold at slot
+i mod n_slots and the dummy, in turn, at every slot (n x n_slots capture forwards). Resumable: one line per example in
+rows.jsonl. Files: prior.json (the record `calib:DIR` reads: model, task, chat, the prior per slot and per layer, the
+examples it used), rows.jsonl, prior.png.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import PosbiasError
+from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict, plain
+from ..eval.relevance import item_attention
+from ..eval.scorer import Scorer
+from ..models.load import Loaded, load_model
+from ..runs import JsonlLog, RunFolder, progress as bar, versions
+from ..tasks import Task, get_task
+from ..tasks.arrange import with_dummy
+
+FILES = ("rows.jsonl", "prior.png")
+BANDS = ("first third", "middle third", "last third")
+
+
+@dataclass
+class PriorConfig(TaskChoice, ModelChoice):
+    """Where and how the prior is measured: `n` examples from `skip` (keep them off the evaluation's examples)."""
+
+    n: int = 20  # examples (each measured with the dummy at every slot)
+    seed: int = 0
+    skip: int = 1000  # a comparison evaluates examples 0..n-1: the prior is measured elsewhere
+    batch_tokens: int = 16384
+    max_batch: int = 32
+
+    def validate(self) -> "PriorConfig":
+        self._validate_model()
+        check_split(self.n, self.skip)
+        return self
+
+    def to_dict(self) -> dict:
+        return config_dict(self)
+
+
+@dataclass
+class PriorResult:
+    record: dict
+    path: Path | None
+
+
+def _one(scorer: Scorer, task: Task, ex, gold: int) -> dict:
+    """One example: the dummy's attention at every slot per layer, and the accuracy with the gold at every slot."""
+    n = task.n_slots
+    base = task.prompt(ex, gold)
+    if not base.items:
+        raise PosbiasError(f"task {task.name} does not list its items", "use kv-lookup, kv-uuid, nq or jsonl:PATH")
+    dummies = [with_dummy(base, k, task.slot_label, task.dummy) for k in range(n)]
+    by_layer = item_attention(scorer.loaded, dummies, scorer.chat, scorer.batch_tokens, scorer.max_batch, by_layer=True)
+    dummy = by_layer.diagonal(dim1=0, dim2=2)  # [L, n]: the dummy's own attention at its slot, per layer
+    acc = scorer.accuracy(scorer.rows([ex], list(range(n))))
+    return {"example_id": base.example_id, "gold": gold, "dummy": dummy.tolist(), "correct": [acc[s] for s in range(n)]}
+
+
+def run_prior(cfg: PriorConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | None = None,
+              resume: bool = False, overwrite: bool = False, progress: bool = True) -> PriorResult:
+    """Measure (or resume) the positional prior of `cfg.model` on `cfg.task`; out=None writes nothing."""
+    cfg = (cfg or PriorConfig()).validate()
+    task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
+    if not isinstance(task.all_placements()[0], int):
+        raise PosbiasError(f"the prior moves one item; task {task.name} places two", "use a one-gold task")
+    examples = task.examples(cfg.n, cfg.seed, cfg.skip)
+    task.items(examples[0], 0)  # a task without items fails here, before anything loads
+    folder = RunFolder(out, "positional prior", "prior.json", FILES)
+    folder.check(resume, overwrite)
+    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
+    scorer = Scorer(loaded, task, chat=cfg.chat, batch_tokens=cfg.batch_tokens, max_batch=cfg.max_batch)
+    fingerprint = {"config": cfg.to_dict(), "task": task.config(), "model": loaded.info.get("name"),
+                   "chat": scorer.chat, "dummy": task.dummy}
+    with folder.open(fingerprint, resume, overwrite):
+        log = JsonlLog(folder.file("rows.jsonl")) if out is not None else None
+        rows = log.read(("example_id", "dummy", "correct")) if (log is not None and folder.resuming) else []
+        done = {r["example_id"] for r in rows}
+        t0 = time.perf_counter()
+        todo = [(i, ex) for i, ex in enumerate(examples) if task.prompt(ex, 0).example_id not in done]
+        pbar = bar(len(examples), "prior", "example", initial=len(examples) - len(todo), enabled=progress)
+        for i, ex in todo:
+            row = _one(scorer, task, ex, i % task.n_slots)
+            rows.append(row)
+            if log is not None:
+                log.append([row])
+            pbar.update()
+        pbar.close()
+        record = {**fingerprint, **summarize(rows), "versions": versions(), "seconds_this_run": time.perf_counter() - t0,
+                  "fitted_on": {"task": plain(cfg.task), "seed": cfg.seed, "skip": cfg.skip, "n": cfg.n}}
+        if out is not None:
+            from ..report.plots import plot_prior
+
+            plot_prior(record, f"{record['model']} on {plain(cfg.task)} (n={cfg.n})", folder.file("prior.png"))
+            folder.finish(record)
+    return PriorResult(record, folder.path)
+
+
+def summarize(rows: list[dict]) -> dict:
+    """The prior per slot (all layers), per layer and per layer band, and the accuracy per slot."""
+    dummy = torch.tensor([r["dummy"] for r in rows]).mean(0)  # [L, n]
+    n_layers = dummy.shape[0]
+    thirds = [range(i * n_layers // 3, (i + 1) * n_layers // 3) for i in range(3)]
+    accuracy = torch.tensor([r["correct"] for r in rows], dtype=torch.float).mean(0)
+    return {"prior": dummy.mean(0).tolist(), "by_layer": dummy.tolist(),
+            "bands": {b: dummy[list(t)].mean(0).tolist() for b, t in zip(BANDS, thirds)},
+            "accuracy": accuracy.tolist(), "examples": len(rows)}
+
+
+def format_prior(res: PriorResult) -> str:
+    """One line per slot: the prior (all layers, relative to its mean) per band, and the accuracy."""
+    r = res.record
+    mean = sum(r["prior"]) / len(r["prior"])
+    head = f"{'slot':>4} {'prior':>10} {'/ mean':>7} " + " ".join(f"{b:>13}" for b in BANDS) + f" {'accuracy':>9}"
+    lines = [head]
+    for k, p in enumerate(r["prior"]):
+        bands = " ".join(f"{r['bands'][b][k]:>13.2e}" for b in BANDS)
+        lines.append(f"{k:>4} {p:>10.2e} {p / mean:>7.2f} {bands} {r['accuracy'][k]:>9.3f}")
+    return "\n".join(lines)
