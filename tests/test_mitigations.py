@@ -155,3 +155,58 @@ def test_compare_refuses_a_prior_measured_on_the_evaluated_examples(tmp_path):
     cfg = SweepConfig(model="unused", task="kv-lookup", task_options={"facts": 4, "digits": 3}, n=20, skip=0)
     with pytest.raises(PosbiasError, match="overlap"):
         run_compare(cfg, ["none", f"calib:{_prior(tmp_path, skip=5)}"], tmp_path / "c", progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from conftest import save_tiny_llama
+
+    return str(save_tiny_llama(tmp_path_factory.mktemp("mitigations") / "model"))
+
+
+def test_compare_runs_the_new_methods_end_to_end_and_oracle_first_equals_slot_0(tiny_dir, tmp_path):
+    """oracle:first moves the gold to slot 0 and keeps the others in order: exactly the prompt with the gold at slot 0,
+    so every example is right at every slot iff the unmodified model is right at slot 0."""
+    cfg = SweepConfig(model=tiny_dir, task="kv-lookup", task_options={"facts": 4, "digits": 3}, positions="all", n=6,
+                      dtype="fp32")
+    rec = run_compare(cfg, ["none", "reorder:oracle:first", "reorder:bm25", "attnsort", "calib:prompt"], tmp_path / "c",
+                      progress=False).record
+    rows = {m["method"]: m for m in rec["methods"]}
+    assert set(rows) == {"none", "reorder:oracle:first", "reorder:bm25", "attnsort", "calib:prompt"}
+    assert all("collapse" in m for m in rec["methods"])
+
+    def correct(d):
+        return {(json.loads(x)["example_id"], json.loads(x)["position"]): json.loads(x)["correct"]
+                for x in (tmp_path / "c" / d / "examples.jsonl").read_text().splitlines()}
+
+    base, oracle = correct(rows["none"]["dir"]), correct(rows["reorder:oracle:first"]["dir"])
+    assert all(oracle[(e, p)] == base[(e, 0)] for e, p in oracle)
+    assert rows["calib:prompt"]["method_config"]["t"] == 5e-5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["analyze", "prior", "--task", "kv-2hop"], "places two"),
+    (["compare", "--methods", "none,calib:MISSING"], "no positional prior"),
+    (["compare", "--methods", "none,reorder:bm26"], "bad reorder spec"),
+    (["compare", "--methods", "none,calib:PRIOR_OVERLAP"], "overlap"),
+    (["compare", "--methods", "none,calib:PRIOR_OTHER"], "belongs to model other"),
+])
+def test_bad_input_is_one_line_and_exit_2(tiny_dir, tmp_path, monkeypatch, capsys, args, message):
+    import sys
+
+    from posbias.cli import main
+
+    (tmp_path / "o").mkdir()
+    other = _prior(tmp_path / "o", model="other", skip=1000)
+    overlap = _prior(tmp_path, model=tiny_dir, skip=0)
+    args = [a.replace("MISSING", str(tmp_path / "missing")).replace("PRIOR_OVERLAP", str(overlap))
+            .replace("PRIOR_OTHER", str(other)) for a in args]
+    out = tmp_path / "out"
+    opts = ["--model", tiny_dir, "--n", "2", "--dtype", "fp32", "--quiet", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", ["posbias", *args, *(["--facts", "4", "--digits", "3"] if "--task" not in args else []),
+                                      *opts])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert e.value.code == 2 and len(err) == 1 and message in err[0], err
+    assert not out.exists() or not any(p.is_file() for p in out.rglob("*")), list(out.rglob("*"))

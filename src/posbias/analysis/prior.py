@@ -77,7 +77,7 @@ def run_prior(cfg: PriorConfig | None = None, out: str | Path | None = None, *, 
         raise PosbiasError(f"the prior moves one item; task {task.name} places two", "use a one-gold task")
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
     task.items(examples[0], 0)  # a task without items fails here, before anything loads
-    folder = RunFolder(out, "positional prior", "prior.json", FILES)
+    folder = RunFolder(out, "prior", "prior.json", FILES)
     folder.check(resume, overwrite)
     loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     scorer = Scorer(loaded, task, chat=cfg.chat, batch_tokens=cfg.batch_tokens, max_batch=cfg.max_batch)

@@ -369,3 +369,19 @@ def provenance(run: Run) -> str:
             ["versions", ", ".join(f"{k} {v}" for k, v in vers.items()) if vers else "-"]]
     return "".join([Raw('<div class="prov">'), table(["provenance", ""], rows), Raw("</div>"), details("configuration", key_values(config) if config else ""),
                     details("fingerprint (run.json)", Raw(f"<pre>{esc(json.dumps(fp, indent=1, default=str))}</pre>"))])
+
+
+@renderer("prior")
+def prior(run: Run) -> str:
+    """The positional attention prior: a content-free item's attention per slot (all layers and per band, relative to
+    the mean) beside the accuracy with the gold at that slot (Found-in-the-Middle Sec. 3.2)."""
+    r = run.result
+    mean = sum(r["prior"]) / len(r["prior"]) or 1.0
+    bands = list(r["bands"])
+    rows = [[k, r["prior"][k] / mean, *(r["bands"][b][k] / (sum(r["bands"][b]) / len(r["prior"]) or 1.0) for b in bands),
+             r["accuracy"][k]] for k in range(len(r["prior"]))]
+    note = (f"{r.get('examples', '?')} examples (from skip {r.get('fitted_on', {}).get('skip', '?')}), the content-free "
+            f"item {r.get('dummy', '')!r} in every slot; attention per token from the last prompt token, relative to "
+            "its mean over the slots. `calib:FOLDER` subtracts it.")
+    return "".join([para(note), table(["slot", "prior (all layers)", *bands, "accuracy"], rows, "positional prior"),
+                    figures(run.path, ("prior.png",))])
