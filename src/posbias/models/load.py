@@ -12,7 +12,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -164,6 +164,21 @@ def _source(name: str) -> tuple[str, str | None, str, dict]:
     # and bf16 runs ~4x faster (measured, see docs/sweep.md), so we silence it.
     logging.getLogger("transformers").setLevel(logging.ERROR)
     return src, gguf, kind, kw
+
+
+@contextlib.contextmanager
+def library_bars(enabled: bool) -> Iterator[None]:
+    """transformers' and huggingface_hub's own progress bars (writing shards, ...) on or off for a block."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not enabled:
+            hf_logging.enable_progress_bar()
 
 
 def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "cpu", progress: bool = True,
