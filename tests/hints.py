@@ -11,6 +11,8 @@ out (`posbias distill r1 ...`). A hint fails when
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import shutil
 import sys
@@ -51,52 +53,51 @@ def _placeholder(value: str) -> bool:
     return bool(re.search(r"\b[A-Z]{2,}\b", value)) or "..." in value or "<" in value
 
 
+def _flag_at(tokens: list[str], i: int, cmd) -> tuple[str, str | None, int]:
+    """(flag, its value or None, tokens used) for the flag at tokens[i] of `cmd`."""
+    flag = _clean(tokens[i])
+    value = _clean(tokens[i + 1]) if _takes_value(_param(cmd, flag)) and i + 1 < len(tokens) else None
+    if value is not None and (value in STOP or value.startswith("--")):
+        value = None
+    return flag, value, 1 if value is None else 2
+
+
+def _spelled_command(tokens: list[str], i: int) -> tuple[list[str], list, int]:
+    """The `posbias CMD --flag VALUE ...` at tokens[i]: (its command path, its flags, the index after it)."""
+    j, sub = i + 1, ROOT
+    while j < len(tokens) and hasattr(sub, "commands") and _clean(tokens[j]) in sub.commands:
+        sub, j = sub.commands[_clean(tokens[j])], j + 1
+    path, changes = [_clean(t) for t in tokens[i + 1 : j]], []
+    while j < len(tokens) and (_clean(tokens[j]).startswith("--") or _clean(tokens[j]) == "..."):
+        if _clean(tokens[j]) == "...":  # the user's other options
+            j += 1
+            continue
+        flag, value, used = _flag_at(tokens, j, sub)
+        changes.append(("set", flag, value))
+        j += used
+    return path, changes, j
+
+
 def alternatives(fix: str, cmd) -> tuple[list[tuple[list[str], list]], list[str]]:
-    """([(command path or [] for the failing command, [(op, flag, value)]), ...], problems found while reading)."""
-    tokens, out, problems, current = fix.split(), [], [], []
-    i = 0
+    """([(command path, or [] for the failing command `cmd`, [(op, flag, value)]), ...], problems found reading)."""
+    tokens, out, problems, current, i = fix.split(), [], [], [], 0
     while i < len(tokens):
         raw, tok = tokens[i], _clean(tokens[i])
         if tok == "posbias":
-            j, sub = i + 1, ROOT
-            while j < len(tokens) and hasattr(sub, "commands") and _clean(tokens[j]) in sub.commands:
-                sub = sub.commands[_clean(tokens[j])]
-                j += 1
-            path, changes = [_clean(t) for t in tokens[i + 1 : j]], []
-            while j < len(tokens) and (_clean(tokens[j]).startswith("--") or _clean(tokens[j]) == "..."):
-                flag = _clean(tokens[j])
-                p = _param(sub, flag) if flag != "..." else None
-                takes = p is not None and not getattr(p, "is_flag", False)
-                value = _clean(tokens[j + 1]) if takes and j + 1 < len(tokens) else None
-                if flag != "...":
-                    changes.append(("set", flag, value))
-                j += 2 if value is not None else 1
+            path, changes, i = _spelled_command(tokens, i)
             out.append((path, changes))
-            i = j
             continue
-        if raw.strip("`(") == "e.g." and i + 1 < len(tokens):
-            nxt = _clean(tokens[i + 1])
-            if re.fullmatch(r"[\d.,:%+-]+", nxt):  # numbers that could fill several options
-                problems.append(f"the value {nxt} after 'e.g.' names no flag")
+        if raw.strip("`(") == "e.g." and i + 1 < len(tokens) and re.fullmatch(r"[\d.,:%+-]+", _clean(tokens[i + 1])):
+            problems.append(f"the value {_clean(tokens[i + 1])} after 'e.g.' names no flag")  # which option takes it?
         if tok.startswith("--") and tok != "--help":
-            p = _param(cmd, tok)
-            takes = p is not None and not getattr(p, "is_flag", False)
-            value = _clean(tokens[i + 1]) if takes and i + 1 < len(tokens) else None
-            if value is not None and (value in STOP or value.startswith("--")):
-                value = None
-            op = "drop" if i and _clean(tokens[i - 1]) == "drop" else "set"
-            current.append((op, tok, value))
-            if value is not None:
-                i += 1
-                raw = tokens[i]
+            flag, value, used = _flag_at(tokens, i, cmd)
+            current.append(("drop" if i and _clean(tokens[i - 1]) == "drop" else "set", flag, value))
+            i += used - 1
+            raw = tokens[i]
         if tok == "or" or raw.endswith((",", ";")):
-            if current:
-                out.append(([], current))
-            current = []
+            out, current = out + [([], current)] if current else out, []
         i += 1
-    if current:
-        out.append(([], current))
-    return out, problems
+    return out + ([([], current)] if current else []), problems
 
 
 def _takes_value(p) -> bool:
@@ -165,9 +166,6 @@ def _stop(*a, **k):
 
 def _run_main() -> str | None:
     """The error line of an in-process CLI run (None when it finished)."""
-    import contextlib
-    import io
-
     buf = io.StringIO()
     with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(io.StringIO()):
         try:

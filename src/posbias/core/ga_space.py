@@ -86,7 +86,8 @@ class GAConfig:
         _check(self.curve in CURVES, f"unknown `curve` {self.curve!r}", f"use one of {', '.join(CURVES)}")
         _check(self.seed >= 0, f"`seed` must be >= 0, got {self.seed}", "use a non-negative integer")
         _check(self.y_min > 0, f"`y_min` must be > 0 (a scaling factor divides positions), got {self.y_min}", "use 1.0")
-        _check(self.y_step > 0 and self.y_max >= self.y_min, "need `y_step` > 0 and `y_max` >= `y_min`", "e.g. `y_min=1.0` with `y_max=2.0` and `y_step=0.1`")
+        _check(self.y_step > 0 and self.y_max >= self.y_min, "need `y_step` > 0 and `y_max` >= `y_min`",
+               "e.g. `y_min=1.0` with `y_max=2.0` and `y_step=0.1`")
         steps = (self.y_max - self.y_min) / self.y_step
         _check(abs(steps - round(steps)) < 1e-6,
                f"(`y_max` - `y_min`) / `y_step` = {steps:g} is not a whole number", "pick `y_step` dividing `y_max` - `y_min`")

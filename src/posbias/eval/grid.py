@@ -70,7 +70,8 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
         try:
             sizes = [int(s) for s in self.sizes.split(",") if s.strip()]
         except ValueError:
-            raise PosbiasError(f"bad `sizes` {self.sizes!r}", "write comma-separated whole numbers, e.g. `sizes=5,10,20`") from None
+            raise PosbiasError(f"bad `sizes` {self.sizes!r}",
+                               "write comma-separated whole numbers, e.g. `sizes=5,10,20`") from None
         if not sizes or min(sizes) < 2:
             raise PosbiasError(f"`sizes` must be whole numbers of at least 2, got {self.sizes!r}", "e.g. `sizes=5,10,20`")
         if len(set(sizes)) != len(sizes):

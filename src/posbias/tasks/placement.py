@@ -84,7 +84,8 @@ def _pair(part: str, n: int) -> tuple[int, int]:
     try:
         i, j = int(a), int(b)
     except ValueError:
-        raise PosbiasError(f"bad pair {part!r} in `positions`", "write pairs as FIRST:SECOND slots, e.g. `positions=0:1`") from None
+        raise PosbiasError(f"bad pair {part!r} in `positions`",
+                           "write pairs as FIRST:SECOND slots, e.g. `positions=0:1`") from None
     if not sep:
         raise PosbiasError(f"bad pair {part!r} in `positions`", "write pairs as FIRST:SECOND slots, e.g. `positions=0:1`")
     if i == j:
