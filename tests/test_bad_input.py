@@ -10,13 +10,16 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
+import hints
 from conftest import save_tiny_llama
-from posbias import DistillConfig, SweepConfig, run_compare, run_distill, run_sweep
+from posbias import DistillConfig, SweepConfig, run_compare, run_distill, run_length_gain, run_sweep
 from posbias.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,6 +39,7 @@ def env(tmp_path_factory):
     run_distill(DistillConfig(model=model, task_options={"facts": 4, "digits": 3}, n=1, k=2, correct_only=False,
                               dtype="fp32", max_steps=1, save_steps=1), root / "distill", progress=False)
     (root / "afile").write_text("not a folder")
+    run_length_gain([root / "compare"], root / "gain")
     _corrupt_states(root, model, cfg)
     data = root / "data"
     data.mkdir()
@@ -50,6 +54,8 @@ def env(tmp_path_factory):
     for name, rec in order.items():
         (data / f"order-{name}.jsonl").write_text(json.dumps(rec) + "\n")
     (data / "hop1.jsonl").write_text(json.dumps({**good, "gold": [1]}) + "\n")
+    (data / "same.jsonl").write_text(json.dumps({**good, "documents": ["x", "x", "x"]}) + "\n")
+    (data / "dupgold.jsonl").write_text(json.dumps({**good, "documents": ["x", "y", "x"]}) + "\n")
     (data / "latin1.jsonl").write_bytes(json.dumps(good).replace('"q"', '"caf\u00e9"', 1).encode("latin-1") + b"\n")
     (data / "plain.jsonl.gz").write_text(json.dumps(good) + "\n")
     blob = gzip.compress(("\n".join(json.dumps(good) for _ in range(200)) + "\n").encode())
@@ -68,6 +74,10 @@ def _corrupt_states(root: Path, model: str, cfg: SweepConfig) -> None:
 
     shutil.copytree(root / "sweep", root / "bad-marker")
     (root / "bad-marker" / "run.json").write_text('{"kind": "swe')
+    shutil.copytree(root / "sweep", root / "bad-result")
+    (root / "bad-result" / "sweep.json").write_text('{"per_position": [')
+    shutil.copytree(root / "sweep", root / "locked")  # a live writer: this test's parent process holds the lock
+    (root / "locked" / ".lock").write_text(f"{os.getppid()} {socket.gethostname()}")
     shutil.copytree(root / "sweep", root / "bad-rows")
     (root / "bad-rows" / "sweep.json").unlink()  # a run killed before its end ...
     with (root / "bad-rows" / "examples.jsonl").open("a") as f:  # ... whose row log holds a foreign row
@@ -153,12 +163,38 @@ CASES = [
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--pairs", "0:12"], "new", "pair 0:12 is out of range"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--pairs", "3:3"], "new", "both hops in slot 3"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--positions", "0,1"], "new", "bad pair '0'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--pairs", "0,1"], "new", "bad pair '0' in --pairs"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/hop1.jsonl"], "new", "two different document indices"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-uuid", "--pairs", "abc"], "new", "takes a number of pairs"),
     (["distill", "r2", "--model", "{MODEL}", *TINY, "--anchor", "5"], "new", "bad --anchor '5'"),
     (["distill", "r2", "--model", "{MODEL}", *TINY, "--method", "seqkd"], "new", "unknown --method 'seqkd' for r2"),
     (["sweep", "--model", "{MODEL}", *TINY, "--nope"], "new", "No such option: --nope"),
     (["frob"], "new", "No such command 'frob'"),
+    # hints that must be commands, meanings not guessed, inputs that make a sweep meaningless
+    (["sweep", "--model", "{MODEL}", *TINY, "--positions", ""], "new", "--positions is empty"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--pairs", "0:1"], "new", "are pairs of slots (two hops)"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--facts", "2", "--pairs", "disconnected"], "new",
+     "the disconnected placements need at least 3 slots"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--engine", "teacher-forced", "--max-new-tokens", "3"], "new",
+     "--engine teacher-forced generates nothing"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}"], "new", "is a folder"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/same.jsonl"], "new", "all 3 documents are the same"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/dupgold.jsonl"], "new",
+     "the gold document 0 appears again as document 2"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,3"], "locked", "is being written by another posbias process"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--out", "/proc/posbias-out"], "new", "cannot be written"),
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,bogus"], "new", "unknown method 'bogus'"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/ok.jsonl", "--skip", "5"], "new",
+     "use --skip 0 with --n 1"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--positions", "0.2,0.3,0.5"], "new", "bad list of integers"),
+    (["lpes", "gain", "{ROOT}/compare", "{ROOT}/compare"], "new", "is listed twice"),
+    (["lpes", "gain", "{ROOT}/compare"], "gain", "already holds a length-gain -- pass --overwrite"),
+    (["moice", "train", "--model", "{MODEL}", *TINY, "--bases", "abc"], "new", "bad list of numbers 'abc' for --bases"),
+    (["distill", "r2", "--model", "{MODEL}", *TINY, "--task", "kv-lookup"], "new", "use posbias distill r1"),
+    (["report", "{ROOT}/bad-marker"], "new", "is not a readable run marker"),
+    (["report", "{ROOT}/bad-result"], "new", "is not a readable sweep result"),
+    (["report", "{ROOT}/sweep", "--out", "/proc/report.html"], "new", "cannot be written"),
+    (["analyze", "shifting", "--model", "{MODEL}", *TINY, *KV, "--positions", "0"], "new", "names only the anchor placement"),
     # compare
     (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,none"], "new", "listed twice"),
     (["compare", *TINY, "--methods", "none", "--models", "{MODEL},{MODEL}"], "new", "--models must list distinct models"),
@@ -169,21 +205,22 @@ CASES = [
      "report on held-out examples, e.g. --skip 50"),
     (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,layers:1,2,3"], "new", "3 RoPE scaling factors"),
     # lpes search
-    (["lpes", "search", "--model", "{MODEL}", *TINY, "--weights", "0.5,0.5"], "new", "expected 3 numbers for weights"),
-    (["lpes", "gain", "{ROOT}/sweep"], "new", "holds no finished comparison"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--weights", "0.5,0.5"], "new", "expected 3 numbers for --weights"),
+    (["lpes", "gain", "{ROOT}/sweep"], "new", "holds a sweep, not a comparison"),
     (["lpes", "gain", "{ROOT}/compare", "--out", "{ROOT}/compare"], "compare", "holds a comparison, not a length-gain"),
     (["moice", "train", "--model", "{MODEL}", *TINY, "--top-k", "9"], "new", "--top-k must be between 1 and the number of bases (7), got 9 -- pass --top-k 7"),
     (["moice", "train", "--model", "{MODEL}", *TINY, "--bases", "0.5,2"], "new", "must be RoPE bases > 1"),
-    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,moice:{ROOT}/sweep"], "new", "unfinished MoICE training"),
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,moice:{ROOT}/sweep"], "new",
+     "holds a sweep, not a MoICE training"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--weights", "0.5,0.5,0.5"], "new", "--weights must be three"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--y-init", "3"], "new", "--y-init 3.0 outside"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--preset", "huge"], "new", "unknown preset 'huge'"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--space", "grid"], "new", "unknown search --space 'grid'"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--parents", "10"], "new", "--parents + --crossovers + --mutations"),
-    (["lpes", "search", "--model", "{MODEL}", *TINY, "--positions", "0,1"], "new", "expected 3 numbers for positions"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--positions", "0,1"], "new", "expected 3 integers for --positions"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--points", "2", "--positions", "0,1,9"], "new", "three slots in 0..3"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--points", "4"], "new", "fewer control points (--points)"),
-    (["lpes", "search", "--model", "{MODEL}", *TINY, "--task", "kv-uuid", "--skip", "600"], "new", "use --skip below 500"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, "--task", "kv-uuid", "--skip", "600"], "new", "use --skip 498 or less"),
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--points", "2", "--generations", "1", "--pop-size", "4", "--parents",
       "2", "--crossovers", "1", "--mutations", "1", "--y-max", "1.5", "--y-step", "0.25", "--y-init", "1.25", "--my", "0.25",
       "--mx", "1", "--resume"], "bad-state", "is not a search state this configuration can resume"),
@@ -192,11 +229,12 @@ CASES = [
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--method", "dpo"], "new", "unknown --method 'dpo'"),
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--anchor", "9"], "new", "--anchor 9: position 9 is out of range"),
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--anchor", "auto:/nonexistent"], "new", "no sweep result"),
-    (["distill", "r1", "--model", "{MODEL}", *TINY, "--preset", "fast"], "new", "unknown preset 'fast'"),
-    (["distill", "r1", "--model", "{MODEL}", *TINY, "--lr", "-1"], "new", "--lr must be positive"),
+    (["distill", "r1", "--model", "{MODEL}", *TINY, "--k", "2", "--preset", "fast"], "new", "unknown preset 'fast'"),
+    (["distill", "r1", "--model", "{MODEL}", *TINY, "--k", "2", "--lr", "-1"], "new", "--lr must be positive"),
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--k", "2", "--n", "1", "--keep-all", "--max-steps", "1",
       "--save-steps", "1", "--resume", "--lam", "0.5"], "distill", "different configuration"),
-    (["distill", "r1", "--model", "{MODEL}", *TINY, "--k", "2"], "distill", "already holds a distillation"),
+    (["distill", "r1", "--model", "{MODEL}", *TINY, "--k", "2", "--n", "1", "--keep-all", "--max-steps", "1",
+      "--save-steps", "1"], "distill", "already holds a distillation"),
     # theory
     (["theory", "--n", "0"], "new", "needs --n >= 1"),
     (["theory", "--no-real", "--tokens", "2"], "new", "use --tokens 4 or more"),
@@ -219,6 +257,28 @@ CASES = [
     (["synth", "train", "--iters", "5", "--quiet"], "afile", "is a file"),
     (["synth", "train", *SYNTH_TINY], "bad-ckpt", "is unreadable"),
 ]
+
+
+# commands whose hints are rerun up to the model load (the others' hints are parsed, not run: they would run for real)
+RERUN = ("sweep", "compare", "lpes", "distill", "moice", "analyze", "grid")
+
+
+# what needs the model: checked after it loads (docs/reliability.md); every other case is refused before
+NEED_MODEL = {"context window is 2048", "3 RoPE scaling factors for a 2-layer", "3 RoPE scaling factors",
+              "fewer control points (--points)", "different configuration (config.seed"}
+
+
+def _count_model_loads(monkeypatch) -> list:
+    from transformers import AutoModelForCausalLM
+
+    calls, real = [], AutoModelForCausalLM.from_pretrained
+
+    def counted(*a, **k):
+        calls.append(a)
+        return real(*a, **k)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", counted)
+    return calls
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -248,13 +308,96 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(env, tmp_path, monke
     if "--out" not in argv and args[0] != "frob":
         argv += ["--out", str(out)]
     monkeypatch.setattr(sys, "argv", ["posbias", *argv])
+    loads = _count_model_loads(monkeypatch)
     with pytest.raises(SystemExit) as e:
         main()
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert e.value.code == 2, err
+    assert not loads or message in NEED_MODEL, f"refused only after the model loaded: {err}"
     assert len(err) == 1 and err[0].startswith("posbias: error: ") and " -- " in err[0], err
     assert message in err[0], err[0]
     if before is None:
         assert not out.exists() or not any(p.is_file() for p in out.rglob("*")), list(out.rglob("*"))
     else:
         assert _snapshot(out) == before  # a finished result is never touched by a refused command
+    served = any(a.startswith("openai:") or ",openai:" in a for a in argv)
+    scratch = tmp_path / "hints"
+    scratch.mkdir()
+    hints.check(argv, err[0], out, scratch, rerun=argv[0] in RERUN and not served)
+
+
+# ----------------------------------------------------------------------------- output places, before the model loads
+
+WRITERS = [
+    ["sweep", "--model", "{MODEL}", *TINY, *KV], ["compare", "--model", "{MODEL}", *TINY, *KV, "--methods", "none,pi:1.5"],
+    ["grid", "--model", "{MODEL}", *TINY, "--sizes", "4", "--depths", "0%"], ["theory", "--no-real"],
+    ["synth", "depth", "--quiet"], ["synth", "bias", "--quiet"], ["synth", "sinks", "--quiet"], ["synth", "train", *SYNTH_TINY],
+    ["lpes", "search", "--model", "{MODEL}", *TINY, *KV], ["lpes", "gain", "{ROOT}/compare"],
+    ["distill", "r1", "--model", "{MODEL}", *TINY, *KV, "--k", "2"], ["distill", "r2", "--model", "{MODEL}", *TINY],
+    ["moice", "train", "--model", "{MODEL}", *TINY, *KV], ["analyze", "shifting", "--model", "{MODEL}", *TINY, *KV],
+    ["analyze", "attention", "--model", "{MODEL}", *TINY, *KV], ["report", "{ROOT}/sweep"],
+]
+UNWRITABLE = "/proc/posbias-test/out"  # the kernel's folder: no permission bit says so, even for root
+
+
+def _stop_model_load(*a, **k):
+    raise RuntimeError(hints.SENTINEL)
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
+@pytest.mark.parametrize("args", WRITERS, ids=[" ".join(a[:2]) for a in WRITERS])
+def test_an_unwritable_out_fails_in_one_line_before_the_model_loads(env, monkeypatch, capsys, args):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", _stop_model_load)
+    out = UNWRITABLE + (".html" if args[0] == "report" else "")
+    monkeypatch.setattr(sys, "argv", ["posbias", *[a.format(**env) for a in args], "--out", out])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert e.value.code == 2 and len(err) == 1, err
+    assert f"--out {out} cannot be written" in err[0] and hints.SENTINEL not in err[0], err[0]
+
+
+def test_export_checks_its_folder_before_the_model_loads(env, monkeypatch, capsys):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", _stop_model_load)
+    monkeypatch.setattr(sys, "argv", ["posbias", "export", env["MODEL"], UNWRITABLE])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "cannot be written" in err and hints.SENTINEL not in err, err
+
+
+# ----------------------------------------------------------------------------- the hint check itself
+
+# hints earlier versions gave for cases above (the same command, the old fix): each must fail the check
+OLD_HINTS = [
+    (["lpes", "search", "--model", "{MODEL}", *TINY, *KV, "--task", "jsonl:{DATA}/ok.jsonl", "--skip", "5"], "new",
+     "task jsonl has 1 examples but 7 were asked for -- use --n 0 or fewer"),
+    (["moice", "train", "--model", "{MODEL}", *TINY, *KV, "--bases", "abc"], "new",
+     "bad number list 'abc' for bases -- write comma-separated numbers, e.g. 0.2,0.3,0.5"),
+    (["moice", "train", "--model", "{MODEL}", *TINY, *KV, "--bases", "abc"], "new", "bad bases -- e.g. --bases 0.2,0.3,0.5"),
+    (["lpes", "search", "--model", "{MODEL}", *TINY, *KV, "--positions", "0,1"], "new",
+     "expected 3 numbers for positions -- e.g. --positions 0.2,0.3,0.5"),
+    (["distill", "r2", "--model", "{MODEL}", *TINY, "--task", "kv-lookup"], "new",
+     "kv-lookup is distilled by r1, not r2 -- use --stage r1 (posbias distill r1)"),
+    (["report", "{ROOT}/bad-result"], "new", "sweep.json is not a readable sweep result -- pass --overwrite to start again"),
+    (["lpes", "gain", "{ROOT}/compare"], "gain", "already holds a length-gain -- pass --resume to continue it or "
+                                                  "--overwrite to start again"),
+    (["sweep", "--model", "{MODEL}", *TINY, *KV, "--positions", "0,3"], "locked",
+     "already holds a sweep -- pass --resume to continue it or --overwrite to start again"),
+    (["sweep", "--model", "{MODEL}", *TINY, *KV, "--task", "kv-2hop", "--facts", "2", "--pairs", "disconnected"], "new",
+     "the disconnected placements need 3 slots -- use --positions connected"),
+    (["analyze", "shifting", "--model", "{MODEL}", *TINY, *KV], "sweep", "holds a sweep -- served models work with --sweep"),
+]
+
+
+@pytest.mark.parametrize("args, where, old", OLD_HINTS, ids=[f"{i}-{' '.join(c[0][:2])}" for i, c in enumerate(OLD_HINTS)])
+def test_the_hint_check_refuses_the_hints_earlier_versions_gave(env, tmp_path, args, where, old):
+    out = _out(env, where, tmp_path)
+    argv = [a.format(**env) for a in args] + ["--out", str(out)]
+    (tmp_path / "hints").mkdir()
+    with pytest.raises(AssertionError):
+        hints.check(argv, f"posbias: error: {old}", out, tmp_path / "hints", rerun=argv[0] in RERUN)

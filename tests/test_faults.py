@@ -122,7 +122,8 @@ def _weights(d):
     return load_file(str(d / "model" / "model.safetensors"))
 
 
-def test_distillation_killed_while_writing_a_checkpoint_resumes_from_the_one_before(model_dir, tmp_path):
+def test_distillation_killed_while_writing_a_checkpoint_resumes_from_the_one_before(model_dir, tmp_path, capsys):
+    """... leaving nothing of the torn checkpoint behind, and (progress off) no library progress bar on stderr."""
     from transformers import TrainerCallback
 
     class KilledWhileSaving(TrainerCallback):
@@ -139,8 +140,13 @@ def test_distillation_killed_while_writing_a_checkpoint_resumes_from_the_one_bef
     with pytest.raises(KeyboardInterrupt):
         run_distill(cfg, tmp_path / "b", loaded=load_model(str(model_dir), "fp32"), progress=False,
                     callbacks=[KilledWhileSaving()])
+    for step in (3, 9):  # half-written weights a kill mid-save leaves (9: in a checkpoint the resumed run never reaches)
+        (tmp_path / "b" / "checkpoints" / f"checkpoint-{step}").mkdir(exist_ok=True)
+        (tmp_path / "b" / "checkpoints" / f"checkpoint-{step}" / "model.safetensors.tmp").write_bytes(b"half a file")
     resumed = run_distill(cfg, tmp_path / "b", loaded=load_model(str(model_dir), "fp32"), resume=True, progress=False)
     assert resumed.train["resumed_from"].endswith("checkpoint-2")
+    assert not list((tmp_path / "b").rglob("*.tmp")) and not (tmp_path / "b" / "checkpoints" / "checkpoint-9").exists()
+    assert "Writing model shards" not in capsys.readouterr().err
     wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 

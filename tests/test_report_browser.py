@@ -153,7 +153,7 @@ def test_bad_input_is_one_error_and_writes_nothing(runs, tmp_path):
     (unfinished / "sweep.json").unlink()
     (tmp_path / "empty").mkdir()
     cases = [([runs / "sweep" / "curve.png"], out, "is not a folder"), ([tmp_path / "empty"], out, "is not a run folder"),
-             ([unfinished], out, "run it again with --resume"), ([runs / "sweep"], tmp_path, "is a directory"),
+             ([unfinished], out, "resume the command recorded in its run.json"), ([runs / "sweep"], tmp_path, "is a directory"),
              ([], out, "no run folders")]
     for paths, where, message in cases:
         with pytest.raises(PosbiasError, match=message):

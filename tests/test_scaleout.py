@@ -70,13 +70,15 @@ def launch(*args: str, module: str = "posbias.cli", processes: int = 2) -> subpr
 
 
 def _sweep_args(model_dir, data, out, *extra: str) -> list[str]:
+    tokens = [] if "teacher-forced" in extra else ["--max-new-tokens", "2"]  # a token limit needs generation
     return ["sweep", "--model", str(model_dir), "--dtype", "fp32", "--task", f"jsonl:{data}", "--n", "12",
-            "--max-batch", "4", "--max-new-tokens", "2", "--out", str(out), "--quiet", *extra]
+            "--max-batch", "4", *tokens, "--out", str(out), "--quiet", *extra]
 
 
 def _cfg(model_dir, data, **kw) -> SweepConfig:
+    tokens = None if kw.get("engine") == "teacher-forced" else 2  # a token limit needs generation
     return SweepConfig(**{"model": str(model_dir), "dtype": "fp32", "task": f"jsonl:{data}", "n": 12, "max_batch": 4,
-                          "max_new_tokens": 2, **kw})
+                          "max_new_tokens": tokens, **kw})
 
 
 def _rows(out: Path) -> list[dict]:

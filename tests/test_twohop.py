@@ -40,6 +40,17 @@ def test_modes_are_the_papers_placements_and_scale_to_other_sizes():
             resolve_pairs(bad, 20)
 
 
+def test_two_slots_place_the_hops_both_ways_and_refuse_a_gap():
+    two = get_task("kv-2hop", facts=2)
+    assert two.placements(None) == [(0, 1), (1, 0)]  # the default modes need a slot between the hops
+    assert [two.build(two.examples(1)[0], p).position for p in two.placements(None)] == [(0, 1), (1, 0)]
+    for mode in ("disconnected", "reversed"):
+        with pytest.raises(PosbiasError, match="need at least 3 slots"):
+            two.placements(mode)
+    with pytest.raises(PosbiasError, match="is empty"):
+        two.placements("")
+
+
 def test_move2_places_both_hops_and_keeps_the_rest_in_order():
     items = list("ABCDEFG")
     assert move2(items, 0, 1, 5, 2) == ["C", "D", "B", "E", "F", "A", "G"]

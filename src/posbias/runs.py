@@ -25,6 +25,7 @@ import shlex
 import shutil
 import socket
 import sys
+import tempfile
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -56,14 +57,14 @@ def write_jsonl_atomic(path: str | Path, rows: Iterable[dict]) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: str | Path, what: str) -> dict:
-    """A JSON object from a file this package wrote; a clear error if it is unreadable."""
+def read_json(path: str | Path, what: str, fix: str = "pass `overwrite=True` to start again") -> dict:
+    """A JSON object from a file this package wrote; a clear error (ending in `fix`) if it is unreadable."""
     try:
         obj = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PosbiasError(f"{path} is not a readable {what} ({e})", "pass `overwrite=True` to start again") from None
+        raise PosbiasError(f"{path} is not a readable {what} ({e})", fix) from None
     if not isinstance(obj, dict):
-        raise PosbiasError(f"{path} is not a {what}", "pass `overwrite=True` to start again")
+        raise PosbiasError(f"{path} is not a {what}", fix)
     return obj
 
 
@@ -197,6 +198,25 @@ def _diff(a: Any, b: Any, where: str = "") -> list[str]:
     return [] if a == b else [f"{where or 'value'}: {json.dumps(a)[:40]} -> {json.dumps(b)[:40]}"]
 
 
+# what a folder's kind is called in messages, where "a <kind>" does not read right
+_KIND_NAMES = {"search": "an LPES search", "moice": "a MoICE training", "attention analysis": "an attention analysis"}
+
+
+def kind_name(kind: str | None) -> str:
+    """'a sweep', 'an LPES search', 'a MoICE training' ...; None: 'no posbias run'."""
+    return "no posbias run" if kind is None else _KIND_NAMES.get(kind, f"a {kind}")
+
+
+def folder_kind(path: str | Path) -> str | None:
+    """The kind of run a folder holds ('sweep', 'comparison', 'search', 'distillation', 'moice', ...), as its
+    run.json names it; None for a folder no posbias command wrote."""
+    marker = Path(path) / MARKER
+    if not marker.is_file():
+        return None
+    kind = read_json(marker, "run marker", "pass a folder a posbias command wrote, or rerun that command").get("kind")
+    return str(kind) if kind else None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -214,9 +234,9 @@ class RunFolder:
     owned: the other files and folders the pipeline writes there (removed on a new run or overwrite).
     """
 
-    def __init__(self, path: str | Path | None, kind: str, result: str, owned: Sequence[str] = ()):
+    def __init__(self, path: str | Path | None, kind: str, result: str, owned: Sequence[str] = (), resumable: bool = True):
         self.path = Path(path) if path is not None else None
-        self.kind, self.result, self.owned = kind, result, tuple(owned)
+        self.kind, self.result, self.owned, self.resumable = kind, result, tuple(owned), resumable
         self.resuming = False
 
     def file(self, name: str) -> Path:
@@ -238,16 +258,26 @@ class RunFolder:
         if self.path is None or not is_main_process():  # under accelerate launch, rank 0 checks and owns the folder
             return
         check_out_dir(self.path)
-        marker = self.path / MARKER
-        other = read_json(marker, "run marker").get("kind") if marker.is_file() else self.kind
+        other = self._marker_kind(overwrite)
         if other != self.kind:
-            raise PosbiasError(f"{self.path} holds a {other}, not a {self.kind}", "pass another `out`")
+            raise PosbiasError(f"{self.path} holds {kind_name(other)}, not {kind_name(self.kind)}", "pass another `out`")
+        _refuse_live_writer(self.file(LOCK), self.path)
         started = self.started()
         if started and not (resume or overwrite):
-            raise PosbiasError(f"{self.path} already holds a {self.kind}",
-                               "pass `resume=True` to continue it or `overwrite=True` to start again")
+            fix = ("pass `resume=True` to continue it or `overwrite=True` to start again" if self.resumable
+                   else "pass `overwrite=True` to replace it, or another `out`")
+            raise PosbiasError(f"{self.path} already holds {kind_name(self.kind)}", fix)
         if resume and not started:
             raise PosbiasError(f"nothing to resume in {self.path}", f"drop `resume` to start a new {self.kind}")
+
+    def _marker_kind(self, overwrite: bool) -> str | None:
+        """The kind run.json names (this folder's own kind without one); `overwrite` replaces an unreadable one."""
+        try:
+            return folder_kind(self.path) if (self.path / MARKER).is_file() else self.kind
+        except PosbiasError:
+            if overwrite:
+                return self.kind
+            raise
 
     @contextmanager
     def open(self, fingerprint: dict, resume: bool, overwrite: bool) -> Iterator["RunFolder"]:
@@ -316,20 +346,24 @@ class RunFolder:
 
 
 def _break_stale_lock(lock: Path, folder: Path) -> None:
-    """Remove a lock whose process is gone; raise if another live process holds it."""
+    """Remove a lock whose process is gone (or a half-written one); raise if another live process holds it."""
+    _refuse_live_writer(lock, folder)
+    lock.unlink(missing_ok=True)
+
+
+def _refuse_live_writer(lock: Path, folder: Path) -> None:
+    """Raise if another live process (or one on another host) holds the folder's lock."""
     try:
         pid_text, host = lock.read_text().split()
         pid = int(pid_text)
     except (OSError, ValueError):
-        lock.unlink(missing_ok=True)  # vanished or half-written: treat as stale
-        return
+        return  # no lock, or a half-written one
     if host != socket.gethostname():
         raise PosbiasError(f"{folder} is locked by a process on {host}",
                            f"if none runs there, delete {lock}; else pass another `out`")
     if pid != os.getpid() and _alive(pid):
         raise PosbiasError(f"{folder} is being written by another posbias process (pid {pid})",
                            "wait for it to finish, or pass another `out`")
-    lock.unlink(missing_ok=True)
 
 
 def check_out_dir(path: Path) -> None:
@@ -347,5 +381,15 @@ def _check_writable(path: Path) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise PosbiasError(f"`out` {path} cannot be created: {probe} is a file", "pass a directory path")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise PosbiasError(f"`out` {path} is not writable ({probe} is read-only)", "pass a writable directory")
+    if not can_write_in(probe):
+        raise PosbiasError(f"`out` {path} cannot be written ({probe} takes no new files)",
+                           "pass a folder you can write to, e.g. `out=runs/NAME`")
+
+
+def can_write_in(folder: Path) -> bool:
+    """Whether a file can be created in `folder`: tried (permission bits do not tell for root, /proc, read-only mounts)."""
+    try:
+        with tempfile.TemporaryFile(prefix=".posbias-probe-", dir=folder):
+            return True
+    except OSError:
+        return False

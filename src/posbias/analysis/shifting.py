@@ -166,8 +166,13 @@ def run_shifting(cfg: ShiftingConfig | None = None, out: str | Path | None = Non
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
     method = method.for_task(task)  # a task-dependent default resolved once: the fingerprint records what runs
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)  # fails early on a bad split
+    if not [p for p in task.placements(cfg.positions) if p != task.advantageous()]:  # before the model loads
+        raise PosbiasError(f"`positions` names only the anchor placement {as_json(task.advantageous())}, which the "
+                           "others are compared to", "name other placements too, e.g. `positions=all`")
     folder = RunFolder(out, "shifting analysis", "shifting.json", FILES)
     folder.check(resume, overwrite)
+    if resume and out is not None:  # a row log a resume cannot read: refused before the model loads
+        JsonlLog(folder.file("rows.jsonl")).read(ROW_KEYS)
     loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     method.check(loaded)
     m = _Measure(loaded, task, cfg, method)

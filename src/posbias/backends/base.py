@@ -113,8 +113,8 @@ def check_method(caps: Capabilities, backend: str, method) -> None:
                            "reorder:oracle), or load the model in process (model=hf:DIR)")
     if getattr(method, "changes_model", True) and not caps.methods:
         raise PosbiasError(f"method '{method.label}' changes the model in process, but backend '{backend}' "
-                           "serves the model as it is", "use `method=none` on a served model, or load the model "
-                           "in process (model=hf:DIR) to apply a method")
+                           "serves the model as it is", "apply no method (none) to a served model, or load the model "
+                           "in process (model=hf:DIR) to apply one")
 
 
 class ServedBackend(Backend):

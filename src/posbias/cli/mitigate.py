@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from .. import DistillConfig, SearchConfig, format_length_gain, run_distill, run_length_gain, run_search
-from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, floats, model_fields, run_kwargs, task_fields, uses
+from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, floats, ints, model_fields, run_kwargs, task_fields, uses
 
 lpes_app = typer.Typer(no_args_is_help=True, help="LPES: search per-layer RoPE scaling factors (training-free).")
 distill_app = typer.Typer(no_args_is_help=True, help="Train a model to lose its position bias (Pos2Distill, SFT, SeqKD).")
@@ -53,13 +53,13 @@ def search(
     """Search per-layer RoPE factors (Algorithm 1) on a search split; write OUT/factors.json.
 
     The split is examples SKIP.. (default 1000, or the last N of a file task's pool); sweeps use examples 0.."""
-    pos = floats(positions, 3, "positions")
+    pos = ints(positions, "positions", "0,MIDDLE,LAST", 3)
     ga = dict(curve=curve, n_points=points, generations=generations, pop_size=pop_size, n_parents=parents,
               n_crossover=crossovers, n_mutation=mutations, mx=mx, my=my, y_min=y_min, y_max=y_max, y_step=y_step,
               y_init=y_init, seed=split.seed)
     cfg = SearchConfig.from_preset(preset, ga=ga, **model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
-                                   positions=tuple(int(x) for x in pos) if pos else None,
-                                   weights=floats(weights, 3, "weights"), space=space, budget=budget)
+                                   positions=tuple(pos) if pos else None,
+                                   weights=floats(weights, 3, "weights", "0.2,0.3,0.5"), space=space, budget=budget)
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = run_search(cfg, run.out, **run_kwargs(run))

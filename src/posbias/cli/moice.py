@@ -36,7 +36,8 @@ def train(
 
     The split is examples SKIP.. (default 3000, or three quarters into a file task's pool); sweeps use examples 0.."""
     cfg = MoICEConfig.from_preset(preset, **model_fields(model), **task_fields(task), **vars(split), steps=steps, batch=batch,
-                                  micro_batch=micro_batch, lr=lr, top_k=top_k, bases=floats(bases, None, "bases"),
+                                  micro_batch=micro_batch, lr=lr, top_k=top_k,
+                                  bases=floats(bases, None, "bases", "100000,175000,250000"),
                                   aux_coef=aux, router_seed=router_seed)
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)

@@ -173,25 +173,31 @@ def run_kwargs(a: Args) -> dict:
 # ----------------------------------------------------------------------------- small parsers
 
 
-def floats(s: Optional[str], k: int | None = None, what: str = "numbers") -> Optional[tuple[float, ...]]:
+def floats(s: Optional[str], k: int | None = None, what: str | None = None,
+           example: str | None = None) -> Optional[tuple[float, ...]]:
+    """`s` as k comma-separated numbers (any count for k None); `what`: the option's parameter, `example` a valid value."""
+    return _numbers(s, float, k, what, example)
+
+
+def ints(s: Optional[str], what: str | None = None, example: str | None = None, k: int | None = None) -> Optional[list[int]]:
+    """`s` as (k) comma-separated integers; `what`: the option's parameter, `example` a valid value."""
+    v = _numbers(s, int, k, what, example)
+    return None if v is None else list(v)
+
+
+def _numbers(s: Optional[str], kind: type, k: int | None, what: str | None, example: str | None) -> Optional[tuple]:
     if s is None:
         return None
+    name = "integers" if kind is int else "numbers"
+    where = f" for `{what}`" if what and what.isidentifier() else f" for {what}" if what else ""
+    fix = f"e.g. `{what}={example}`" if what and example else f"write comma-separated {name}"
     try:
-        v = tuple(float(x) for x in s.split(","))
+        v = tuple(kind(x) for x in s.split(",") if x or kind is float)
     except ValueError:
-        raise PosbiasError(f"bad number list {s!r} for {what}", "write comma-separated numbers, e.g. 0.2,0.3,0.5") from None
+        raise PosbiasError(f"bad list of {name} {s!r}{where}", fix) from None
     if k is not None and len(v) != k:
-        raise PosbiasError(f"expected {k} numbers for {what}, got {s!r}", f"pass {k} comma-separated numbers")
+        raise PosbiasError(f"expected {k} {name}{where}, got {s!r}", fix)
     return v
-
-
-def ints(s: Optional[str], what: str = "integers") -> Optional[list[int]]:
-    if s is None:
-        return None
-    try:
-        return [int(x) for x in s.split(",") if x]
-    except ValueError:
-        raise PosbiasError(f"bad integer list {s!r} for {what}", "write comma-separated integers, e.g. 2,4") from None
 
 
 def words(s: Optional[str]) -> Optional[list[str]]:

@@ -70,15 +70,15 @@ class GAConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise PosbiasError(f"GAConfig.{name} must be a finite number, got {v!r}", f"set {name} to a number")
-        _check(self.pop_size >= 2, f"`pop_size` must be >= 2, got {self.pop_size}", "use e.g. 32 (Table 12)")
-        _check(self.n_parents >= 1, f"`n_parents` must be >= 1, got {self.n_parents}", "use e.g. 12 (Table 12)")
+        _check(self.pop_size >= 2, f"`pop_size` must be >= 2, got {self.pop_size}", "use e.g. `pop_size=32` (Table 12)")
+        _check(self.n_parents >= 1, f"`n_parents` must be >= 1, got {self.n_parents}", "use e.g. `n_parents=12` (Table 12)")
         _check(self.n_mutation >= 0 and self.n_crossover >= 0, "`n_mutation` and `n_crossover` must be >= 0", "use 16 and 4")
         total = self.n_parents + self.n_crossover + self.n_mutation
         _check(total == self.pop_size,
                f"`n_parents` + `n_crossover` + `n_mutation` = {total} but `pop_size` = {self.pop_size}",
                "make them add up (Table 12: 12 + 4 + 16 = 32); the next population is their union")
         _check(self.n_crossover == 0 or self.n_parents >= 2, "crossover needs `n_parents` >= 2", "raise `n_parents`")
-        _check(self.generations >= 0, f"`generations` must be >= 0, got {self.generations}", "use e.g. 20")
+        _check(self.generations >= 0, f"`generations` must be >= 0, got {self.generations}", "use e.g. `generations=20`")
         for name in ("max_crossover_try", "max_mutation_try", "max_pair_tries"):
             _check(getattr(self, name) >= 1, f"{name} must be >= 1", f"set {name} to a positive integer")
         _check(self.mx >= 0 and self.my >= 0, f"`mx` and `my` must be >= 0, got {self.mx}, {self.my}", "use 2 and 0.2")
@@ -86,12 +86,13 @@ class GAConfig:
         _check(self.curve in CURVES, f"unknown `curve` {self.curve!r}", f"use one of {', '.join(CURVES)}")
         _check(self.seed >= 0, f"`seed` must be >= 0, got {self.seed}", "use a non-negative integer")
         _check(self.y_min > 0, f"`y_min` must be > 0 (a scaling factor divides positions), got {self.y_min}", "use 1.0")
-        _check(self.y_step > 0 and self.y_max >= self.y_min, "need `y_step` > 0 and `y_max` >= `y_min`", "e.g. 1.0, 2.0, 0.1")
+        _check(self.y_step > 0 and self.y_max >= self.y_min, "need `y_step` > 0 and `y_max` >= `y_min`",
+               "e.g. `y_min=1.0` with `y_max=2.0` and `y_step=0.1`")
         steps = (self.y_max - self.y_min) / self.y_step
         _check(abs(steps - round(steps)) < 1e-6,
                f"(`y_max` - `y_min`) / `y_step` = {steps:g} is not a whole number", "pick `y_step` dividing `y_max` - `y_min`")
         _check(self.y_min - 1e-9 <= self.y_init <= self.y_max + 1e-9, f"`y_init` {self.y_init} outside [`y_min`, `y_max`]",
-               "set `y_init` inside the y range")
+               f"set `y_init` between {self.y_min:g} and {self.y_max:g}, e.g. `y_init={self.y_min:g}`")
         k = (self.y_init - self.y_min) / self.y_step
         _check(abs(k - round(k)) < 1e-6, f"`y_init` {self.y_init} is not on the y grid", "set `y_init` to `y_min` + k * `y_step`")
         return self

@@ -53,7 +53,8 @@ def refuse_overlap(cfg: SweepConfig, split: dict | None, what: str) -> None:
     if lo < cfg.skip + cfg.n and cfg.skip < hi:
         raise PosbiasError(
             f"{what} on examples {lo}..{hi - 1} of {split['task']}, which overlap the {cfg.skip}..{cfg.skip + cfg.n - 1}"
-            " asked for here", f"report on held-out examples, e.g. `skip={hi}`, or `n={max(lo - cfg.skip, 0)}`")
+            " asked for here", f"report on held-out examples, e.g. `skip={hi}`"
+            + (f", or `n={lo - cfg.skip}`" if lo > cfg.skip else ""))
 
 
 def distill_record(model: str | Loaded) -> dict | None:

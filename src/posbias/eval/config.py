@@ -57,6 +57,9 @@ class Scoring:
     def _validate_scoring(self) -> None:
         if self.engine is not None and self.engine not in ENGINES:
             raise PosbiasError(f"unknown engine '{self.engine}'", f"use `engine` {' or '.join(ENGINES)}")
+        if self.max_new_tokens is not None and self.engine == "teacher-forced":
+            raise PosbiasError("`max_new_tokens` limits generation, and `engine=teacher-forced` generates nothing",
+                               "drop `max_new_tokens`, or pass `engine=generate`")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise PosbiasError(f"`max_new_tokens` must be at least 1, got {self.max_new_tokens}",
                                "pass `max_new_tokens=16` or so")

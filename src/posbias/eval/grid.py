@@ -70,7 +70,8 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
         try:
             sizes = [int(s) for s in self.sizes.split(",") if s.strip()]
         except ValueError:
-            raise PosbiasError(f"bad `sizes` {self.sizes!r}", "write comma-separated whole numbers, e.g. 5,10,20") from None
+            raise PosbiasError(f"bad `sizes` {self.sizes!r}",
+                               "write comma-separated whole numbers, e.g. `sizes=5,10,20`") from None
         if not sizes or min(sizes) < 2:
             raise PosbiasError(f"`sizes` must be whole numbers of at least 2, got {self.sizes!r}", "e.g. `sizes=5,10,20`")
         if len(set(sizes)) != len(sizes):
@@ -85,7 +86,7 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
                 d = float(part.removesuffix("%"))
             except ValueError:
                 raise PosbiasError(f"bad depth {part!r} in `depths` {self.depths}",
-                                   "write percents of the context, e.g. 0%,50%,100%") from None
+                                   "write percents of the context, e.g. `depths=0%,50%,100%`") from None
             if not 0 <= d <= 100:
                 raise PosbiasError(f"depth {part} is outside 0%..100%", "use depths between 0% and 100%")
             out.append(int(d) if d == int(d) else d)

@@ -13,15 +13,19 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import PosbiasError
-from ..runs import RunFolder
+from ..runs import RunFolder, folder_kind, kind_name, read_json
 
 
 def _read_compare(path: Path) -> dict:
+    kind = folder_kind(path) if path.is_dir() else "missing"
+    if kind != "comparison":
+        what = "is not a folder" if kind == "missing" else f"holds {kind_name(kind)}, not a comparison"
+        raise PosbiasError(f"{path} {what}", "pass folders written by `posbias compare`")
     f = path / "compare.json"
     if not f.exists():
-        raise PosbiasError(f"{path} holds no finished comparison (no compare.json)",
-                           "pass folders written by `posbias compare` (finish or --resume them first)")
-    return json.loads(f.read_text())
+        raise PosbiasError(f"{path} holds an unfinished comparison (no compare.json)",
+                           f"finish it first: posbias compare ... --out {path} --resume")
+    return read_json(f, "comparison result", "pass a finished comparison, or rerun that comparison")
 
 
 def _mean_tokens(path: Path, entry: dict) -> float:
@@ -63,8 +67,12 @@ def run_length_gain(dirs: Sequence[str | Path], out: str | Path, *, overwrite: b
     """gain.json + gain.png in `out` from the comparisons in `dirs` (at least one)."""
     if not dirs:
         raise PosbiasError("no comparison folders given", "pass two or more `posbias compare` output folders")
+    seen = [Path(d).resolve() for d in dirs]
+    twice = next((d for i, d in enumerate(dirs) if seen[i] in seen[:i]), None)
+    if twice is not None:
+        raise PosbiasError(f"{twice} is listed twice (its rows would count twice)", "list each comparison folder once")
     points = length_points(dirs)  # reads everything before the folder is touched
-    folder = RunFolder(out, "length-gain", "gain.json", ("gain.png",))
+    folder = RunFolder(out, "length-gain", "gain.json", ("gain.png",), resumable=False)
     folder.check(False, overwrite)
     with folder.open({"compares": [str(Path(d)) for d in dirs]}, False, overwrite):
         from ..report.lpes_plots import plot_gain_vs_length

@@ -105,6 +105,8 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
         calibration = task.examples(c, cfg.seed, cfg.skip + cfg.n) if c else []
     folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)
     folder.check(resume, overwrite)
+    if resume and out is not None and is_main_process():  # a row log a resume cannot read: refused before the model loads
+        JsonlLog(folder.file("examples.jsonl")).read(ROW_KEYS)
     if loaded is None:  # what a served backend cannot do is refused before it starts
         spec = parse_spec(cfg.model)
         check_method(spec.caps, spec.backend, method)

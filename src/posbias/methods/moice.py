@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import PosbiasError
 from ..models.load import Loaded
+from ..runs import folder_kind, kind_name
 from .base import Active, Method, active_while
 from .registry import register_method
 
@@ -33,7 +34,11 @@ def read_moice_dir(path: str | Path) -> tuple[Path, dict | None]:
     folder = p if p.is_dir() else p.parent
     routers = p / ROUTERS if p.is_dir() else p
     result = folder / RESULT
-    if not result.is_file() and (folder / "run.json").is_file():
+    kind = folder_kind(folder)
+    if kind not in (None, "moice"):
+        raise PosbiasError(f"{folder} holds {kind_name(kind)}, not a MoICE training",
+                           "pass the folder `posbias moice train --out DIR` wrote")
+    if not result.is_file() and kind == "moice":
         raise PosbiasError(f"{folder} holds an unfinished MoICE training (no {RESULT})",
                            f"finish it with `posbias moice train ... --out {folder} --resume`")
     if not routers.is_file():

@@ -32,12 +32,13 @@ def get_method(spec: str | Method) -> Method:
 
 
 def split_specs(text: str) -> list[str]:
-    """Split a comma list of method specs; a comma starts a new spec only before a method name, so
-    `none,buckets:10000,20000,layers:1,1.1` is three specs."""
+    """Split a comma list of method specs; a comma continues a spec's argument list only before a number, so
+    `none,buckets:10000,20000,layers:1,1.1` is three specs and `none,bogus` two (the second unknown)."""
     specs: list[str] = []
     for part in text.split(","):
         name = part.strip().partition(":")[0]
-        if specs and name not in METHODS and name not in ALIASES:
+        numeric = part.strip()[:1] in tuple("0123456789.+-")
+        if specs and name not in METHODS and name not in ALIASES and ":" in specs[-1] and numeric:
             specs[-1] += "," + part.strip()
         elif part.strip():
             specs.append(part.strip())

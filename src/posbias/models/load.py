@@ -12,12 +12,12 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from ..errors import PosbiasError
-from ..runs import num_processes
+from ..runs import check_out_dir, num_processes
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEVICES = ("cpu", "cuda", "auto")
@@ -114,7 +114,7 @@ def _locate(name: str) -> tuple[str, str | None, str]:
     """-> (path or hub id, gguf file name or None, kind)."""
     if name.startswith(SERVED):
         raise PosbiasError(f"'{name}' is a served model, and this command needs the model in process",
-                           "served models work with `sweep` and `compare`; here pass a registered name, a model "
+                           "served models work with posbias sweep and posbias compare; here pass a registered name, a model "
                            "directory or a .gguf file")
     if name.startswith("hf:"):
         name = name[3:]
@@ -164,6 +164,21 @@ def _source(name: str) -> tuple[str, str | None, str, dict]:
     # and bf16 runs ~4x faster (measured, see docs/sweep.md), so we silence it.
     logging.getLogger("transformers").setLevel(logging.ERROR)
     return src, gguf, kind, kw
+
+
+@contextlib.contextmanager
+def library_bars(enabled: bool) -> Iterator[None]:
+    """transformers' and huggingface_hub's own progress bars (writing shards, ...) on or off for a block."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not enabled:
+            hf_logging.enable_progress_bar()
 
 
 def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "cpu", progress: bool = True,
@@ -226,6 +241,7 @@ def export_model(name: str, out: str | Path, dtype: str = "bf16") -> Path:
     """Write a model posbias loads (a registered name, a .gguf, ...) as a plain model directory that any engine
     serves (vLLM does not read our GGUF packages): weights, config, generation config and tokenizer."""
     out = Path(out)
+    check_out_dir(out)  # a file, or a place that takes no files: refused before the model loads
     if out.exists() and any(out.iterdir()):
         raise PosbiasError(f"{out} exists and is not empty", "pass a new directory")
     loaded = load_model(name, dtype, "cpu", progress=False)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import PosbiasError
-from ..runs import MARKER, read_json
+from ..runs import MARKER, can_write_in, read_json
 from ..version import __version__
 from .blocks import PNG_URI, esc
 from .sections import Run, provenance, renderer_for
@@ -67,6 +67,9 @@ def result_file(kind: str) -> str:
     return RESULT_FILES.get(kind, f"{kind.split()[0]}.json" if kind.strip() else "result.json")
 
 
+DAMAGED = "leave that folder out of the report, or rerun the command that wrote it into a new folder"
+
+
 def check_out(out: Path) -> None:
     """`out` must be a file path whose folder exists or can be created, and is writable."""
     if out.is_dir():
@@ -74,8 +77,9 @@ def check_out(out: Path) -> None:
     probe = out.parent
     while not probe.exists() and probe.parent != probe:
         probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise PosbiasError(f"`out` {out} cannot be written", "pass a path in a writable folder")
+    if not probe.is_dir() or not can_write_in(probe) or (out.exists() and not os.access(out, os.W_OK)):
+        raise PosbiasError(f"`out` {out} cannot be written", "pass a path in a folder you can write to, e.g. "
+                                                              "`out=report.html`")
 
 
 def find_runs(paths: Sequence[str | Path]) -> list[Path]:
@@ -102,15 +106,15 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
 
 def load_run(path: Path) -> Run:
     """run.json and the finished result of one run folder (an unfinished run is an error)."""
-    marker = read_json(path / MARKER, "run marker")
+    marker = read_json(path / MARKER, "run marker", DAMAGED)
     kind = str(marker.get("kind") or "")
     if not kind:
         raise PosbiasError(f"{path / MARKER} names no kind of run", "pass a folder a posbias command wrote")
     name = result_file(kind)
     if not (path / name).is_file():
         raise PosbiasError(f"the {kind} in {path} is not finished (no {name})",
-                           "run it again with --resume first (or pass only finished runs)")
-    return Run(path, kind, marker, read_json(path / name, f"{kind} result"), name)
+                           "finish it first (resume the command recorded in its run.json), or pass only finished runs")
+    return Run(path, kind, marker, read_json(path / name, f"{kind} result", DAMAGED), name)
 
 
 def section(i: int, run: Run) -> str:

@@ -82,7 +82,7 @@ class DataConfig:
             raise PosbiasError(f"need n/B <= L <= K, got n/B={self.classes_per_seq}, L={self.n_labels}, "
                                f"K={self.n_classes}", "raise L or K, or lower n/B")
         if self.dim < 2 or self.dim % 2:
-            raise PosbiasError(f"the dimension d must be even and >= 2, got {self.dim}", "use an even `dim`, e.g. 64")
+            raise PosbiasError(f"the dimension d must be even and >= 2, got {self.dim}", "use an even `dim`, e.g. `dim=64`")
         if self.eps < 0 or self.lam < 0:
             raise PosbiasError("`eps` and `lam` must be >= 0", "use e.g. `eps=0.75`")
         return self

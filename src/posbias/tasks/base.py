@@ -82,7 +82,7 @@ class Task(ABC):
 
     def placements(self, spec: str | None) -> list[Placement]:
         """The placements a positions spec names (module tasks/placement.py); None: the task's default."""
-        return resolve_positions(spec or self.default_positions, self.n_slots)
+        return resolve_positions(self.default_positions if spec is None else spec, self.n_slots)
 
     @property
     @abstractmethod
@@ -128,7 +128,8 @@ class Task(ABC):
             base = random.Random(f"{self.name}-order/{seed}").randrange(10**9)
             return [self._example(base + i) for i in range(skip, skip + n)]
         if skip + n > pool:
-            fix = f"use `n={pool - skip}` or fewer" if skip < pool else f"use `skip` below {pool}, e.g. `skip={max(pool - n, 0)}`"
+            fix = (f"use `n={pool - skip}` or fewer" if skip < pool else f"use `skip={pool - n}` or less" if n <= pool
+                   else f"use `skip=0` with `n={pool}`")
             raise PosbiasError(f"task {self.name} has {pool} examples but {skip + n} were asked for (`skip={skip}`, `n={n}`)",
                                fix)
         order = list(range(pool))
@@ -178,6 +179,8 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line number, record) for a .jsonl or .jsonl.gz file (UTF-8); a clear error on bad lines, text that is
     not UTF-8, and a .gz file that is not gzip or is cut short."""
     p = Path(path)
+    if p.is_dir():
+        raise PosbiasError(f"data file '{p}' is a folder", "pass the .jsonl or .jsonl.gz file inside it")
     if not p.is_file():
         raise PosbiasError(f"data file '{p}' does not exist", "check the path (shared data lives in ../shared/data)")
     opener = gzip.open if p.suffix == ".gz" else open

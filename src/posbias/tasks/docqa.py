@@ -148,12 +148,23 @@ def _qa_record(where: str, r: dict, default_id: str) -> QAExample | HopExample:
         raise _bad(where, f"'documents' must be a list of at least 2 documents, got {docs!r}"[:160])
     parsed = tuple(_doc(where, i, d) for i, d in enumerate(docs))
     gold = _gold(where, r["gold"], len(parsed))
+    _check_distinct(where, parsed, gold if isinstance(gold, tuple) else (gold,))
     rid = r.get("id", default_id)
     if isinstance(rid, bool) or not isinstance(rid, (str, int)):
         raise _bad(where, f"'id' must be a string or an integer, got {rid!r}")
     if isinstance(gold, tuple):
         return HopExample(str(rid), r["question"], tuple(answers), parsed, gold)
     return QAExample(str(rid), r["question"], tuple(answers), parsed, gold)
+
+
+def _check_distinct(where: str, docs: tuple, golds: tuple[int, ...]) -> None:
+    """Moving a gold document must move something: no copy of it elsewhere, not every document the same."""
+    if len(set(docs)) == 1:
+        raise _bad(where, f"all {len(docs)} documents are the same, so no placement differs from another")
+    for g in golds:
+        copy = next((k for k, d in enumerate(docs) if d == docs[g] and k != g), None)
+        if copy is not None:
+            raise _bad(where, f"the gold document {g} appears again as document {copy}, so it is never only at one position")
 
 
 def _gold(where: str, gold, n_docs: int) -> int | tuple[int, int]:

@@ -55,6 +55,9 @@ def mode_pairs(mode: str, n: int) -> list[tuple[int, int]]:
     """The paper's four placements of a mode, scaled from 20 slots to n."""
     scale = (n - 1) / (_PAPER_SLOTS - 1)
     dist = 1 if mode == "connected" else max(2, round(_PAPER_DISTANCE * scale))
+    if dist > n - 1:  # a gap between the hops needs a slot between them
+        raise PosbiasError(f"the {mode} placements need at least 3 slots, and this task has {n}",
+                           "use `positions=connected`, `positions=all` or pairs like `positions=1:0`")
     out = []
     for s in _PAPER_STARTS[mode]:
         i = min(round(s * scale), n - 1 - dist)
@@ -81,9 +84,10 @@ def _pair(part: str, n: int) -> tuple[int, int]:
     try:
         i, j = int(a), int(b)
     except ValueError:
-        raise PosbiasError(f"bad pair {part!r}", "write pairs as FIRST:SECOND slots, e.g. 0:1,5:13") from None
+        raise PosbiasError(f"bad pair {part!r} in `positions`",
+                           "write pairs as FIRST:SECOND slots, e.g. `positions=0:1`") from None
     if not sep:
-        raise PosbiasError(f"bad pair {part!r}", "write pairs as FIRST:SECOND slots, e.g. 0:1,5:13")
+        raise PosbiasError(f"bad pair {part!r} in `positions`", "write pairs as FIRST:SECOND slots, e.g. `positions=0:1`")
     if i == j:
         raise PosbiasError(f"pair {part} puts both hops in slot {i}", "give the two hops different slots")
     if not (0 <= i < n and 0 <= j < n):
@@ -94,6 +98,8 @@ def _pair(part: str, n: int) -> tuple[int, int]:
 
 def resolve_pairs(spec: str, n: int) -> list[tuple[int, int]]:
     """A pair spec (module docstring) -> the ordered list of placements, each once."""
+    if not spec.strip():
+        raise PosbiasError("`positions` is empty", "name the placements, e.g. `positions=connected` or `positions=0:1`")
     out: list[tuple[int, int]] = []
     for part in (p.strip() for p in spec.split(",")):
         if part in MODES:
@@ -113,6 +119,11 @@ def resolve_pairs(spec: str, n: int) -> list[tuple[int, int]]:
 def resolve_positions(spec: str, n_slots: int) -> list[int]:
     """'all' | '0,4,9' | '0%,50%,100%' (percent of the last slot, rounded) -> sorted slot list."""
     spec = spec.strip()
+    if not spec:
+        raise PosbiasError("`positions` is empty", "name the slots, e.g. `positions=all` or `positions=0,1`")
+    if ":" in spec:
+        raise PosbiasError(f"the placements {spec} are pairs of slots (two hops), and this task places one gold item",
+                           "name single slots instead (`positions=0,1`), or use a two-hop task such as `task=kv-2hop`")
     if spec == "all":
         return list(range(n_slots))
     out = []

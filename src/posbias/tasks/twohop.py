@@ -57,7 +57,8 @@ class TwoHop(Task):
     default_positions = "connected,disconnected,reversed"
 
     def placements(self, spec: str | None) -> list[tuple[int, int]]:
-        return resolve_pairs(spec or self.default_positions, self.n_slots)
+        default = self.default_positions if self.n_slots > 2 else "all"  # two slots: (0, 1) and (1, 0), no gap
+        return resolve_pairs(default if spec is None else spec, self.n_slots)
 
     def advantageous(self) -> tuple[int, int]:
         """The recent placement: the last two slots in order (the paper's 1-based (n-1, n), Sec. 4.3)."""

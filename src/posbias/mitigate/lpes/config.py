@@ -62,7 +62,7 @@ class SearchConfig(Scoring, TaskChoice, ModelChoice):
                                "e.g. `weights=0.2,0.3,0.5`")
         if self.positions is not None and len(self.positions) != 3:
             raise PosbiasError(f"`positions` must be three slots (beginning, middle, end), got {self.positions}",
-                               "e.g. `positions=0,5,9`")
+                               "name three, e.g. `positions=0,MIDDLE,LAST` (the task's middle and last slots)")
         self.ga.validate()
         return self
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ...core.ga import CurveSpace, GeneticSearch, LayerSpace, RandomSearch
+from ...core.ga import STATE_VERSION, CurveSpace, GeneticSearch, LayerSpace, RandomSearch
 from ...errors import PosbiasError
 from ...eval.scaleout import start_processes
 from ...models.load import Loaded, load_model
@@ -28,7 +28,7 @@ from ...runs import RunFolder, is_main_process, read_json, write_json_atomic
 from ...runs import progress as progress_bar
 from ...tasks import get_task
 from .config import SearchConfig
-from .fitness import build_fitness, weighted_fitness
+from .fitness import build_fitness, search_positions, weighted_fitness
 
 REGIONS = ("begin", "middle", "end")
 STATE = "search.state.json"
@@ -63,8 +63,11 @@ def run_search(cfg: SearchConfig | None = None, out: str | Path | None = None, *
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
     cfg = replace(cfg, skip=cfg.split_start(task.pool_size))
     task.examples(cfg.n, cfg.seed, cfg.skip)  # enough examples? (a clear error before anything loads)
+    search_positions(cfg, task)  # slots in range: refused before the model loads
     folder = RunFolder(out, "search", "factors.json", (STATE, "evals.jsonl", "log", "factors.png"))
     folder.check(resume, overwrite)
+    if resume and folder.path is not None and folder.file(STATE).exists():
+        _precheck_state(folder.file(STATE))
     start_processes()  # several processes: join their group before loading (each rank's `cuda` is its own GPU)
     loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     n_layers = loaded.model.config.num_hidden_layers
@@ -110,6 +113,15 @@ def _fingerprint(cfg: SearchConfig, loaded: Loaded, positions: list[int]) -> dic
     d["ga"] = {k: v for k, v in d["ga"].items() if k != "generations"}
     d.pop("budget")
     return {"config": d, "model": loaded.info, "positions": positions}
+
+
+def _precheck_state(path: Path) -> None:
+    """What a saved search state shows without the model (its version): refused before the model loads."""
+    saved = read_json(path, "search state").get("search")
+    version = saved.get("version") if isinstance(saved, dict) else None
+    if version != STATE_VERSION:
+        raise PosbiasError(f"{path} is not a search state this configuration can resume (saved search state has "
+                           f"version = {version!r}, this search has {STATE_VERSION})", "pass `overwrite=True` to start again")
 
 
 def _load_state(search, path: Path) -> None:

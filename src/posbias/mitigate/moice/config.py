@@ -52,6 +52,8 @@ class MoICEConfig(TaskChoice, ModelChoice):
         if preset not in PRESETS:
             raise PosbiasError(f"unknown preset {preset!r}", f"use `preset` {' or '.join(PRESETS)}")
         over = {k: v for k, v in overrides.items() if v is not None}
+        if over.get("bases") and "top_k" not in over:  # the preset's top-k, at most every base given
+            over["top_k"] = min(PRESETS[preset]["top_k"], len(over["bases"]))
         return cls(**{**PRESETS[preset], **over})
 
     @property

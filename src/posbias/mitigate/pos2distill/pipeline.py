@@ -19,7 +19,7 @@ from ...errors import PosbiasError
 from ...eval.generate import eos_ids
 from ...eval.scorer import use_chat
 from ...models.decoding import decoding_record
-from ...models.load import Loaded, load_model
+from ...models.load import Loaded, library_bars, load_model
 from ...runs import MARKER, RunFolder, is_main_process, num_processes, read_json, write_json_atomic
 from ...tasks import get_task, placement_key
 from .collator import Collator, QuestionData
@@ -59,8 +59,7 @@ def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distil
     if (task.n_gold == 2) != (cfg.stage == "r2"):
         what = "two hops (a reasoning task)" if task.n_gold == 2 else "one gold item (a retrieval task)"
         raise PosbiasError(f"{task.name} places {what}, so it is distilled by {'r2' if task.n_gold == 2 else 'r1'}, "
-                           f"not {cfg.stage}", f"use `stage={'r2' if task.n_gold == 2 else 'r1'}` (posbias distill "
-                           f"{'r2' if task.n_gold == 2 else 'r1'})")
+                           f"not {cfg.stage}", f"use posbias distill {'r2' if task.n_gold == 2 else 'r1'}")
     anchor, anchor_info = resolve_anchor(cfg.anchor, task, task.name)
     check_data(task, cfg.k, default_skip(task) if cfg.skip is None else cfg.skip)
     folder = RunFolder(out, "distillation", "distill.json", FILES)
@@ -74,7 +73,7 @@ def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distil
     loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     fingerprint = _fingerprint(cfg, task, anchor, use_chat(loaded, cfg.chat), loaded.info.get("name"))
     resolved = cfg.resolved(task, anchor, fingerprint["config"]["chat_used"])
-    with folder.open(fingerprint, resume, overwrite):
+    with folder.open(fingerprint, resume, overwrite), library_bars(progress):
         records, data_summary = _data(loaded, task, resolved, folder.path, progress)
         t0 = time.perf_counter()
         trainer, plan, last = _train(loaded, cfg, resolved, records, folder.path, progress, caller_owned, callbacks,
@@ -146,6 +145,18 @@ def build_trainer(loaded: Loaded, cfg: DistillConfig, records: list[dict], out: 
     return make_trainer(student, teacher, spec, args, data, collator, callbacks), plan
 
 
+def drop_torn_checkpoints(folder: Path, last: str | None) -> None:
+    """Delete the checkpoints newer than `last` (the newest complete one): a kill cut them mid-write, and their
+    half-written weights would otherwise stay on disk beside the run."""
+    if not folder.is_dir():
+        return
+    keep = int(Path(last).name.split("-")[1]) if last else -1
+    for p in folder.iterdir():
+        m = re.fullmatch(r"checkpoint-(\d+)", p.name)
+        if m and p.is_dir() and int(m[1]) > keep:
+            shutil.rmtree(p)
+
+
 def last_checkpoint(folder: Path) -> str | None:
     """The newest complete Trainer checkpoint in `folder`: trainer_state.json is written last and must parse,
     so a checkpoint cut by a kill is skipped for the one before it."""
@@ -165,6 +176,8 @@ def _train(loaded, cfg, r: dict, records, out: Path, progress, caller_owned, cal
     trainer, plan = build_trainer(loaded, cfg, records, out, chat=r["chat_used"], lr=r["lr"], progress=progress,
                                   copy_base=caller_owned, callbacks=callbacks)
     last = last_checkpoint(out / "checkpoints") if resume else None
+    if resume:
+        drop_torn_checkpoints(out / "checkpoints", last)
     trainer.train(resume_from_checkpoint=last)
     return trainer, plan, last
 
