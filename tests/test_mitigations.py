@@ -181,6 +181,9 @@ def test_compare_runs_the_new_methods_end_to_end_and_oracle_first_equals_slot_0(
 
     base, oracle = correct(rows["none"]["dir"]), correct(rows["reorder:oracle:first"]["dir"])
     assert all(oracle[(e, p)] == base[(e, 0)] for e, p in oracle)
+    moved = [json.loads(x) for x in (tmp_path / "c" / rows["reorder:oracle:first"]["dir"] / "examples.jsonl").read_text()
+             .splitlines()]
+    assert {r["arranged_slot"] for r in moved} == {0} and "arranged_slot" not in json.dumps(rows["none"])
     assert rows["calib:prompt"]["method_config"]["t"] == 5e-5
 
 

@@ -143,12 +143,16 @@ class Scorer:
         method = self.method(method)
         done = done or set()
         out: list[dict] = []
-        if method.rearranges:  # a reordering method: the rows it presents instead (keys kept)
-            rows = self.rearranged([r for r in rows if r.key not in done], method)
+        moved: dict = {}  # a reordering method: where each row's gold item went (its row key is kept)
+        if method.rearranges:
+            before = [r for r in rows if r.key not in done]
+            rows = self.rearranged(before, method)
+            moved = {r.key: _gold_slot(a.prompt, r.prompt, self.task.slot_label) for a, r in zip(before, rows)}
 
         def emit(batch: list[Encoded], scored: list[dict]) -> None:
             new = [{"example_id": r.key[0], "position": as_json(r.key[1]), **s, "answers": list(r.prompt.answers),
-                    "prompt_tokens": len(r.prompt_ids)} for r, s in zip(batch, scored) if r.key not in done]
+                    "prompt_tokens": len(r.prompt_ids), **({"arranged_slot": moved[r.key]} if r.key in moved else {})}
+                   for r, s in zip(batch, scored) if r.key not in done]
             out.extend(new)
             if on_batch:
                 on_batch(new)
@@ -274,6 +278,17 @@ class Scorer:
         for r in self.score(rows, method):
             hits.setdefault(placement_key(r["position"]), []).append(bool(r["correct"]))
         return {p: sum(h) / len(h) for p, h in hits.items()}
+
+
+def _gold_slot(before: Prompt, after: Prompt, label: str | None) -> int | None:
+    """The slot the gold item (one-gold tasks) sits in after a reordering method rearranged the prompt."""
+    from ..tasks.arrange import split_label
+
+    if not isinstance(before.position, int):
+        return None
+    body = split_label(before.items[before.position], label)[1]
+    bodies = [split_label(t, label)[1] for t in after.items]
+    return bodies.index(body) if body in bodies else None
 
 
 def _in_row_order(out: list[dict], rows: list[Encoded]) -> list[dict]:
