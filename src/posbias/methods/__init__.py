@@ -7,12 +7,14 @@
   mspoe | mspoe:1.2-1.8          Ms-PoE per-head scaling
   buckets | buckets:B1,B2        Attention Buckets (several RoPE bases)
   moice:DIR                      MoICE routers trained by `posbias moice train` (the model stays frozen)
+  hidden:DIR | hidden:C:S[:A-B]  positional hidden-channel scaling (a `posbias hidden search` folder, or explicit)
   swap | pride[:0.05]            order tasks only: verdict rules over the candidates' orders (decision.py)
 """
 
 from .base import Active, Baseline, Method
 from .buckets import Buckets
 from .decision import DecisionRule, PriDe, Swap
+from .hidden import HiddenScale
 from .moice import MoICE
 from .mspoe import MsPoE
 from .registry import METHODS, get_method, register_method, split_specs
@@ -21,4 +23,5 @@ from .scaling import LPES, LayerScaling, UniformScaling, read_factors
 __all__ = [
     "LPES", "METHODS", "Active", "Baseline", "Buckets", "DecisionRule", "LayerScaling", "PriDe", "Swap", "Method", "MoICE", "MsPoE", "UniformScaling",
     "get_method", "read_factors", "register_method", "split_specs",
+    "HiddenScale",
 ]
