@@ -54,6 +54,9 @@ def read_search(path: str | Path) -> dict:
     p = p / RESULT if p.is_dir() else p
     if not p.is_file():
         if (p.parent / "run.json").is_file():
+            kind = read_json(p.parent / "run.json", "run marker").get("kind")
+            if kind != "hidden-search":
+                raise PosbiasError(f"{p.parent} holds a {kind}, not a hidden-channel search", _USAGE_FIX)
             raise PosbiasError(f"{p.parent} holds an unfinished hidden-channel search (no {RESULT})",
                                f"finish it with `posbias hidden search ... --out {p.parent} --resume`")
         raise PosbiasError(f"no hidden-channel search at {p}", _USAGE_FIX)
