@@ -1,4 +1,5 @@
-"""Finding positional hidden channels (Yu et al. 2025, Sec. 3: the prior-based positional hidden search): pure
+"""Finding positional hidden channels (Yu et al. 2025, the prior-based positional hidden search; section numbers
+are not quoted: the paper's text was not at hand, the rules below are the public code's): pure
 numpy over hidden states averaged across random text, `mean[l, t, h]` = layer l's output at position t, channel h.
 
 The public code (PositionalHidden, experiments/search_dimension/seach_dim_by_statistic.py) does, per channel:

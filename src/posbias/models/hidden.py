@@ -101,7 +101,7 @@ def _scale_input(st: HiddenScaling):
             return None
         x = args[0] if args else kwargs["input"]  # (B, T, H)
         x = x.clone()
-        x[..., st.channel] *= st.scale  # Sec. 3 (the single positional dimension scaled), on the normed input
+        x[..., st.channel] *= st.scale  # the public code's `hidden[:, skip_first:, dims] *= factor`, normed input
         return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "input": x})
 
     return hook

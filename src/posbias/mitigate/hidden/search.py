@@ -1,4 +1,4 @@
-"""The positional hidden-channel search on a real model (Yu et al. 2025, Sec. 3; the public code's
+"""The positional hidden-channel search on a real model (Yu et al. 2025; the public code's
 search_dims.py): (a) hidden states averaged over random text -> the smoothest monotone channels
 (core/positional_channels.py); (b) each candidate x scale applied through the `hidden` Method on a calibration
 split of the task, scored by the same Scorer a sweep uses; the best one is the result.
