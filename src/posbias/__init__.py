@@ -12,7 +12,8 @@ served one (a model spec such as `openai:model=NAME,base_url=URL,tokenizer=DIR`:
 `BACKENDS`; `export_model` writes a model directory an engine serves), with tasks
 from the task registry (`get_task`, `register_task`, or a `Task` subclass) and training-free
 methods from the method registry (`get_method`, `register_method`, or a `Method` subclass).
-Mitigate: `run_search` (LPES), `run_hidden_search` (the positional hidden channel), `run_distill` (Pos2Distill and its SFT / SeqKD baselines), with
+Mitigate: `run_search` (LPES), `run_hidden_search` (the positional hidden channel), `run_distill` (Pos2Distill and
+its SFT / SeqKD baselines), with
 presets as library objects (`SearchConfig.from_preset`, `DistillConfig.from_preset`).
 Explain: `run_theory` (rollout figures, theorem checks, a real model's rollout), `run_attention` (attention
 per document by gold position, with accuracy and rollout beside it), `run_shifting`
@@ -43,6 +44,7 @@ from .methods import (  # noqa: E402
     Active,
     Baseline,
     Buckets,
+    HiddenScale,
     LayerScaling,
     Method,
     MoICE,
@@ -52,12 +54,11 @@ from .methods import (  # noqa: E402
     register_method,
     split_specs,
 )
+from .mitigate.hidden import PRESETS as HIDDEN_PRESETS  # noqa: E402
+from .mitigate.hidden import HiddenSearchConfig, HiddenSearchResult, run_hidden_search  # noqa: E402
 from .mitigate.lpes import PRESETS as LPES_PRESETS  # noqa: E402
 from .mitigate.lpes import SPACES as LPES_SPACES  # noqa: E402
 from .mitigate.lpes import LPESResult, SearchConfig, run_search  # noqa: E402
-from .mitigate.hidden import PRESETS as HIDDEN_PRESETS  # noqa: E402
-from .mitigate.hidden import HiddenSearchConfig, HiddenSearchResult, run_hidden_search  # noqa: E402
-from .methods import HiddenScale  # noqa: E402
 from .mitigate.moice import PRESETS as MOICE_PRESETS  # noqa: E402
 from .mitigate.moice import MoICEConfig, MoICEResult, train_moice  # noqa: E402
 from .mitigate.pos2distill import ABLATIONS as DISTILL_ABLATIONS  # noqa: E402

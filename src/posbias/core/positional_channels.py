@@ -67,8 +67,8 @@ def find_candidates(mean: np.ndarray, top_k: int = 10, mono_skip: float = 0.3, s
     L, T, H = mean.shape
     m0, s0 = int(round(mono_skip * T)), int(round(smooth_skip * T))
     layers = list(range(2, L - 1))  # the public code's range(2, L - 1)
-    direction = np.stack([monotone_direction(mean[l, m0:], degree) for l in layers])  # (L', H)
-    rough = np.stack([roughness(mean[l, s0:]) for l in layers])  # (L', H)
+    direction = np.stack([monotone_direction(mean[i, m0:], degree) for i in layers])  # (L', H)
+    rough = np.stack([roughness(mean[i, s0:]) for i in layers])  # (L', H)
     n_inc, n_dec = (direction > 0).sum(0), (direction < 0).sum(0)  # (H,)
     sign = np.where(n_inc > n_dec, 1, -1)  # the larger set; a tie goes to the decreasing one
     member = direction == sign[None, :]  # (L', H): the channel's monotone layers
