@@ -199,3 +199,11 @@ def test_search_refuses_bad_config(lo, tmp_path):
     with pytest.raises(PosbiasError, match="unknown preset"):
         HiddenSearchConfig.from_preset("huge")
     assert HiddenSearchConfig.from_preset("paper").samples == 200 and HiddenScale.name == "hidden"
+
+
+def test_selection_rules():
+    """accuracy: the highest mean accuracy, the lower loss among equals; loss: the lowest answer loss (the paper preset)."""
+    evs = [{"mean_accuracy": 0.5, "loss": 0.2}, {"mean_accuracy": 0.6, "loss": 0.9}, {"mean_accuracy": 0.6, "loss": 0.4}]
+    assert max(evs, key=lambda e: search_mod._rank(e, "accuracy")) is evs[2]
+    assert max(evs, key=lambda e: search_mod._rank(e, "loss")) is evs[0]
+    assert HiddenSearchConfig.from_preset("paper").select == "loss" and HiddenSearchConfig().select == "accuracy"
