@@ -62,6 +62,12 @@ def env(tmp_path_factory):
     (data / "cut.jsonl.gz").write_bytes(blob[: len(blob) // 2])
     (root / "factors-overlap.json").write_text(json.dumps({"factors": [1.1, 1.2], "search_split": {
         "task": "kv-lookup", "seed": 0, "skip": 0, "n": 50}}))
+    for name, info, split in (("hidden-other", {"name": "other-model", "hidden_size": 64, "n_layers": 2}, None),
+                              ("hidden-overlap", {"name": model, "hidden_size": 64, "n_layers": 2},
+                               {"task": "kv-lookup", "seed": 0, "skip": 0, "n": 50})):
+        (root / name).mkdir()
+        (root / name / "hidden.json").write_text(json.dumps({"channel": 3, "scale": 0.0, "layers": [1], "model_info": info,
+                                                             "fitted_on": split}))
     return {"ROOT": str(root), "MODEL": model, "DATA": str(data)}
 
 
@@ -224,6 +230,18 @@ CASES = [
     (["lpes", "search", "--model", "{MODEL}", *TINY, "--points", "2", "--generations", "1", "--pop-size", "4", "--parents",
       "2", "--crossovers", "1", "--mutations", "1", "--y-max", "1.5", "--y-step", "0.25", "--y-init", "1.25", "--my", "0.25",
       "--mx", "1", "--resume"], "bad-state", "is not a search state this configuration can resume"),
+    # positional hidden-channel scaling: the method, then `hidden search`
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,hidden:64:0"], "new", "hidden channel 64 is out of range"),
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,hidden:3:0:1-5"], "new", "do not fit a 2-layer"),
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,hidden:{ROOT}/hidden-other"], "new",
+     "was found on other-model"),
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,hidden:{ROOT}/hidden-overlap"], "new",
+     "report on held-out examples, e.g. --skip 50"),
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,hidden:{ROOT}/sweep"], "new",
+     "holds a sweep, not a hidden-channel search"),
+    (["hidden", "search", "--model", "{MODEL}", *TINY, "--scales", "1"], "new", "--scales must be finite factors other than 1"),
+    (["hidden", "search", "--model", "{MODEL}", *TINY, "--positions", "0,9"], "new", "--positions must be slots in 0..3"),
+    (["hidden", "search", "--model", "{MODEL}", *TINY, "--preset", "huge"], "new", "unknown preset 'huge'"),
     # distill r1
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--k", "20"], "new", "use --k between 1 and 3"),
     (["distill", "r1", "--model", "{MODEL}", *TINY, "--method", "dpo"], "new", "unknown --method 'dpo'"),
@@ -291,7 +309,7 @@ def _out(env: dict, kind: str, tmp_path: Path) -> Path:
 
 
 def test_there_are_forty_cases_across_every_command():
-    commands = {c[0][0] if c[0][0] not in ("lpes", "distill", "synth", "moice") else " ".join(c[0][:2]) for c in CASES}
+    commands = {c[0][0] if c[0][0] not in ("lpes", "distill", "synth", "moice", "hidden") else " ".join(c[0][:2]) for c in CASES}
     assert len(CASES) >= 40
     assert {"sweep", "compare", "lpes search", "lpes gain", "moice train", "distill r1", "theory", "synth depth",
             "synth train"} <= commands
@@ -302,8 +320,8 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(env, tmp_path, monke
     out = _out(env, where, tmp_path)
     before = _snapshot(out) if out.is_dir() else None
     argv = [a.format(**env, OUT=out) for a in args]
-    head = 2 if argv[0] in ("lpes", "distill", "synth", "moice") else 1
-    if argv[0] in ("sweep", "compare", "lpes", "distill", "moice") and "--task" not in argv and argv[1] != "gain":
+    head = 2 if argv[0] in ("lpes", "distill", "synth", "moice", "hidden") else 1
+    if argv[0] in ("sweep", "compare", "lpes", "distill", "moice", "hidden") and "--task" not in argv and argv[1] != "gain":
         argv = argv[:head] + KV + argv[head:]  # kv-lookup, sized for the tiny model
     if "--out" not in argv and args[0] != "frob":
         argv += ["--out", str(out)]

@@ -44,7 +44,7 @@ def _examples(tmp_path) -> dict[str, str]:
     Routers(LAYERS, 4, 16, PAPER_BASES, top_k=3, seed=0).save(routers / "routers.safetensors")
     return {"none": "none", "pi": "pi:1.5", "layers": "layers:1,2,1,2", "lpes": f"lpes:{factors}",
             "mspoe": "mspoe:1.2-1.8", "mspoe-query": "mspoe:1.2-1.8:query", "buckets": "buckets:10000,30000",
-            "moice": f"moice:{routers}", "calib": "calib:prompt"}
+            "moice": f"moice:{routers}", "calib": "calib:prompt", "hidden": "hidden:5:-1:1-2"}
 
 
 def _prime(active, seqs: list[list[int]], end=None) -> None:

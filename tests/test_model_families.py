@@ -71,6 +71,8 @@ NO_ROPE = {"gpt2": "rotary", "phi3-longrope": "longrope", "gpt_neox": "self_attn
 REFUSES: dict[str, dict[str, str]] = {m: dict(NO_ROPE) for m in ("pi", "layers", "lpes", "buckets", "moice")}
 REFUSES["mspoe"] = REFUSES["mspoe-query"] = {**NO_ROPE, "gpt_neox": "gpt_neox"}
 REFUSES["none"] = {}
+REFUSES["hidden"] = {"gpt2": "decoder layers", "gpt_neox": "q_proj", "phi3": "q_proj", "phi3-longrope": "q_proj",
+                     "phi3-partial": "q_proj"}  # hidden scaling needs no RoPE, but separate q/k projections
 LAYERS = 3
 
 
@@ -230,7 +232,7 @@ def _method_specs(tmp_path, lo) -> dict[str, tuple[str, str]]:
             "lpes": (f"lpes:{f_act}", f"lpes:{f_id}"), "mspoe": ("mspoe:1.2-1.8", "mspoe:1-1"),
             "mspoe-query": ("mspoe:1.2-1.8:query", "mspoe:1-1:query"),
             "buckets": (f"buckets:{theta},{3 * theta}", f"buckets:{theta}"),
-            "moice": (f"moice:{routers['act']}", f"moice:{routers['id']}")}
+            "moice": (f"moice:{routers['act']}", f"moice:{routers['id']}"), "hidden": ("hidden:5:-1", "hidden:5:1")}
 
 
 def test_every_registered_method_is_covered():

@@ -81,3 +81,32 @@ def test_smollm2_token_shifting_keeps_the_right_token_near_the_top(smollm2, tmp_
     assert s["anchor_accuracy"] >= 0.8 and s["diverged"] >= 0.5  # slot 0 right, slot 5 mostly not (0.83 diverged)
     assert s["diverged_anchor_in_top10"] >= 0.8
     assert all(r["diverge_at"] is None or r["anchor_rank"] >= 1 for r in res.rows)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_hidden_scaling_is_exact_and_cache_consistent_on_real_models(name):
+    """Llama and Gemma-3 (sliding and global layers), fp32: bit-identical after exit, prefill + one decode step equal
+    to one full forward told where the prompt ends (measured 5e-5 / 7e-5), a left-padded row equal to itself alone."""
+    import torch
+
+    from posbias import get_method, load_model
+    from posbias.eval.encode import left_pad
+    from posbias.models.compat import cache_key, output_cache
+
+    lo = load_model(name, "fp32", "cpu", False)
+    method = get_method(f"hidden:{lo.model.config.hidden_size // 3}:0")
+    ids = torch.randint(200, 20000, (1, 120), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        before = lo.model(input_ids=ids).logits
+        with method.apply(lo) as active:
+            active.set_prompt_end(torch.tensor([118]))
+            full = lo.model(input_ids=ids).logits[:, -1]
+            pre = lo.model(input_ids=ids[:, :-1], use_cache=True)
+            step = lo.model(input_ids=ids[:, -1:], **{cache_key(lo.model): output_cache(pre)}, use_cache=True).logits[:, -1]
+            seqs = [ids[0, :70].tolist(), ids[0].tolist()]
+            batch = lo.model(**left_pad(seqs, 0)).logits[:, -1]
+            alone = torch.cat([lo.model(input_ids=torch.tensor([s])).logits[:, -1] for s in seqs])
+        assert torch.equal(lo.model(input_ids=ids).logits, before)
+    assert (full - before[:, -1]).abs().max() > 0.05
+    torch.testing.assert_close(step, full, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(batch, alone, atol=1e-3, rtol=1e-3)

@@ -12,7 +12,8 @@ served one (a model spec such as `openai:model=NAME,base_url=URL,tokenizer=DIR`:
 `BACKENDS`; `export_model` writes a model directory an engine serves), with tasks
 from the task registry (`get_task`, `register_task`, or a `Task` subclass) and training-free
 methods from the method registry (`get_method`, `register_method`, or a `Method` subclass).
-Mitigate: `run_search` (LPES), `run_distill` (Pos2Distill and its SFT / SeqKD baselines), with
+Mitigate: `run_search` (LPES), `run_hidden_search` (the positional hidden channel), `run_distill` (Pos2Distill and
+its SFT / SeqKD baselines), with
 presets as library objects (`SearchConfig.from_preset`, `DistillConfig.from_preset`).
 Explain: `run_theory` (rollout figures, theorem checks, a real model's rollout), `run_attention` (attention
 per document by gold position, with accuracy and rollout beside it), `run_shifting`
@@ -44,6 +45,7 @@ from .methods import (  # noqa: E402
     Active,
     Baseline,
     Buckets,
+    HiddenScale,
     LayerScaling,
     Method,
     MoICE,
@@ -53,6 +55,8 @@ from .methods import (  # noqa: E402
     register_method,
     split_specs,
 )
+from .mitigate.hidden import PRESETS as HIDDEN_PRESETS  # noqa: E402
+from .mitigate.hidden import HiddenSearchConfig, HiddenSearchResult, run_hidden_search  # noqa: E402
 from .mitigate.lpes import PRESETS as LPES_PRESETS  # noqa: E402
 from .mitigate.lpes import SPACES as LPES_SPACES  # noqa: E402
 from .mitigate.lpes import LPESResult, SearchConfig, run_search  # noqa: E402
@@ -98,4 +102,5 @@ __all__ = [
     "register_task", "resolve_positions", "run_compare", "run_distill", "run_search", "run_sweep", "run_synth_grid",
     "run_synth_one", "run_theory", "set_threads", "split_specs", "synth_grid_runs", "synth_run_config",
     "is_main_process",
+    "HIDDEN_PRESETS", "HiddenScale", "HiddenSearchConfig", "HiddenSearchResult", "run_hidden_search",
 ]

@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click.exceptions import NoArgsIsHelpError, UsageError
 from .explain import analyze_app, synth_app, theory
 from .grid import grid
+from .hidden import hidden_app
 from .measure import backends, compare, export, models, sweep, tasks
 from .mitigate import distill_app, lpes_app
 from .moice import moice_app
@@ -35,6 +36,7 @@ app.add_typer(synth_app, name="synth")
 app.add_typer(lpes_app, name="lpes")
 app.add_typer(distill_app, name="distill")
 app.add_typer(moice_app, name="moice")
+app.add_typer(hidden_app, name="hidden")
 app.add_typer(analyze_app, name="analyze")
 
 # Python parameter -> flag, where the flag is not --the-parameter-name

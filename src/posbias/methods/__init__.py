@@ -7,6 +7,7 @@
   mspoe | mspoe:1.2-1.8          Ms-PoE per-head scaling
   buckets | buckets:B1,B2        Attention Buckets (several RoPE bases)
   moice:DIR                      MoICE routers trained by `posbias moice train` (the model stays frozen)
+  hidden:DIR | hidden:C:S[:A-B]  positional hidden-channel scaling (a `posbias hidden search` folder, or explicit)
   swap | pride[:0.05]            order tasks only: verdict rules over the candidates' orders (decision.py)
   reorder[:bm25|oracle|attention][:litm|first|last]   reordering the items by a relevance signal (reorder.py)
   attnsort[:ROUNDS]              attention sorting: most attended item last, repeated
@@ -17,6 +18,7 @@ from .base import Active, Baseline, Method
 from .buckets import Buckets
 from .calibration import Calibration
 from .decision import DecisionRule, PriDe, Swap
+from .hidden import HiddenScale
 from .moice import MoICE
 from .mspoe import MsPoE
 from .registry import METHODS, get_method, register_method, split_specs
@@ -26,4 +28,5 @@ from .scaling import LPES, LayerScaling, UniformScaling, read_factors
 __all__ = [
     "LPES", "METHODS", "Active", "AttentionSort", "Calibration", "Reorder", "Baseline", "Buckets", "DecisionRule", "LayerScaling", "PriDe", "Swap", "Method", "MoICE", "MsPoE", "UniformScaling",
     "get_method", "read_factors", "register_method", "split_specs",
+    "HiddenScale",
 ]
