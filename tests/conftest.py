@@ -204,3 +204,16 @@ def vllm_server():
         pytest.skip("the vLLM server was not launched (no vLLM environment)")
     ready(_SERVER["proc"], _SERVER["url"], _SERVER["root"] / "vllm.log")
     return {"url": _SERVER["url"], "dir": str(_SERVER["root"] / "smollm2"), "root": _SERVER["root"]}
+
+
+def prime_calibration(active, seqs: list[list[int]], end=None) -> None:
+    """Attention calibration acts on the items of the prompts it is told about (Scorer.score calls set_rows): give it
+    three items per sequence (its thirds) and seeded weights; other methods need nothing. end: the prompt-end column
+    of each sequence in the batch layout (None: the last column, as generation's prefill)."""
+    from posbias.methods.calibration import _CalibActive
+
+    if not isinstance(active, _CalibActive):
+        return
+    spans = [[min(3 * i // len(s), 2) for i in range(len(s))] for s in seqs]
+    weights = [torch.randn(3, generator=torch.Generator().manual_seed(len(s))) * 2 for s in seqs]  # one per sequence
+    active.st.set(spans, torch.softmax(torch.stack(weights), -1), end)

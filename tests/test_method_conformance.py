@@ -19,7 +19,7 @@ import json
 import pytest
 import torch
 
-from conftest import char_tokenizer, position_sensitive, random_seqs, tiny_model
+from conftest import char_tokenizer, position_sensitive, prime_calibration as _prime, random_seqs, tiny_model
 from posbias import METHODS, Active, Loaded, get_method
 from posbias.methods import DecisionRule
 from posbias.eval.encode import left_pad
@@ -45,17 +45,6 @@ def _examples(tmp_path) -> dict[str, str]:
     return {"none": "none", "pi": "pi:1.5", "layers": "layers:1,2,1,2", "lpes": f"lpes:{factors}",
             "mspoe": "mspoe:1.2-1.8", "mspoe-query": "mspoe:1.2-1.8:query", "buckets": "buckets:10000,30000",
             "moice": f"moice:{routers}", "calib": "calib:prompt", "hidden": "hidden:5:-1:1-2"}
-
-
-def _prime(active, seqs: list[list[int]], end=None) -> None:
-    """Attention calibration acts on the items of the prompts it is told about (Scorer.score calls set_rows): give it
-    three items per sequence (its thirds) and seeded weights; other methods need nothing. end: the prompt-end column
-    of each sequence in the batch layout (None: the last column, as generation's prefill)."""
-    if not hasattr(active, "st"):
-        return
-    spans = [[min(3 * i // len(s), 2) for i in range(len(s))] for s in seqs]
-    weights = [torch.randn(3, generator=torch.Generator().manual_seed(len(s))) * 2 for s in seqs]  # one per sequence
-    active.st.set(spans, torch.softmax(torch.stack(weights), -1), end)
 
 
 @pytest.fixture(scope="module", params=ARCHS)

@@ -43,6 +43,7 @@ class CalibState:
         self.alpha: torch.Tensor | None = None
         self.end: torch.Tensor | None = None
         self._table: tuple | None = None
+        self.total = 0
 
     def set(self, spans: list[list[int]], alpha: torch.Tensor, end: torch.Tensor | None = None) -> None:
         """spans[b]: the span id of each prompt token of sequence b (items 0..n-1, else n); alpha: [B, n];
@@ -52,6 +53,14 @@ class CalibState:
                                "give one of each per sequence of the batch")
         self.spans, self.alpha, self.end, self._table = spans, alpha.float(), end, None
 
+    def count(self, module, args, kwargs) -> None:
+        """Model forward pre-hook: the sequence length so far (prefill: the input; a decode step adds its tokens)."""
+        from .compat import cache_key
+
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        t = ids.shape[1] if ids is not None else kwargs["inputs_embeds"].shape[1]
+        cache = kwargs.get(cache_key(self.model))
+        self.total = t if cache is None or cache.get_seq_length() == 0 else self.total + t
     def span_table(self, width: int, device) -> torch.Tensor:
         """[B, width] span id of every key column of the prefill layout (prompt b ends at column end[b])."""
         if self._table is None or self._table[0] != width:
@@ -83,9 +92,10 @@ def _calibrate(st: CalibState, module, query, key, value, mask, kwargs, out) -> 
         q = int((s - end).max())  # [B, q] the last q columns; a row's are selected from its prompt end on
         cols = torch.arange(s - q, s, device=query.device).expand(b, q)
         valid = cols >= end[:, None]
-    else:  # decode steps over the cache: every new query is an answer token
-        table, _ = st.span_table(s - t, query.device) if st._table is None else st._table[1:]
-        table = torch.cat([table, torch.full((b, s - table.shape[1]), n, device=query.device, dtype=torch.long)], 1)
+    else:  # decode steps over the cache: every new query is an answer token; the keys are the last s of `total`
+        table, _ = st.span_table(st.total - t, query.device) if st._table is None else st._table[1:]
+        pad = torch.full((b, st.total - table.shape[1]), n, device=query.device, dtype=torch.long)
+        table = torch.cat([table, pad], 1)[:, st.total - s:]  # a sliding-window layer keeps only its window
         q = t
         cols = torch.arange(s - t, s, device=query.device).expand(b, t)
         valid = torch.ones_like(cols, dtype=torch.bool)
@@ -97,13 +107,18 @@ def _calibrate(st: CalibState, module, query, key, value, mask, kwargs, out) -> 
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     rows = cols if mask is None else cols - (s - t)  # a mask tensor has one row per query (absolute: causal rule)
-    p = torch.softmax(logits + _row_bias(mask, rows, s, logits.dtype), dim=-1)  # [B, Hq, q, S]
+    bias = _row_bias(mask, rows, s, logits.dtype)  # [B, 1|Hq, q, S]
+    p = torch.softmax(logits + bias, dim=-1)  # [B, Hq, q, S]
     ids = table[:, None, None, :].expand(b, hq, q, s)
     mass = torch.zeros(b, hq, q, n + 1, device=p.device).scatter_add_(3, ids, p)[..., :n]  # [B, Hq, q, n]
-    count = torch.zeros(b, n + 1, device=p.device).scatter_add_(1, table, torch.ones_like(table, dtype=p.dtype))[:, :n]
-    mean = mass / count.clamp(min=1)[:, None, None, :]  # Attn(k) per head and query
+    # N_k: the item's tokens this query can see (a sliding window or the cache may hide some), so a full forward and
+    # a decode step over a windowed cache count the same tokens
+    seen = torch.isfinite(bias).to(p.dtype)  # [B, 1|Hq, q, S]
+    count = torch.zeros(*seen.shape[:3], n + 1, device=p.device).scatter_add_(
+        3, table[:, None, None, :].expand(seen.shape), seen)[..., :n]  # [B, 1|Hq, q, n]
+    mean = mass / count.clamp(min=1)  # Attn(k) per head and query
     alpha = st.alpha.to(p.device)[:, None, None, :]  # [B, 1, 1, n]
-    c = mass.sum(-1, keepdim=True) / (alpha * count[:, None, None, :]).sum(-1, keepdim=True).clamp(min=1e-30)
+    c = mass.sum(-1, keepdim=True) / (alpha * count).sum(-1, keepdim=True).clamp(min=1e-30)
     factor = torch.where(mean > 0, alpha * c / mean.clamp(min=1e-30), torch.ones_like(mean))
     factor = torch.cat([factor, torch.ones_like(factor[..., :1])], -1).gather(3, ids)  # [B, Hq, q, S]
     v = value.float().repeat_interleave(hq // hk, dim=1)  # [B, Hq, S, D]
@@ -142,12 +157,14 @@ def calibration(model, layers: list[int]) -> Iterator[CalibState]:
         raise PosbiasError("attention calibration is already active on this model", "do not nest it")
     old, name = register_attention(model, attns[0], "calib", _make_attention, "attention calibration")
     st = CalibState(model, old, name)
+    hook = model.register_forward_pre_hook(st.count, with_kwargs=True)
     try:
         for i in layers:
             _ACTIVE[attns[i]] = st
         model.set_attn_implementation(name)
         yield st
     finally:
+        hook.remove()
         for a in attns:
             _ACTIVE.pop(a, None)
         if model.config._attn_implementation != old:
