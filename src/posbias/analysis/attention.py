@@ -29,7 +29,7 @@ from ..methods import Method, UniformScaling, get_method
 from ..models.load import Loaded, load_model
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as progress_bar
-from ..tasks import as_json, get_task, label, placement_key
+from ..tasks import as_json, get_task, label, placement_key, positions_spec
 from .attention_measure import ROWS, Item, measure_batch
 from .attention_summary import summarize
 
@@ -58,6 +58,7 @@ class AttentionConfig(TaskChoice, ModelChoice):
     def validate(self) -> "AttentionConfig":
         self._validate_model()
         check_split(self.n, self.skip)
+        self.positions = positions_spec(self.positions)
         if self.rows not in ROWS:
             raise PosbiasError(f"unknown `rows` {self.rows!r}", "use last or answer")
         if self.scales is not None:

@@ -34,7 +34,7 @@ from ..methods import Method, get_method
 from ..models.load import Loaded, load_model
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as progress_bar
-from ..tasks import Prompt, as_json, get_task, label, placement_key
+from ..tasks import Prompt, as_json, get_task, label, placement_key, positions_spec
 
 ROW_KEYS = ("example_id", "position", "correct", "ppl_anchor")
 FILES = ("rows.jsonl", "shifting.png", "divergence.png")
@@ -54,6 +54,7 @@ class ShiftingConfig(TaskChoice, ModelChoice):
     def validate(self) -> "ShiftingConfig":
         self._validate_model()
         check_split(self.n, self.skip)
+        self.positions = positions_spec(self.positions)
         if self.top < 1:
             raise PosbiasError(f"`top` must be at least 1, got {self.top}", "use `top=10`")
         return self

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from ...core.ga import GAConfig
 from ...errors import PosbiasError
 from ...eval.config import ModelChoice, Scoring, TaskChoice, check_split, config_dict
+from ...tasks import positions_spec
 
 SPACES = ("curve", "layers", "random")  # GA over control points | GA over per-layer factors (brute force) | random search
 PRESETS: dict[str, dict] = {
@@ -60,6 +61,13 @@ class SearchConfig(Scoring, TaskChoice, ModelChoice):
         if len(w) != 3 or min(w) < 0 or abs(sum(w) - 1) > 1e-9:
             raise PosbiasError(f"`weights` must be three non-negative numbers summing to 1, got {w}",
                                "e.g. `weights=0.2,0.3,0.5`")
+        if self.positions is not None:  # "0,5,9" or [0, 5, 9] -> (0, 5, 9)
+            spec = positions_spec(self.positions)
+            try:
+                self.positions = tuple(int(p) for p in spec.split(","))
+            except ValueError:
+                raise PosbiasError(f"`positions` must be three slots (beginning, middle, end), got {spec!r}",
+                                   "name three slots, e.g. `positions=[0, 5, 9]`") from None
         if self.positions is not None and len(self.positions) != 3:
             raise PosbiasError(f"`positions` must be three slots (beginning, middle, end), got {self.positions}",
                                "name three, e.g. `positions=0,MIDDLE,LAST` (the task's middle and last slots)")
