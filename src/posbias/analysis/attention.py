@@ -98,6 +98,10 @@ class AttentionResult:
     record: dict = field(repr=False)  # the content of attention.json
     out: Path | None = None
 
+    def format(self) -> str:
+        """The printed tables (`format_attention`)."""
+        return format_attention(self)
+
 
 def _items(loaded: Loaded, task, scorer: Scorer, examples, positions) -> list[Item]:
     rows = scorer.rows(examples, positions)  # refused over the window

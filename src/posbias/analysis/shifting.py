@@ -70,6 +70,10 @@ class ShiftingResult:
     rows: list[dict] = field(repr=False)
     record: dict = field(repr=False)
 
+    def format(self) -> str:
+        """The printed tables (`format_shifting`)."""
+        return format_shifting(self)
+
 
 def _ppl(logprob: float, n_tokens: int) -> float:
     return math.exp(-logprob / max(n_tokens, 1))

@@ -38,6 +38,11 @@ class CompareResult:
     entries: list[dict]  # per (model, method): model, method, label, dir, method_config, per_position, summary, vs_first
     config: dict
     record: dict = field(repr=False)  # the content of compare.json
+    rows: list[dict] = field(default_factory=list, repr=False)  # every entry's rows, each with its model, method, label
+
+    def format(self) -> str:
+        """The printed table: one row per entry (`format_compare`)."""
+        return format_compare(self)
 
 
 def slug(spec: str) -> str:
@@ -145,7 +150,8 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
             _plot(record, cfg, [model_label(m) for m in model_list] if named else [model_name(model_list[0])],
                   res.config["engine"], folder)
         folder.finish(record)  # last: its presence means "complete"
-    return CompareResult(record["methods"], record["config"], record)
+    rows = [{"model": r["model"], "method": r["method"], "label": r["label"], **row} for r in results for row in r["rows"]]
+    return CompareResult(record["methods"], record["config"], record, rows)
 
 
 def _load(model: str | Loaded | Backend, cfg: SweepConfig, progress: bool) -> Backend:

@@ -108,6 +108,10 @@ class GridResult:
     record: dict = field(repr=False)  # the content of grid.json
     out: Path | None = None
 
+    def format(self) -> str:
+        """The printed table (`format_grid`)."""
+        return format_grid(self)
+
 
 def size_option(task: str | Task) -> tuple[str, tuple[int, ...] | None]:
     """The task option that is the grid's size, and the sizes it allows (None: any); a clear error if none."""

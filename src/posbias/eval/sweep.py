@@ -80,6 +80,10 @@ class SweepResult:
     record: dict = field(repr=False)  # the content of sweep.json
     out: Path | None = None
 
+    def format(self) -> str:
+        """The printed table: accuracy per placement with its CI, then the summary (`format_table`)."""
+        return format_table(self.per_position, self.summary)
+
 
 def per_position_stats(rows: list[dict], positions: list[Placement], example_ids: list[str],
                        also: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
