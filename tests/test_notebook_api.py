@@ -76,3 +76,21 @@ def test_a_dtype_or_device_the_loaded_model_contradicts_is_refused(held, tmp_pat
         assert not (tmp_path / "x").exists()  # refused before the folder is written
     fp32 = wrap_model(*held, name="full")  # left at their defaults (bf16, cpu), the loaded model's values win
     assert SweepConfig(**CFG).validate().bound_to(fp32.info).dtype == "fp32"
+
+
+CONFIGS = ("SweepConfig", "GridConfig", "AttentionConfig", "ShiftingConfig", "SearchConfig", "DistillConfig", "MoICEConfig",
+           "TheoryConfig", "GAConfig")
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_public_configs_document_every_field(name):
+    """`help(posbias.SweepConfig)` shows what each field means (a field's own `name:` line, or its mixin's)."""
+    import dataclasses
+    import re
+
+    cls = getattr(posbias, name)
+    for f in dataclasses.fields(cls):
+        owner = next(c for c in cls.__mro__ if f.name in getattr(c, "__annotations__", {}))
+        assert re.search(rf"^\s*(\w+, )*{f.name}(, \w+)*: \S", owner.__doc__ or "", flags=re.M), f"{owner.__name__}.{f.name}"
+        if owner is not cls:  # an inherited field: the config names it and points to where it is described
+            assert f.name in cls.__doc__ and f"`{owner.__name__}`" in cls.__doc__, f"{name}.{f.name}"
