@@ -48,3 +48,11 @@ def test_cli_defaults_are_the_config_fields_defaults(name):
         want = OWN.get((name, p.name), fields[p.name])
         assert as_config_value(p.default, fields[p.name]) == want, f"{name} --{p.name}: {p.default!r} != {want!r}"
 
+
+
+def test_method_task_and_engine_help_come_from_the_registries():
+    """Every registered method, task and engine is named in the help of `posbias sweep` (none written by hand)."""
+    help_of = {p.name: p.help for p in dict(commands())["sweep"].params}
+    assert all((cls.usage or name) in help_of["method"] for name, cls in posbias.METHODS.items())
+    assert all(name in help_of["task"] for name in posbias.TASKS)
+    assert all(name in help_of["engine"] for name in posbias.ENGINES)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from .. import TASKS, PosbiasError, SweepConfig
+from .. import ENGINES, METHODS, TASKS, PosbiasError, SweepConfig
 
 Args = SimpleNamespace  # what a command receives for each group
 
@@ -91,6 +91,16 @@ def default(name: str, config: type = SweepConfig) -> Any:
     return {f.name: f.default for f in dataclasses.fields(config)}[name]
 
 
+def method_help(lead: str = "") -> str:
+    """--method's values, from the method registry (each method's spec forms)."""
+    return lead + " | ".join(cls.usage or name for name, cls in METHODS.items()) + " (docs/cli.md, docs/mitigations.md)"
+
+
+def task_help() -> str:
+    """--task's values, from the task registry."""
+    return " | ".join(f"{name}:{e.arg}" if e.arg else name for name, e in TASKS.items()) + " (posbias tasks)"
+
+
 MODEL = Group(
     "model", "Model",
     model=Opt(default("model"), "registered name (posbias models), HF model dir or hub id, or a .gguf file"),
@@ -103,8 +113,7 @@ MODEL = Group(
 
 TASK = Group(
     "task", "Task",
-    task=Opt(default("task"), "kv-lookup | kv-uuid | nq | musique | kv-2hop | jsonl:PATH | judge-nq | mc-nq | judge-kv | mc-kv | "
-                          "judge:PATH | mc:PATH (posbias tasks)"),
+    task=Opt(default("task"), task_help()),
     facts=Opt(None, "kv-lookup: number of facts (default 10)", Optional[int]),
     digits=Opt(None, "kv-lookup: digits per key/value (default 6)", Optional[int]),
     docs=Opt(None, "nq: 10 or 20 documents (default 10)", Optional[int]),
@@ -130,7 +139,7 @@ SPLIT = Group(
 
 SCORING = Group(
     "scoring", "Scoring",
-    engine=Opt(default("engine"), "teacher-forced | generate (default: the task's)", Optional[str]),
+    engine=Opt(default("engine"), " | ".join(ENGINES) + " (default: the task's)", Optional[str]),
     max_new_tokens=Opt(default("max_new_tokens"), "generate: token limit (default: the task's)", Optional[int]),
     batch_tokens=Opt(default("batch_tokens"), "padded tokens per batch", int),
     max_batch=Opt(default("max_batch"), "rows per batch at most", int),
