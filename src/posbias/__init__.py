@@ -67,7 +67,7 @@ from .mitigate.pos2distill import METHODS as DISTILL_METHODS  # noqa: E402
 from .mitigate.pos2distill import PRESETS as DISTILL_PRESETS  # noqa: E402
 from .mitigate.pos2distill import DistillConfig, DistillResult, run_distill  # noqa: E402
 from .models.load import REGISTRY as MODELS  # noqa: E402
-from .models.load import Loaded, export_model, load_model, set_threads  # noqa: E402
+from .models.load import Loaded, export_model, load_model, set_threads, wrap_model  # noqa: E402
 from .report.html import ReportResult, build_report  # noqa: E402
 from .runs import is_main_process  # noqa: E402
 from .synth import GRIDS as SYNTH_GRIDS  # noqa: E402
@@ -100,7 +100,7 @@ __all__ = [
     "format_synth_run", "format_synth_summary",
     "format_table", "format_theory_summary", "get_method", "get_task", "load_model", "register_method",
     "register_task", "resolve_positions", "run_compare", "run_distill", "run_search", "run_sweep", "run_synth_grid",
-    "run_synth_one", "run_theory", "set_threads", "split_specs", "synth_grid_runs", "synth_run_config",
+    "run_synth_one", "run_theory", "set_threads", "wrap_model", "split_specs", "synth_grid_runs", "synth_run_config",
     "is_main_process",
     "HIDDEN_PRESETS", "HiddenScale", "HiddenSearchConfig", "HiddenSearchResult", "run_hidden_search",
 ]

@@ -29,7 +29,7 @@ from ..methods import Method, UniformScaling, get_method
 from ..models.load import Loaded, load_model
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as progress_bar
-from ..tasks import as_json, get_task, label, placement_key
+from ..tasks import as_json, get_task, label, placement_key, positions_spec
 from .attention_measure import ROWS, Item, measure_batch
 from .attention_summary import summarize
 
@@ -42,22 +42,42 @@ _REFUSED = {"mspoe": "it installs its own attention function (per-head rotation 
 
 @dataclass
 class AttentionConfig(TaskChoice, ModelChoice):
-    n: int = 20  # examples
+    """Attention per document by gold position and layer (Pos2Distill Fig. 7), with accuracy and the real-model
+    rollout beside it.
+
+    n: examples.
+    seed: example selection / generation seed.
+    skip: start offset in the example order (disjoint splits).
+    positions: the placements: a list of slots, one slot or the CLI string (default: the task's).
+    method: a RoPE-rescaling method spec (none | pi:1.2 | layers:... | lpes:DIR).
+    rows: last: the last prompt token | answer: every row that predicts an answer token, averaged.
+    heads: also the per-head masses.
+    scales: uniform RoPE factors for the LPES Fig. 5 study (replaces `method`).
+    rollout: the real-model rollout beside the accuracy; None: on for prompts <= 1000 tokens.
+    residual: rollout: A' = a I + (1 - a) A (0 = attention alone, the emergence paper's setting).
+    batch_tokens: padded tokens per capture batch.
+    max_batch: rows per batch at most.
+    task, task_options, data_dir: see `TaskChoice`.
+    model, dtype, device, chat, device_map: see `ModelChoice`.
+    """
+
+    n: int = 20
     seed: int = 0
     skip: int = 0
-    positions: str | None = None  # the placements (default: the task's)
-    method: str | Method = "none"  # a RoPE-rescaling method spec (none | pi:1.2 | layers:... | lpes:DIR)
-    rows: str = "last"  # last: the last prompt token | answer: every row that predicts an answer token, averaged
-    heads: bool = False  # also the per-head masses
-    scales: tuple[float, ...] | None = None  # uniform RoPE factors for the LPES Fig. 5 study (replaces `method`)
-    rollout: bool | None = None  # the real-model rollout beside the accuracy; None: on for prompts <= 1000 tokens
-    residual: float = 0.5  # rollout: A' = a I + (1 - a) A (0 = attention alone, the emergence paper's setting)
-    batch_tokens: int = 8192  # padded tokens per capture batch
-    max_batch: int = 16  # rows per batch at most
+    positions: str | None = None
+    method: str | Method = "none"
+    rows: str = "last"
+    heads: bool = False
+    scales: tuple[float, ...] | None = None
+    rollout: bool | None = None
+    residual: float = 0.5
+    batch_tokens: int = 8192
+    max_batch: int = 16
 
     def validate(self) -> "AttentionConfig":
         self._validate_model()
         check_split(self.n, self.skip)
+        self.positions = positions_spec(self.positions)
         if self.rows not in ROWS:
             raise PosbiasError(f"unknown `rows` {self.rows!r}", "use last or answer")
         if self.scales is not None:
@@ -96,6 +116,10 @@ class AttentionResult:
     rows: list[dict] = field(repr=False)
     record: dict = field(repr=False)  # the content of attention.json
     out: Path | None = None
+
+    def format(self) -> str:
+        """The printed tables (`format_attention`)."""
+        return format_attention(self)
 
 
 def _items(loaded: Loaded, task, scorer: Scorer, examples, positions) -> list[Item]:

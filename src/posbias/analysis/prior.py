@@ -54,6 +54,10 @@ class PriorResult:
     record: dict
     path: Path | None
 
+    def format(self) -> str:
+        """The printed table (`format_prior`)."""
+        return format_prior(self)
+
 
 def _one(scorer: Scorer, task: Task, ex, gold: int) -> dict:
     """One example: the dummy's attention at every slot per layer, and the accuracy with the gold at every slot."""

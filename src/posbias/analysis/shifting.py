@@ -34,7 +34,7 @@ from ..methods import Method, get_method
 from ..models.load import Loaded, load_model
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as progress_bar
-from ..tasks import Prompt, as_json, get_task, label, placement_key
+from ..tasks import Prompt, as_json, get_task, label, placement_key, positions_spec
 
 ROW_KEYS = ("example_id", "position", "correct", "ppl_anchor")
 FILES = ("rows.jsonl", "shifting.png", "divergence.png")
@@ -43,17 +43,32 @@ CHUNK = 8  # examples per chunk: the unit of progress and of resume
 
 @dataclass
 class ShiftingConfig(TaskChoice, ModelChoice):
-    n: int = 20  # examples
+    """Token shifting: the model's response at each placement against the advantageous one (Pos2Distill Fig. 3a, 8, 9).
+
+    n: examples.
+    seed: example selection / generation seed.
+    skip: start offset in the example order (disjoint splits).
+    positions: the placements measured: a list of slots (or pairs), one slot or the CLI string (default: the
+        task's, all slots / the three modes).
+    max_new_tokens: response length (default: the task's).
+    method: a training-free method applied at every placement (the anchor's too).
+    top: tokens listed at the divergence (Fig. 8).
+    task, task_options, data_dir: see `TaskChoice`.
+    model, dtype, device, chat, device_map: see `ModelChoice`.
+    """
+
+    n: int = 20
     seed: int = 0
     skip: int = 0
-    positions: str | None = None  # the placements measured (default: the task's, all slots / the three modes)
-    max_new_tokens: int | None = None  # response length (default: the task's)
-    method: str | Method = "none"  # a training-free method applied at every placement (the anchor's too)
-    top: int = 10  # tokens listed at the divergence (Fig. 8)
+    positions: str | None = None
+    max_new_tokens: int | None = None
+    method: str | Method = "none"
+    top: int = 10
 
     def validate(self) -> "ShiftingConfig":
         self._validate_model()
         check_split(self.n, self.skip)
+        self.positions = positions_spec(self.positions)
         if self.top < 1:
             raise PosbiasError(f"`top` must be at least 1, got {self.top}", "use `top=10`")
         return self
@@ -68,6 +83,10 @@ class ShiftingResult:
     per_position: list[dict]
     rows: list[dict] = field(repr=False)
     record: dict = field(repr=False)
+
+    def format(self) -> str:
+        """The printed tables (`format_shifting`)."""
+        return format_shifting(self)
 
 
 def _ppl(logprob: float, n_tokens: int) -> float:

@@ -57,7 +57,20 @@ ROPE_SCALE, ROPE_SPREAD = 5.0, 0.5  # `check_rope` defaults: |q||k| ~ 25, cone h
 
 @dataclass(frozen=True)
 class TheoryConfig:
-    """Sizes and grids of the synthetic instances. ``depth`` = number of layers (t < depth)."""
+    """Sizes and grids of the synthetic instances. ``depth`` = number of layers (t < depth).
+
+    seed: seed of the random attention networks' inputs and weights.
+    n_tokens: tokens N of each synthetic instance.
+    depth: layers of the random attention networks.
+    windows: sliding-window sizes compared (Thm 4.2).
+    prefix_k: the prefix length of the prefix mask.
+    decay_ms: decay-mask rates m compared (eq. 2).
+    rope_fractions: RoPE angles: theta1 = f pi / (N - 1 + 3 spread), Lemma 4.6.
+    d: the networks' hidden size.
+    weight_norm: the norm of the random weight matrices.
+    check_tokens: N of the theorem checks (None: each check's default; see checks.check_kwargs).
+    check_depth: layers T of the theorem checks (None: each check's default).
+    """
 
     seed: int = 0
     n_tokens: int = 64
@@ -65,11 +78,11 @@ class TheoryConfig:
     windows: tuple[int, ...] = (4, 8, 16)
     prefix_k: int = 4
     decay_ms: tuple[float, ...] = (0.3, 0.6, 1.2)
-    rope_fractions: tuple[float, ...] = (0.3, 0.6, 0.9)  # theta1 = f pi / (N - 1 + 3 spread), Lemma 4.6
+    rope_fractions: tuple[float, ...] = (0.3, 0.6, 0.9)
     d: int = 8
     weight_norm: float = 1.0
-    check_tokens: int | None = None  # N of the theorem checks (None: each check's default; see checks.check_kwargs)
-    check_depth: int | None = None  # layers T of the theorem checks (None: each check's default)
+    check_tokens: int | None = None
+    check_depth: int | None = None
 
     def validate(self) -> "TheoryConfig":
         n = self.n_tokens

@@ -30,8 +30,8 @@ from .. import (
     synth_grid_runs,
     synth_run_config,
 )
-from .options import (MODEL, RUN, SPLIT, TASK, Args, floats, ints, model_fields, placements, run_kwargs, task_fields,
-                      uses, words)
+from .options import (MODEL, RUN, SPLIT, TASK, Args, default, floats, ints, method_help, model_fields, placements,
+                      run_kwargs, task_fields, uses, words)
 
 analyze_app = typer.Typer(no_args_is_help=True, help="Why the model fails where it fails: analyses of a real model.")
 synth_app = typer.Typer(no_args_is_help=True, help="Controlled synthetic experiments (Wu et al. 2025, Sec. 5).")
@@ -176,8 +176,8 @@ def shifting(
     model: Args, task: Args, split: Args, run: Args,
     positions: Optional[str] = typer.Option(None, help="the placements measured (default: the task's)"),
     max_new_tokens: Optional[int] = typer.Option(None, help="response length (default: the task's)"),
-    method: str = typer.Option("none", help="a training-free method at every placement: none | pi:1.2 | lpes:DIR/factors.json"
-                                            " | layers:F1,... | mspoe | buckets"),
+    method: str = typer.Option(default("method", ShiftingConfig),
+                               help=method_help("a training-free method at every placement: ")),
     top: int = typer.Option(10, help="tokens listed at the first divergence (Fig. 8)"),
 ) -> None:
     """Token and thought shifting: where the greedy answer at each placement leaves the advantageous one, the rank of

@@ -7,16 +7,16 @@ from pathlib import Path
 import typer
 
 from .. import GridConfig, format_grid, run_grid
-from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, model_fields, run_kwargs, task_fields, uses
+from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, default, method_help, model_fields, run_kwargs, task_fields, uses
 
 
 @uses(MODEL, TASK, SPLIT.defaults(n=20), SCORING, RUN.defaults(out=Path("runs/grid")))
 def grid(model: Args, task: Args, split: Args, scoring: Args, run: Args,
-         sizes: str = typer.Option("5,10,20,40,80", help="context sizes in the task's size option: kv-lookup facts, "
+         sizes: str = typer.Option(default("sizes", GridConfig), help="context sizes in the task's size option: kv-lookup facts, "
                                                          "kv-uuid pairs, nq docs (10,20)"),
-         depths: str = typer.Option("0%,10%,20%,30%,40%,50%,60%,70%,80%,90%,100%",
+         depths: str = typer.Option(default("depths", GridConfig),
                                     help="depths of the gold item, percent of the context (slot = round(d/100*(size-1)))"),
-         method: str = typer.Option("none", help="none | pi:1.2 | lpes:DIR/factors.json | mspoe | buckets | layers:F1,...")
+         method: str = typer.Option(default("method", GridConfig), help=method_help())
          ) -> None:
     """Put the gold item at each depth for each context size; a depth x length heatmap with per-cell CIs."""
     cfg = GridConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring), sizes=sizes,

@@ -23,7 +23,8 @@ from .. import (
     split_models,
     split_specs,
 )
-from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, model_fields, placements, run_kwargs, task_fields, uses
+from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, default, method_help, model_fields, placements, run_kwargs,
+                      task_fields, uses)
 
 POSITIONS = typer.Option(None, help="all | 0,4,9 | 0%,50%,100% (percent of the last slot); two-hop tasks: "
                                     "connected,disconnected,reversed | 0:1,5:13 | grid | all (default: all slots / the modes)")
@@ -31,7 +32,7 @@ POSITIONS = typer.Option(None, help="all | 0,4,9 | 0%,50%,100% (percent of the l
 
 @uses(MODEL, TASK, SPLIT, SCORING, RUN.defaults(out=Path("runs/sweep")))
 def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positions: Optional[str] = POSITIONS,
-          method: str = typer.Option("none", help="none | pi:1.2 | lpes:DIR/factors.json | mspoe | buckets | layers:F1,...")
+          method: str = typer.Option(default("method"), help=method_help())
           ) -> None:
     """Put the gold item at each position in turn, score the model, report the curve."""
     cfg = SweepConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring),

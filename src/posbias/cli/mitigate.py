@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 
 from .. import DistillConfig, SearchConfig, format_length_gain, run_distill, run_length_gain, run_search
-from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, floats, ints, model_fields, run_kwargs, task_fields, uses
+from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, default, floats, ints, model_fields, run_kwargs,
+                      task_fields, uses)
 
 lpes_app = typer.Typer(no_args_is_help=True, help="LPES: search per-layer RoPE scaling factors (training-free).")
 distill_app = typer.Typer(no_args_is_help=True, help="Train a model to lose its position bias (Pos2Distill, SFT, SeqKD).")
@@ -33,8 +34,10 @@ def search(
     model: Args, task: Args, split: Args, scoring: Args, run: Args,
     preset: str = typer.Option("cpu", help="cpu (2-core budget; see docs/lpes.md) | paper (Sec. 4.1, Table 12)"),
     positions: Optional[str] = typer.Option(None, help="beginning,middle,end slots (default 0, middle, last)"),
-    weights: str = typer.Option("0.2,0.3,0.5", help="lambda_B,lambda_M,lambda_E"),
-    space: str = typer.Option("curve", help="curve (Bezier GA) | layers (GA per layer: brute force) | random"),
+    weights: str = typer.Option(",".join(map(str, default("weights", SearchConfig))),
+                                help="lambda_B,lambda_M,lambda_E"),
+    space: str = typer.Option(default("space", SearchConfig),
+                              help="curve (Bezier GA) | layers (GA per layer: brute force) | random"),
     budget: Optional[int] = typer.Option(None, help="random search: individuals to draw"),
     curve: str = _ga(default="bezier", help="bezier | linear | step (Table 6)"),
     points: int = _ga(default=4, help="control points (Table 7: 2-5; 4 = cubic)"),

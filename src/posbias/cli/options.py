@@ -13,6 +13,7 @@ own heading.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import typing
@@ -23,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from .. import TASKS, PosbiasError
+from .. import ENGINES, METHODS, TASKS, PosbiasError, SweepConfig
 
 Args = SimpleNamespace  # what a command receives for each group
 
@@ -84,20 +85,35 @@ def uses(*groups: Group) -> Callable:
 
 # ----------------------------------------------------------------------------- the groups
 
+
+def default(name: str, config: type = SweepConfig) -> Any:
+    """A config field's default: the CLI declares no default of its own (tests/test_cli_defaults.py)."""
+    return {f.name: f.default for f in dataclasses.fields(config)}[name]
+
+
+def method_help(lead: str = "") -> str:
+    """--method's values, from the method registry (each method's spec forms)."""
+    return lead + " | ".join(cls.usage or name for name, cls in METHODS.items()) + " (docs/cli.md, docs/mitigations.md)"
+
+
+def task_help() -> str:
+    """--task's values, from the task registry."""
+    return " | ".join(f"{name}:{e.arg}" if e.arg else name for name, e in TASKS.items()) + " (posbias tasks)"
+
+
 MODEL = Group(
     "model", "Model",
-    model=Opt("smollm2-135m", "registered name (posbias models), HF model dir or hub id, or a .gguf file"),
-    dtype=Opt("bf16", "bf16 | fp32"),
-    device=Opt("cpu", "cpu | cuda | auto (cuda if visible)"),
-    chat=Opt("auto", "use the chat template: auto (if the model has one) | on | off"),
-    device_map=Opt(None, "auto: spread the model over every visible device (one process; --device then not used)",
-                   Optional[str]),
+    model=Opt(default("model"), "registered name (posbias models), HF model dir or hub id, or a .gguf file"),
+    dtype=Opt(default("dtype"), "bf16 | fp32"),
+    device=Opt(default("device"), "cpu | cuda | auto (cuda if visible)"),
+    chat=Opt(default("chat"), "use the chat template: auto (if the model has one) | on | off"),
+    device_map=Opt(default("device_map"),
+                   "auto: spread the model over every visible device (one process; --device then not used)", Optional[str]),
 )
 
 TASK = Group(
     "task", "Task",
-    task=Opt("kv-lookup", "kv-lookup | kv-uuid | nq | musique | kv-2hop | jsonl:PATH | judge-nq | mc-nq | judge-kv | mc-kv | "
-                          "judge:PATH | mc:PATH (posbias tasks)"),
+    task=Opt(default("task"), task_help()),
     facts=Opt(None, "kv-lookup: number of facts (default 10)", Optional[int]),
     digits=Opt(None, "kv-lookup: digits per key/value (default 6)", Optional[int]),
     docs=Opt(None, "nq: 10 or 20 documents (default 10)", Optional[int]),
@@ -116,18 +132,18 @@ TASK = Group(
 
 SPLIT = Group(
     "split", "Examples",
-    n=Opt(100, "examples per position", int),
-    seed=Opt(0, "example selection / generation seed", int),
-    skip=Opt(0, "skip the first SKIP examples of the order (disjoint splits)", int),
+    n=Opt(default("n"), "examples per position", int),
+    seed=Opt(default("seed"), "example selection / generation seed", int),
+    skip=Opt(default("skip"), "skip the first SKIP examples of the order (disjoint splits)", int),
 )
 
 SCORING = Group(
     "scoring", "Scoring",
-    engine=Opt(None, "teacher-forced | generate (default: the task's)", Optional[str]),
-    max_new_tokens=Opt(None, "generate: token limit (default: the task's)", Optional[int]),
-    batch_tokens=Opt(16384, "padded tokens per batch", int),
-    max_batch=Opt(32, "rows per batch at most", int),
-    prefix_sharing=Opt(True, "score each example's shared prompt prefix once, from cached keys/values "
+    engine=Opt(default("engine"), " | ".join(ENGINES) + " (default: the task's)", Optional[str]),
+    max_new_tokens=Opt(default("max_new_tokens"), "generate: token limit (default: the task's)", Optional[int]),
+    batch_tokens=Opt(default("batch_tokens"), "padded tokens per batch", int),
+    max_batch=Opt(default("max_batch"), "rows per batch at most", int),
+    prefix_sharing=Opt(default("prefix_sharing"), "score each example's shared prompt prefix once, from cached keys/values "
                              "(--no-prefix-sharing: the plain path)", bool, ("--prefix-sharing/--no-prefix-sharing",)),
 )
 

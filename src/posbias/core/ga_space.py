@@ -40,21 +40,37 @@ class GAConfig:
     ``max_mutation_try`` bounds the redraws of one mutation (eq. 10 violations, or a child equal
     to its parent) and of one offspring slot; ``max_pair_tries`` bounds the parent pairs drawn
     for one crossover slot. Neither is given in the paper.
+
+    pop_size: population size N_ps.
+    n_parents: parents kept per generation N_pa.
+    generations: generations T.
+    n_mutation: mutations per generation N_mu.
+    n_crossover: crossovers per generation N_cr.
+    max_crossover_try: crossover tries N_ct.
+    mx: the largest move of a control point along the layers M_x, in layers.
+    my: the largest move of a control point's factor M_y.
+    n_points: Bezier control points, d + 1 (cubic Bezier: 4).
+    y_min, y_max, y_step: the grid of factors the control points take.
+    y_init: the initial factor (eq. 8).
+    curve: the curve through the control points: bezier | linear | step (Table 6).
+    max_mutation_try: redraws of one mutation or offspring slot at most (above).
+    max_pair_tries: parent pairs drawn for one crossover slot at most (above).
+    seed: the GA's seed.
     """
 
-    pop_size: int = 32  # N_ps
-    n_parents: int = 12  # N_pa
-    generations: int = 20  # T
-    n_mutation: int = 16  # N_mu
-    n_crossover: int = 4  # N_cr
-    max_crossover_try: int = 4  # N_ct
-    mx: int = 2  # M_x, in layers
-    my: float = 0.2  # M_y
-    n_points: int = 4  # d + 1 (cubic Bezier)
+    pop_size: int = 32
+    n_parents: int = 12
+    generations: int = 20
+    n_mutation: int = 16
+    n_crossover: int = 4
+    max_crossover_try: int = 4
+    mx: int = 2
+    my: float = 0.2
+    n_points: int = 4
     y_min: float = 1.0
     y_max: float = 2.0
     y_step: float = 0.1
-    y_init: float = 1.5  # eq. 8
+    y_init: float = 1.5
     curve: str = "bezier"
     max_mutation_try: int = 100
     max_pair_tries: int = 20

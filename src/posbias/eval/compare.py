@@ -38,6 +38,11 @@ class CompareResult:
     entries: list[dict]  # per (model, method): model, method, label, dir, method_config, per_position, summary, vs_first
     config: dict
     record: dict = field(repr=False)  # the content of compare.json
+    rows: list[dict] = field(default_factory=list, repr=False)  # every entry's rows, each with its model, method, label
+
+    def format(self) -> str:
+        """The printed table: one row per entry (`format_compare`)."""
+        return format_compare(self)
 
 
 def slug(spec: str) -> str:
@@ -97,6 +102,8 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
 
     models: None = cfg.model only (or `loaded`), entries named by method; several (names, directories or
     loaded models) = every model with every method, entries named by model.
+    loaded: a model already in memory (`load_model`, `wrap_model`) used instead of cfg.model; the run records its
+    name, dtype and device (a non-default cfg.dtype / cfg.device it contradicts is refused).
     collapse_margin: an entry that loses more than this at any position against the first entry, or whose
     average is at or below the task's chance level, is flagged as collapsed (`collapse` in each entry)."""
     cfg = (cfg or SweepConfig()).validate()
@@ -136,13 +143,15 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
         _add_paired_differences(results)
         _flag_collapse(results, collapse_margin, _chance(cfg))
         shared = {k: v for k, v in res.config.items() if k not in PATH_KEYS}  # the path is per entry
-        record = {"config": {**shared, "method": None, "model": None if named else cfg.model},
+        record = {"config": {**shared, "method": None, "model": None if named else model_name(model_list[0])},
                   "model": None if named else infos[model_name(model_list[0])], "models": infos,
                   "methods": [{k: v for k, v in r.items() if k != "rows"} for r in results]}
         if folder.path is not None and is_main_process():  # several processes: rank 0 writes
-            _plot(record, cfg, [model_label(m) for m in model_list] if named else [cfg.model], res.config["engine"], folder)
+            _plot(record, cfg, [model_label(m) for m in model_list] if named else [model_name(model_list[0])],
+                  res.config["engine"], folder)
         folder.finish(record)  # last: its presence means "complete"
-    return CompareResult(record["methods"], record["config"], record)
+    rows = [{"model": r["model"], "method": r["method"], "label": r["label"], **row} for r in results for row in r["rows"]]
+    return CompareResult(record["methods"], record["config"], record, rows)
 
 
 def _load(model: str | Loaded | Backend, cfg: SweepConfig, progress: bool) -> Backend:

@@ -4,7 +4,7 @@ loading anything, so bad input fails before a model loads or a file is written."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ..backends import parse_spec
@@ -18,13 +18,22 @@ from .scorer import CHAT_MODES
 
 @dataclass
 class ModelChoice:
-    model: str = "smollm2-135m"  # a registered name, a Hugging Face directory or hub id, a .gguf file, or a served model
-    # spec: vllm:DIR,key=value,... | openai:model=NAME,base_url=URL,tokenizer=DIR,... (backends/spec.py)
-    dtype: str = "bf16"  # bf16 | fp32
-    device: str = "cpu"  # cpu | cuda | auto
-    chat: str = "auto"  # use the chat template: auto (if the model has one) | on | off
-    # auto: spread the model over every visible device (transformers' device_map="auto"); None: all on `device`.
-    # Recorded only when set, so the configs (fingerprints) of runs without it are unchanged.
+    """Which model, and how it is loaded.
+
+    model: a registered name (`posbias.MODELS`), a Hugging Face directory or hub id, a .gguf file, or a served
+        model spec `vllm:DIR,key=value,...` | `openai:model=NAME,base_url=URL,tokenizer=DIR,...` (docs/backends.md).
+        With `loaded=` the loaded model is used and its name recorded instead.
+    dtype: bf16 | fp32.
+    device: cpu | cuda | auto.
+    chat: use the model's chat template: auto (if it has one) | on | off.
+    device_map: auto spreads the model over every visible device (transformers' device_map="auto"); None: all on
+        `device`. Recorded only when set, so the fingerprints of runs without it are unchanged.
+    """
+
+    model: str = "smollm2-135m"
+    dtype: str = "bf16"
+    device: str = "cpu"
+    chat: str = "auto"
     device_map: str | None = field(default=None, metadata={"record": "if set"})
 
     def _validate_model(self) -> None:
@@ -38,21 +47,55 @@ class ModelChoice:
         if isinstance(self.model, str):
             parse_spec(self.model)  # a malformed model spec fails here
 
+    def bound_to(self, info: dict):
+        """This config with the model, dtype and device of a model given as `loaded=` (what the run records and
+        its titles show). A dtype or device set to something other than its default that the loaded model
+        contradicts is refused; left at its default, the loaded model's value wins."""
+        defaults = {f.name: f.default for f in fields(ModelChoice)}
+        have = {"dtype": info.get("dtype"), "device": str(info.get("device") or "")}
+        for key in ("dtype", "device"):
+            asked = getattr(self, key)
+            if asked == defaults[key] or not have[key] or asked == "auto" or have[key].split(":")[0] == asked:
+                continue
+            raise PosbiasError(f"`{key}={asked}` contradicts the loaded model, which is {key} {have[key]}",
+                               f"drop `{key}` (the loaded model's is used), or load the model with {key} {asked}")
+        device = have["device"].split(":")[0]
+        device = device if self.device == defaults["device"] and device in DEVICES else self.device  # auto stays auto
+        return replace(self, model=info.get("name", self.model), dtype=have["dtype"] or self.dtype, device=device)
+
 
 @dataclass
 class TaskChoice:
-    task: str | Task = "kv-lookup"  # kv-lookup | kv-uuid | nq | jsonl:PATH | a registered name | a Task object
-    task_options: dict = field(default_factory=dict)  # facts, digits, docs, pairs, answers
-    data_dir: str | None = None  # benchmark data (default ../shared/data or $POSBIAS_DATA)
+    """Which task.
+
+    task: kv-lookup | kv-uuid | nq | jsonl:PATH | any registered name (`posbias.TASKS`) | a Task object.
+    task_options: the task's size and variants, e.g. {"facts": 20} (kv-lookup: facts, digits; nq: docs, answers;
+        two-hop: pairs, style / prompt); `posbias tasks` lists each task's options.
+    data_dir: where benchmark data is read (default ../shared/data or $POSBIAS_DATA).
+    """
+
+    task: str | Task = "kv-lookup"
+    task_options: dict = field(default_factory=dict)
+    data_dir: str | None = None
 
 
 @dataclass
 class Scoring:
-    engine: str | None = None  # teacher-forced | generate; None: the task's default
-    max_new_tokens: int | None = None  # generate: token limit; None: the task's default
-    batch_tokens: int = 16384  # padded tokens per batch
-    max_batch: int = 32  # rows per batch at most
-    prefix_sharing: bool = True  # score each example's shared prompt prefix once (eval/prefix.py); False: plain path
+    """How rows are scored.
+
+    engine: teacher-forced | generate; None: the task's default.
+    max_new_tokens: generate's token limit; None: the task's default.
+    batch_tokens: padded tokens per batch.
+    max_batch: rows per batch at most.
+    prefix_sharing: score each example's shared prompt prefix once and continue every slot from its cache
+        (eval/prefix.py; docs/sweep.md, "Prefix sharing"); False: the plain path, every prompt from scratch.
+    """
+
+    engine: str | None = None
+    max_new_tokens: int | None = None
+    batch_tokens: int = 16384
+    max_batch: int = 32
+    prefix_sharing: bool = True
 
     def _validate_scoring(self) -> None:
         if self.engine is not None and self.engine not in ENGINES:

@@ -43,12 +43,25 @@ DEFAULT_DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
 
 @dataclass
 class GridConfig(Scoring, TaskChoice, ModelChoice):
-    sizes: str = "5,10,20,40,80"  # context sizes, in the task's size option (facts | pairs | docs)
-    depths: str = DEFAULT_DEPTHS  # relative depths of the gold item, percent of the last slot: 0%,50%,100%
-    n: int = 20  # examples per cell
-    seed: int = 0  # example selection / generation seed
-    skip: int = 0  # start offset in the example order (disjoint splits)
-    method: str | Method = "none"  # a method spec (none | pi:1.2 | mspoe | ...) or object
+    """A depth x length grid: sweeps at several context sizes, the gold item at relative depths, one heatmap.
+
+    sizes: context sizes, in the task's size option (facts | pairs | docs).
+    depths: relative depths of the gold item, percent of the last slot: 0%,50%,100%.
+    n: examples per cell.
+    seed: example selection / generation seed.
+    skip: start offset in the example order (disjoint splits).
+    method: a method spec (none | pi:1.2 | mspoe | ...) or object.
+    engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing: see `Scoring`.
+    task, task_options, data_dir: see `TaskChoice`.
+    model, dtype, device, chat, device_map: see `ModelChoice`.
+    """
+
+    sizes: str = "5,10,20,40,80"
+    depths: str = DEFAULT_DEPTHS
+    n: int = 20
+    seed: int = 0
+    skip: int = 0
+    method: str | Method = "none"
 
     def validate(self) -> "GridConfig":
         self._validate_model()
@@ -107,6 +120,10 @@ class GridResult:
     config: dict
     record: dict = field(repr=False)  # the content of grid.json
     out: Path | None = None
+
+    def format(self) -> str:
+        """The printed table (`format_grid`)."""
+        return format_grid(self)
 
 
 def size_option(task: str | Task) -> tuple[str, tuple[int, ...] | None]:

@@ -26,7 +26,7 @@ from ..methods import DecisionRule, Method, get_method
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, versions
 from ..runs import progress as progress_bar
-from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, placement_key
+from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, placement_key, positions_spec
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict
 from .engines import get_engine
 from .scaleout import broadcast_rows, score_split, start_processes
@@ -38,17 +38,33 @@ SWEEP_FILES = ("examples.jsonl", "curve.png", "heatmap.png", "order.png", "timin
 
 @dataclass
 class SweepConfig(Scoring, TaskChoice, ModelChoice):
-    positions: str | None = None  # all | 0,4,9 | 0%,50%,100%; two-hop: connected,disconnected,reversed | 0:1,5:13 | grid
-    # (None: the task's default, all slots / the three modes)
-    n: int = 100  # examples per position
-    seed: int = 0  # example selection / generation seed
-    skip: int = 0  # start offset in the example order (disjoint splits)
-    method: str | Method = "none"  # a method spec (none | pi:1.2 | lpes:DIR/factors.json | mspoe | buckets | ...) or object
+    """One sweep: every example at every requested gold position, scored by one model under one method.
+
+    positions: where the gold item goes: a list of slots [0, 4, 9], one slot 5, or the CLI's string "all" |
+        "0,4,9" | "0%,50%,100%" (percent of the last slot); two-hop tasks: pairs [(0, 1), (8, 9)] or
+        "connected,disconnected,reversed" | "0:1,5:13" | "grid" | "all". None: the task's default (all slots, or
+        the three modes). Normalised to the string form by `validate()`, which is what the run records.
+    n: examples per position (the same examples at every position).
+    seed: example selection / generation seed.
+    skip: start offset in the seeded example order (disjoint splits).
+    method: a training-free method: a spec (none | pi:1.2 | lpes:DIR/factors.json | mspoe | buckets | ...;
+        `posbias.METHODS`) or a Method object.
+    model, dtype, device, chat, device_map: see `ModelChoice`.
+    task, task_options, data_dir: see `TaskChoice`.
+    engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing: see `Scoring`.
+    """
+
+    positions: str | list | int | None = None
+    n: int = 100
+    seed: int = 0
+    skip: int = 0
+    method: str | Method = "none"
 
     def validate(self) -> "SweepConfig":
         self._validate_model()
         self._validate_scoring()
         check_split(self.n, self.skip)
+        self.positions = positions_spec(self.positions)  # [0, 5, 9] or 5 -> "0,5,9": the recorded config is a spec
         return self
 
     def to_dict(self) -> dict:
@@ -63,6 +79,10 @@ class SweepResult:
     rows: list[dict] = field(repr=False)  # one per example x position
     record: dict = field(repr=False)  # the content of sweep.json
     out: Path | None = None
+
+    def format(self) -> str:
+        """The printed table: accuracy per placement with its CI, then the summary (`format_table`)."""
+        return format_table(self.per_position, self.summary)
 
 
 def per_position_stats(rows: list[dict], positions: list[Placement], example_ids: list[str],
@@ -88,8 +108,10 @@ def per_position_stats(rows: list[dict], positions: list[Placement], example_ids
 def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | Backend | None = None,
               resume: bool = False, overwrite: bool = False, progress: bool = True,
               scored: list[dict] | None = None) -> SweepResult:
-    """Run (or resume) a sweep. out=None writes nothing; `loaded` reuses an already loaded model (or an open
-    backend); else cfg.model is a model spec (backends/spec.py: in process, vllm:..., openai:...).
+    """Run (or resume) a sweep. out=None writes nothing; `loaded` reuses an already loaded model (`load_model`,
+    `wrap_model`) or an open backend, and the run records its name, dtype and device (a cfg.dtype / cfg.device set
+    to a non-default value it contradicts is refused); else cfg.model is a model spec (backends/spec.py: in
+    process, vllm:..., openai:...).
     scored: rows the unmodified model already gave on this configuration (compare hands the `none` entry's rows
     to the order decision rules, which leave the model as it is): they are logged, not scored again."""
     cfg = (cfg or SweepConfig()).validate()
@@ -114,6 +136,8 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     start_processes()  # several processes: join their group first (each rank's own GPU)
     backend = as_backend(loaded) if loaded is not None else open_backend(cfg.model, cfg.dtype, cfg.device, progress,
                                                                           cfg.device_map)
+    if loaded is not None:  # the run records (and titles) the model it ran, with its dtype and device
+        cfg = cfg.bound_to(backend.info)
     try:
         return _run(cfg, out, backend, task, method, positions, examples, calibration, folder, resume, overwrite, progress,
                     scored if isinstance(method, DecisionRule) else None)

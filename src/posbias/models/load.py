@@ -215,8 +215,7 @@ def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "c
     else:
         model.to(dev)
     model.eval()
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
+    set_pad_token(tok)
     info = _info(name, kind, src, gguf, model, tok, dtype, dev)
     return Loaded(model=model, tokenizer=tok, info={**info, "device_map": device_map} if device_map else info)
 
@@ -232,9 +231,32 @@ def load_tokenizer(name: str, progress: bool = True):
     except Exception as e:
         raise PosbiasError(f"could not load the tokenizer of '{name}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
                            "pass the served model's directory (or its registered name) as tokenizer=... in the model spec") from e
+    return set_pad_token(tok)
+
+
+def set_pad_token(tok):
+    """Batched scoring pads: a tokenizer without a pad token pads with its end-of-sequence token."""
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def wrap_model(model, tokenizer, name: str = "model") -> Loaded:
+    """A model and tokenizer you already hold (a fine-tune, a PEFT model, a quantized one) as the `Loaded` that
+    `load_model` returns, so every pipeline takes it as `loaded=`. Like `load_model` it puts the model in eval mode
+    and gives a tokenizer without a pad token its end-of-sequence token; `name` is what runs record and titles show."""
+    if not hasattr(model, "config") or not hasattr(model, "parameters"):
+        raise PosbiasError(f"`model` must be a transformers causal LM, got {type(model).__name__}",
+                           "pass the model object (e.g. from AutoModelForCausalLM.from_pretrained), then its tokenizer")
+    if not callable(tokenizer) or not hasattr(tokenizer, "eos_token"):
+        raise PosbiasError(f"`tokenizer` must be a transformers tokenizer, got {type(tokenizer).__name__}",
+                           "pass the model's tokenizer (e.g. from AutoTokenizer.from_pretrained)")
+    model.eval()
+    set_pad_token(tokenizer)
+    param = next(model.parameters())
+    dtype = next((k for k, v in DTYPES.items() if v == param.dtype), str(param.dtype).removeprefix("torch."))
+    info = _info(name, "wrapped", name, None, model, tokenizer, dtype, param.device)
+    return Loaded(model=model, tokenizer=tokenizer, info=info)
 
 
 def export_model(name: str, out: str | Path, dtype: str = "bf16") -> Path:

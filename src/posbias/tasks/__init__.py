@@ -6,7 +6,7 @@ from .docqa import JSONL_SCHEMA, DocQA, jsonl_task, nq_task
 from .kv_lookup import KVLookup
 from .kv_uuid import KVUUID
 from .order import ORDER_SCHEMAS, OrderItem, OrderTask
-from .placement import MODES, Placement, as_json, label, mode_of, mode_summary, resolve_pairs, resolve_positions
+from .placement import MODES, Placement, as_json, label, mode_of, mode_summary, positions_spec, resolve_pairs, resolve_positions
 from .order import ORDER_SCHEMAS, OrderItem, OrderTask
 from .placement import key as placement_key
 from .registry import TASKS, TaskEntry, get_task, register_task
@@ -15,5 +15,5 @@ from .twohop import PROMPTS, KV2Hop, TwoHop, TwoHopQA, move2, musique_task
 __all__ = [
     "MODES", "PROMPTS", "Doc", "as_json", "DocQA", "JSONL_SCHEMA", "KV2Hop", "KVLookup", "KVUUID", "Placement", "Prompt", "TASKS",
     "Task", "TaskEntry", "ORDER_SCHEMAS", "OrderItem", "OrderTask", "TwoHop", "TwoHopQA", "get_task", "jsonl_task", "label", "mode_of", "mode_summary", "move",
-    "move2", "musique_task", "nq_task", "placement_key", "register_task", "resolve_pairs", "resolve_positions",
+    "move2", "musique_task", "nq_task", "placement_key", "positions_spec", "register_task", "resolve_pairs", "resolve_positions",
 ]

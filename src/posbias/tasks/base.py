@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import PosbiasError
-from .placement import Placement, resolve_positions
+from .placement import Placement, positions_spec, resolve_positions
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,10 @@ class Task(ABC):
         """Every placement: each slot."""
         return list(range(self.n_slots))
 
-    def placements(self, spec: str | None) -> list[Placement]:
-        """The placements a positions spec names (module tasks/placement.py); None: the task's default."""
+    def placements(self, spec: str | list | int | None) -> list[Placement]:
+        """The placements a positions spec names (module tasks/placement.py; a list of slots too); None: the
+        task's default."""
+        spec = positions_spec(spec)
         return resolve_positions(self.default_positions if spec is None else spec, self.n_slots)
 
     @property

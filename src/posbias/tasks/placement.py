@@ -96,6 +96,26 @@ def _pair(part: str, n: int) -> tuple[int, int]:
     return i, j
 
 
+def positions_spec(value) -> str | None:
+    """`positions` as given in Python -> the spec string the tasks read (None stays None: the task's default).
+
+    Accepts the CLI string (`"0,5,9"`, `"all"`, `"0%,50%,100%"`, `"connected"`, `"0:1,8:9"`), one slot (`5`), a
+    list or tuple of slots (`[0, 5, 9]`) and, for two-hop tasks, a list of pairs (`[(0, 1), (8, 9)]`)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        value = None  # a bool is an int to Python, never a slot
+    elif isinstance(value, int):
+        return str(value)
+    if isinstance(value, (list, tuple)) and value:
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return ",".join(map(str, value))
+        if all(isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(i, int) for i in v) for v in value):
+            return ",".join(f"{i}:{j}" for i, j in value)
+    raise PosbiasError(f"`positions` must be slots or a spec string, got {value!r}",
+                       "pass a list like [0, 5, 9], one slot like 5, or a string like \"all\" or \"0%,50%,100%\"")
+
+
 def resolve_pairs(spec: str, n: int) -> list[tuple[int, int]]:
     """A pair spec (module docstring) -> the ordered list of placements, each once."""
     if not spec.strip():

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import PosbiasError
 from .base import Doc, FactsTask, Prompt, RecordsTask, Task, read_jsonl, shared_data_dir
-from .placement import resolve_pairs
+from .placement import positions_spec, resolve_pairs
 
 REASONING = ("Let's first identify the relevant information from the long context and list it. Then, carry out "
              "step-by-step reasoning based on that information, and finally, provide the answer. The final answer "
@@ -56,7 +56,8 @@ class TwoHop(Task):
     n_gold = 2
     default_positions = "connected,disconnected,reversed"
 
-    def placements(self, spec: str | None) -> list[tuple[int, int]]:
+    def placements(self, spec: str | list | None) -> list[tuple[int, int]]:
+        spec = positions_spec(spec)
         default = self.default_positions if self.n_slots > 2 else "all"  # two slots: (0, 1) and (1, 0), no gap
         return resolve_pairs(default if spec is None else spec, self.n_slots)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from ...core.ga import GAConfig
 from ...errors import PosbiasError
 from ...eval.config import ModelChoice, Scoring, TaskChoice, check_split, config_dict
+from ...tasks import positions_spec
 
 SPACES = ("curve", "layers", "random")  # GA over control points | GA over per-layer factors (brute force) | random search
 PRESETS: dict[str, dict] = {
@@ -31,13 +32,30 @@ def _ga(preset: str) -> GAConfig:
 
 @dataclass
 class SearchConfig(Scoring, TaskChoice, ModelChoice):
-    n: int = PRESETS["cpu"]["n"]  # search examples, each scored at 3 positions per individual
-    seed: int = 0  # example seed (the GA has its own, ga.seed)
-    skip: int | None = None  # the search split starts here; None: 1000, or a file task's last n examples (sweeps use 0..)
-    positions: tuple[int, int, int] | None = None  # beginning, middle, end slots; None: 0, n_slots // 2, n_slots - 1
-    weights: tuple[float, float, float] = (0.2, 0.3, 0.5)  # lambda_B, lambda_M, lambda_E (Sec. 4.1)
+    """An LPES search: per-layer RoPE factors found by a constrained genetic algorithm (LPES Sec. 4).
+    `SearchConfig()` is the cpu preset; `SearchConfig.from_preset("paper", ...)` the paper's.
+
+    n: search examples, each scored at 3 positions per individual.
+    seed: example seed (the GA has its own, ga.seed).
+    skip: the search split starts here; None: 1000, or a file task's last n examples (sweeps use 0..).
+    positions: beginning, middle, end slots ([0, 5, 9] or "0,5,9"); None: 0, n_slots // 2, n_slots - 1.
+    weights: lambda_B, lambda_M, lambda_E (Sec. 4.1).
+    space: what the search explores: curve (GA over Bezier control points) | layers (GA over per-layer factors,
+        brute force) | random.
+    budget: random search: individuals to draw (default: what the GA evaluates at most).
+    ga: the genetic algorithm's settings (GAConfig; the preset's).
+    engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing: see `Scoring`.
+    task, task_options, data_dir: see `TaskChoice`.
+    model, dtype, device, chat, device_map: see `ModelChoice`.
+    """
+
+    n: int = PRESETS["cpu"]["n"]
+    seed: int = 0
+    skip: int | None = None
+    positions: tuple[int, int, int] | None = None
+    weights: tuple[float, float, float] = (0.2, 0.3, 0.5)
     space: str = "curve"
-    budget: int | None = None  # random search: individuals to draw (default: what the GA evaluates at most)
+    budget: int | None = None
     ga: GAConfig = field(default_factory=lambda: _ga("cpu"))
 
     @classmethod
@@ -60,6 +78,13 @@ class SearchConfig(Scoring, TaskChoice, ModelChoice):
         if len(w) != 3 or min(w) < 0 or abs(sum(w) - 1) > 1e-9:
             raise PosbiasError(f"`weights` must be three non-negative numbers summing to 1, got {w}",
                                "e.g. `weights=0.2,0.3,0.5`")
+        if self.positions is not None:  # "0,5,9" or [0, 5, 9] -> (0, 5, 9)
+            spec = positions_spec(self.positions)
+            try:
+                self.positions = tuple(int(p) for p in spec.split(","))
+            except ValueError:
+                raise PosbiasError(f"`positions` must be three slots (beginning, middle, end), got {spec!r}",
+                                   "name three slots, e.g. `positions=[0, 5, 9]`") from None
         if self.positions is not None and len(self.positions) != 3:
             raise PosbiasError(f"`positions` must be three slots (beginning, middle, end), got {self.positions}",
                                "name three, e.g. `positions=0,MIDDLE,LAST` (the task's middle and last slots)")

@@ -33,18 +33,37 @@ GENERATED_SKIP = 3000  # generated tasks: sweeps use 0.., the LPES search 1000..
 
 @dataclass
 class MoICEConfig(TaskChoice, ModelChoice):
-    steps: int = PRESETS["cpu"]["steps"]  # optimizer steps
-    batch: int = PRESETS["cpu"]["batch"]  # examples per optimizer step (gradients accumulated over micro-batches)
-    micro_batch: int = 4  # examples per forward (memory only: the step's gradient is the same)
-    lr: float = PRESETS["cpu"]["lr"]  # AdamW learning rate, constant
-    weight_decay: float = 0.0  # train.sh: 0
-    top_k: int | None = PRESETS["cpu"]["top_k"]  # experts kept per token and head; None: all bases
-    bases: tuple[float, ...] | None = None  # RoPE bases of the main kind; None: the paper's list scaled to theta
-    aux_coef: float = PRESETS["cpu"]["aux_coef"]  # weight of the load-balancing loss
-    n: int | None = None  # training examples; None: steps * batch (each seen once)
-    seed: int = 0  # example seed; also draws each example's gold slot
-    skip: int | None = None  # the training split starts here; None: see split_start
-    router_seed: int = 0  # initialisation of the routers
+    """MoICE router training: per-head routers over RoPE bases, the model frozen (the one baseline that trains).
+    `MoICEConfig()` is the cpu preset.
+
+    steps: optimizer steps.
+    batch: examples per optimizer step (gradients accumulated over micro-batches).
+    micro_batch: examples per forward (memory only: the step's gradient is the same).
+    lr: AdamW learning rate, constant.
+    weight_decay: AdamW weight decay (the released train.sh: 0).
+    top_k: experts kept per token and head; None: all bases.
+    bases: RoPE bases of the main kind; None: the paper's list scaled to theta.
+    aux_coef: weight of the load-balancing loss.
+    n: training examples; None: steps * batch (each seen once).
+    seed: example seed; also draws each example's gold slot.
+    skip: the training split starts here; None: see split_start.
+    router_seed: initialisation of the routers.
+    task, task_options, data_dir: see `TaskChoice`.
+    model, dtype, device, chat, device_map: see `ModelChoice`.
+    """
+
+    steps: int = PRESETS["cpu"]["steps"]
+    batch: int = PRESETS["cpu"]["batch"]
+    micro_batch: int = 4
+    lr: float = PRESETS["cpu"]["lr"]
+    weight_decay: float = 0.0
+    top_k: int | None = PRESETS["cpu"]["top_k"]
+    bases: tuple[float, ...] | None = None
+    aux_coef: float = PRESETS["cpu"]["aux_coef"]
+    n: int | None = None
+    seed: int = 0
+    skip: int | None = None
+    router_seed: int = 0
 
     @classmethod
     def from_preset(cls, preset: str = "cpu", **overrides) -> "MoICEConfig":

@@ -45,35 +45,80 @@ OPERATIONAL = ("device", "save_steps", "save_total_limit", "gen_batch_tokens", "
 
 @dataclass
 class DistillConfig(TaskChoice, ModelChoice):
-    stage: str = "r1"  # r1 (retrieval: one gold item) | r2 (reasoning: two hops)
-    method: str = "pos2distill"  # r1: pos2distill | seqkd | sft; r2: pos2distill | sft | selftrain
-    ablation: str = "full"  # r1 pos2distill: kl | kl+align | full
-    preset: str = "cpu"  # whose learning rate a full fine-tuning takes when lr is None
-    n: int = PRESETS["r1"]["cpu"]["n"]  # training questions (Appendix C: 300 for r1, 500 for r2)
-    k: int = 5  # trivial placements per question (Sec. 5.2.2: 4-6; r2: 4)
-    anchor: str | None = None  # advantageous placement: None (slot 0; two hops: n-2:n-1), a slot, i:j, or auto:PATH
-    correct_only: bool = True  # keep questions whose anchor response is correct (released code)
-    max_draw: int | None = None  # examples looked at for n kept (default 10 n)
-    skip: int | None = None  # the training split starts here (default: data.default_skip)
+    """Pos2Distill fine-tuning (r1: retrieval, r2: two-hop reasoning) and its SFT / SeqKD / self-training
+    baselines. `DistillConfig()` is the r1 cpu preset; `DistillConfig.from_preset("paper", stage="r2")` another.
+
+    stage: r1 (retrieval: one gold item) | r2 (reasoning: two hops).
+    method: r1: pos2distill | seqkd | sft; r2: pos2distill | sft | selftrain.
+    ablation: r1 pos2distill: kl | kl+align | full.
+    preset: whose learning rate a full fine-tuning takes when lr is None.
+    n: training questions (Appendix C: 300 for r1, 500 for r2).
+    k: trivial placements per question (Sec. 5.2.2: 4-6; r2: 4).
+    anchor: advantageous placement: None (slot 0; two hops: n-2:n-1), a slot, i:j, or auto:PATH.
+    correct_only: keep questions whose anchor response is correct (released code).
+    max_draw: examples looked at for n kept (default 10 n).
+    skip: the training split starts here (default: data.default_skip).
+    seed: example selection seed.
+    max_new_tokens: anchor response length (default: the task's).
+    lora: train LoRA adapters (merged into the saved model) instead of every weight.
+    lora_r: LoRA rank.
+    lora_alpha: LoRA alpha.
+    lora_dropout: LoRA dropout.
+    lora_targets: the modules LoRA adapts (peft's target_modules).
+    lr: the learning rate; None: the preset's for full fine-tuning, LORA_LR for LoRA.
+    batch_size: training sequences per optimizer step.
+    micro_batch: questions per forward; 0 = a whole step (gradient accumulation otherwise).
+    epochs: passes over the training records.
+    max_steps: > 0 overrides epochs.
+    lam: the weight of the anchoring loss (Pos2Distill eq. 9, lambda).
+    count_factor: the released code's P/|B_i| factor on alpha.
+    anchor_copy: r1 seqkd/sft: also train on the anchor-slot copy (identical data with Pos2Distill).
+    eos: append the end-of-turn token to every target.
+    scheduler: the learning-rate schedule (transformers' lr_scheduler_type).
+    min_lr_ratio: cosine_with_min_lr: the final learning rate as a share of lr.
+    warmup: ratio of the steps (< 1) or a number of steps.
+    weight_decay: AdamW weight decay.
+    adam_beta2: AdamW beta2.
+    max_grad_norm: gradient clipping norm.
+    gradient_checkpointing: recompute activations in the backward pass (less memory, slower).
+    padding_side: where training batches are padded: left | right.
+    save_steps: checkpoint every this many steps (resume reads them).
+    save_total_limit: checkpoints kept.
+    gen_batch_tokens: padded tokens per batch when generating the anchor responses.
+    gen_max_batch: rows per batch at most when generating the anchor responses.
+    task, task_options, data_dir: see `TaskChoice`.
+    model, dtype, device, chat, device_map: see `ModelChoice`.
+    """
+
+    stage: str = "r1"
+    method: str = "pos2distill"
+    ablation: str = "full"
+    preset: str = "cpu"
+    n: int = PRESETS["r1"]["cpu"]["n"]
+    k: int = 5
+    anchor: str | None = None
+    correct_only: bool = True
+    max_draw: int | None = None
+    skip: int | None = None
     seed: int = 0
-    max_new_tokens: int | None = None  # anchor response length (default: the task's)
+    max_new_tokens: int | None = None
     lora: bool = False
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     lora_targets: str = "all-linear"
-    lr: float | None = None  # None: the preset's for full fine-tuning, LORA_LR for LoRA
-    batch_size: int = 32  # training sequences per optimizer step
-    micro_batch: int = 0  # questions per forward; 0 = a whole step (gradient accumulation otherwise)
+    lr: float | None = None
+    batch_size: int = 32
+    micro_batch: int = 0
     epochs: float = 2.0
-    max_steps: int = 0  # > 0 overrides epochs
+    max_steps: int = 0
     lam: float = 1.0
-    count_factor: bool = False  # the released code's P/|B_i| factor on alpha
-    anchor_copy: bool = True  # r1 seqkd/sft: also train on the anchor-slot copy (identical data with Pos2Distill)
-    eos: bool = True  # append the end-of-turn token to every target
+    count_factor: bool = False
+    anchor_copy: bool = True
+    eos: bool = True
     scheduler: str = "cosine_with_min_lr"
     min_lr_ratio: float = 0.1
-    warmup: float = 0.05  # ratio of the steps (< 1) or a number of steps
+    warmup: float = 0.05
     weight_decay: float = 0.01
     adam_beta2: float = 0.95
     max_grad_norm: float = 1.0
