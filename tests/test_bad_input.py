@@ -283,7 +283,9 @@ RERUN = ("sweep", "compare", "lpes", "distill", "moice", "analyze", "grid")
 
 # what needs the model: checked after it loads (docs/reliability.md); every other case is refused before
 NEED_MODEL = {"context window is 2048", "3 RoPE scaling factors for a 2-layer", "3 RoPE scaling factors",
-              "fewer control points (--points)", "different configuration (config.seed"}
+              "fewer control points (--points)", "different configuration (config.seed",
+              # the hidden channel's range, its layers and its model are known once the model is loaded
+              "hidden channel 64 is out of range", "do not fit a 2-layer", "was found on other-model"}
 
 
 def _count_model_loads(monkeypatch) -> list:
