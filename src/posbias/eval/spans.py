@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import PosbiasError
+from ..tasks.arrange import char_ranges
 from ..tasks.base import Prompt
 from .encode import render
 
@@ -45,21 +46,6 @@ class Spans:
         return [k for k, s in enumerate(self.span_of) if s == span]
 
 
-def _char_ranges(text: str, items: list[str], start: int, prompt: Prompt) -> list[tuple[int, int]]:
-    """(begin, end) of each item in `text`, searched in order from `start`; an error if one is missing."""
-    out, cursor = [], start
-    for k, item in enumerate(items):
-        a = text.find(item, cursor) if item else -1
-        if a < 0:
-            raise PosbiasError(
-                f"item {k} of example {prompt.example_id} is not found verbatim in its prompt ({item[:40]!r})",
-                "make `Task.items` return the item texts exactly as `build` writes them, in prompt order",
-            )
-        out.append((a, a + len(item)))
-        cursor = a + len(item)
-    return out
-
-
 def item_spans(tokenizer, prompt: Prompt, items: list[str], chat: bool) -> Spans:
     """Spans of `items` (in prompt order) in the prompt as `encode(tokenizer, prompt, chat)` tokenises it."""
     if not items:
@@ -68,7 +54,7 @@ def item_spans(tokenizer, prompt: Prompt, items: list[str], chat: bool) -> Spans
     enc = tokenizer(text, add_special_tokens=not chat, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
     user_at = text.find(prompt.user)
-    ranges = _char_ranges(text, items, max(user_at, 0), prompt)
+    ranges = char_ranges(text, items, max(user_at, 0), prompt.example_id)
     n = len(items)
     span_of = [n + 1] * len(ids)
     k = 0

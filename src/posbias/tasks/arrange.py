@@ -20,19 +20,27 @@ from ..errors import PosbiasError
 from .base import Prompt
 
 
+def char_ranges(text: str, items: Sequence[str], start: int, example_id: str) -> list[tuple[int, int]]:
+    """(begin, end) of each item in `text`, searched in order from `start` (so repeated texts map in order); an
+    error if one is missing. The one item finder: eval/spans.py maps the same ranges to tokens."""
+    out, cursor = [], start
+    for k, item in enumerate(items):
+        a = text.find(item, cursor) if item else -1
+        if a < 0:
+            raise PosbiasError(
+                f"item {k} of example {example_id} is not found verbatim in its prompt ({item[:40]!r})",
+                "make `Task.items` return the item texts exactly as `build` writes them, in prompt order",
+            )
+        out.append((a, a + len(item)))
+        cursor = a + len(item)
+    return out
+
+
 def _ranges(prompt: Prompt) -> list[tuple[int, int]]:
     if not prompt.items:
         raise PosbiasError(f"example {prompt.example_id} lists no items to rearrange",
                            "use a task that lists its items (kv-lookup, kv-uuid, nq, jsonl:PATH)")
-    out, cursor = [], 0
-    for k, item in enumerate(prompt.items):
-        a = prompt.user.find(item, cursor) if item else -1
-        if a < 0:
-            raise PosbiasError(f"item {k} of example {prompt.example_id} is not in its prompt verbatim",
-                               "make `Task.items` return the item texts exactly as `build` writes them")
-        out.append((a, a + len(item)))
-        cursor = a + len(item)
-    return out
+    return char_ranges(prompt.user, prompt.items, 0, prompt.example_id)
 
 
 def split_label(item: str, label: str | None) -> tuple[str, str]:
