@@ -112,8 +112,9 @@ def _calibrate(st: CalibState, module, query, key, value, mask, kwargs, out) -> 
     ids = table[:, None, None, :].expand(b, hq, q, s)
     mass = torch.zeros(b, hq, q, n + 1, device=p.device).scatter_add_(3, ids, p)[..., :n]  # [B, Hq, q, n]
     # N_k: the item's tokens this query can see (a sliding window or the cache may hide some), so a full forward and
-    # a decode step over a windowed cache count the same tokens
-    seen = torch.isfinite(bias).to(p.dtype)  # [B, 1|Hq, q, S]
+    # a decode step over a windowed cache count the same tokens. A mask hides a token with -inf or with the dtype's
+    # most negative finite number (eager masks), so "seen" is a bias above half of that, not a finite one
+    seen = (bias > torch.finfo(bias.dtype).min / 2).to(p.dtype)  # [B, 1|Hq, q, S]
     count = torch.zeros(*seen.shape[:3], n + 1, device=p.device).scatter_add_(
         3, table[:, None, None, :].expand(seen.shape), seen)[..., :n]  # [B, 1|Hq, q, n]
     mean = mass / count.clamp(min=1)  # Attn(k) per head and query
