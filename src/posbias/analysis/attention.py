@@ -48,8 +48,8 @@ class AttentionConfig(TaskChoice, ModelChoice):
     n: examples.
     seed: example selection / generation seed.
     skip: start offset in the example order (disjoint splits).
-    positions: the placements measured: a list of slots, one slot or the CLI's string (as SweepConfig's); None:
-        the task's.
+    positions: the placements measured: a list of slots, one slot, or a string as a sweep takes (0,4,9 |
+        0%,50%,100% | all); None: the task's.
     method: a RoPE-rescaling method spec (none | pi:1.2 | layers:... | lpes:DIR).
     rows: last: the last prompt token | answer: every row that predicts an answer token, averaged.
     heads: also store the per-head masses.

@@ -23,9 +23,9 @@ class ModelChoice:
     """Which model, and how it is loaded. A model passed to a run as `loaded=` replaces `model` (the run records
     its name, dtype and device instead: `bound_to`).
 
-    model: a registered name (`posbias.MODELS`; `posbias models` lists them), a Hugging Face directory or hub id,
-        a .gguf file, or a served model spec vllm:DIR,key=value,... | openai:model=NAME,base_url=URL,tokenizer=DIR,...
-        (`posbias backends`; docs/backends.md).
+    model: a registered name (`posbias models` lists them), a Hugging Face directory or hub id, a .gguf file, or a
+        served model spec vllm:DIR,key=value,... | openai:model=NAME,base_url=URL,tokenizer=DIR,... (`posbias
+        backends`; docs/backends.md).
     dtype: bf16 | fp32.
     device: cpu | cuda | auto (cuda if visible).
     chat: use the model's chat template: auto (if it has one) | on | off.
@@ -72,8 +72,8 @@ class ModelChoice:
 class TaskChoice:
     """Which task.
 
-    task: a registered task name, or NAME:ARG for a task that takes one (jsonl:PATH; `posbias.TASKS`, `posbias
-        tasks` lists them and their options), or a Task object.
+    task: a registered task, with its argument if it takes one (jsonl:PATH), or a Task object; `posbias tasks`
+        lists them and their options.
     task_options: the task's size and variants, e.g. {"facts": 20} (kv-lookup: facts, digits; nq: docs, answers;
         two-hop: pairs, style / prompt); `posbias tasks` lists each task's options.
     data_dir: the benchmark data directory; None: ../shared/data or $POSBIAS_DATA.
@@ -88,13 +88,12 @@ class TaskChoice:
 class Scoring:
     """How rows are scored.
 
-    engine: how an answer is scored, by teacher forcing or by generating it (`posbias.ENGINES`); None: the task's
-        default.
+    engine: how answers are scored (`posbias.ENGINES`); None: the task's default.
     max_new_tokens: generate: the token limit; None: the task's default.
     batch_tokens: padded tokens per batch.
     max_batch: rows per batch at most.
     prefix_sharing: score each example's shared prompt prefix once and continue every slot from its cache
-        (eval/prefix.py; docs/sweep.md, "Prefix sharing"); False: the plain path, every prompt from scratch.
+        (docs/sweep.md); False: the plain path, every prompt from scratch.
     """
 
     engine: str | None = None

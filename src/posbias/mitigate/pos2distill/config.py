@@ -69,7 +69,7 @@ class DistillConfig(TaskChoice, ModelChoice):
     lora_alpha: LoRA alpha.
     lora_dropout: LoRA dropout.
     lora_targets: the modules LoRA adapts (peft's target_modules).
-    lr: the learning rate; None: the preset's for full fine-tuning, 1e-4 (LORA_LR) for LoRA.
+    lr: the learning rate; None: the preset's for full fine-tuning, 1e-4 for LoRA.
     batch_size: training sequences per optimizer step (paper 32; whole questions kept).
     micro_batch: questions per forward; 0: a whole step (smaller saves memory: gradients accumulate).
     epochs: passes over the training records (paper 2).
