@@ -34,7 +34,7 @@ from .. import (
 from .options import (MODEL, RUN, SPLIT, TASK, Args, cli_option, field_option, floats, ints, method_values, model_fields,
                       placements, run_kwargs, task_fields, uses, words)
 
-analyze_app = typer.Typer(no_args_is_help=True, help="Why the model fails where it fails: analyses of a real model.")
+analyze_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
 synth_app = typer.Typer(no_args_is_help=True, help="Controlled synthetic experiments (Wu et al. 2025, Sec. 5).")
 
 

@@ -11,7 +11,7 @@ from .. import HiddenSearchConfig, run_hidden_search
 from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, field_option, floats, ints, model_fields, run_kwargs,
                       task_fields, uses)
 
-hidden_app = typer.Typer(no_args_is_help=True, help="Positional hidden-channel scaling: find the channel (training-free).")
+hidden_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
 
 
 @hidden_app.callback()

@@ -13,7 +13,7 @@ from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, cli_op
                       model_fields, run_kwargs, task_fields, uses)
 
 lpes_app = typer.Typer(no_args_is_help=True, help="LPES: search per-layer RoPE scaling factors (training-free).")
-distill_app = typer.Typer(no_args_is_help=True, help="Train a model to lose its position bias (Pos2Distill, SFT, SeqKD).")
+distill_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
 
 
 @distill_app.callback()

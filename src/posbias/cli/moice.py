@@ -10,7 +10,7 @@ import typer
 from .. import MoICEConfig, train_moice
 from .options import MODEL, RUN, SPLIT, TASK, Args, field_option, floats, model_fields, run_kwargs, task_fields, uses
 
-moice_app = typer.Typer(no_args_is_help=True, help="MoICE: routers that mix attention over several RoPE bases (trained).")
+moice_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
 
 
 @moice_app.callback()
