@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 
 from .. import DistillConfig, SearchConfig, format_length_gain, run_distill, run_length_gain, run_search
-from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, cli_option, default, field_option, floats, ints,
-                      model_fields, run_kwargs, task_fields, uses)
+from .options import (FIELD, MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, cli_option, default, field_option, floats,
+                      ints, model_fields, run_kwargs, task_fields, uses)
 
 lpes_app = typer.Typer(no_args_is_help=True, help="LPES: search per-layer RoPE scaling factors (training-free).")
 distill_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
@@ -24,8 +24,8 @@ def _distill_group() -> None:
 GA = "Genetic algorithm (Table 12; unset: the preset's)"
 
 
-def _ga(name: str, default: object = None) -> typer.Option:
-    """An option of the GA's settings (SearchConfig.ga); default None: the preset's."""
+def _ga(name: str, default: object = FIELD) -> typer.Option:
+    """An option of the GA's settings (SearchConfig.ga): GAConfig's default, or None: the preset's."""
     return field_option(SearchConfig, f"ga.{name}", default=default, rich_help_panel=GA)
 
 
@@ -40,19 +40,19 @@ def search(
     weights: str = field_option(SearchConfig, "weights", default=",".join(map(str, default("weights", SearchConfig)))),
     space: str = field_option(SearchConfig, "space"),
     budget: Optional[int] = field_option(SearchConfig, "budget"),
-    curve: str = _ga("curve", "bezier"),
-    points: int = _ga("n_points", 4),
-    generations: Optional[int] = _ga("generations"),
-    pop_size: int = _ga("pop_size", 32),
-    parents: int = _ga("n_parents", 12),
-    crossovers: int = _ga("n_crossover", 4),
-    mutations: int = _ga("n_mutation", 16),
-    mx: int = _ga("mx", 2),
-    my: Optional[float] = _ga("my"),
-    y_min: Optional[float] = _ga("y_min"),
-    y_max: Optional[float] = _ga("y_max"),
-    y_step: Optional[float] = _ga("y_step"),
-    y_init: Optional[float] = _ga("y_init"),
+    curve: str = _ga("curve"),
+    points: int = _ga("n_points"),
+    generations: Optional[int] = _ga("generations", None),
+    pop_size: int = _ga("pop_size"),
+    parents: int = _ga("n_parents"),
+    crossovers: int = _ga("n_crossover"),
+    mutations: int = _ga("n_mutation"),
+    mx: int = _ga("mx"),
+    my: Optional[float] = _ga("my", None),
+    y_min: Optional[float] = _ga("y_min", None),
+    y_max: Optional[float] = _ga("y_max", None),
+    y_step: Optional[float] = _ga("y_step", None),
+    y_init: Optional[float] = _ga("y_init", None),
 ) -> None:
     """Search per-layer RoPE factors (Algorithm 1) on a search split; write OUT/factors.json. Options left unset
     take the preset's values.
