@@ -82,6 +82,8 @@ from .synth import run_grid as run_synth_grid  # noqa: E402
 from .synth import run_single as run_synth_one  # noqa: E402
 from .tasks import JSONL_SCHEMA, ORDER_SCHEMAS, TASKS, Prompt, Task, get_task, register_task, resolve_positions  # noqa: E402
 from .version import __version__  # noqa: E402
+from .eval.config import field_docs  # noqa: E402
+from .synth import RunConfig as SynthRunConfig  # noqa: E402
 
 __all__ = [
     "BACKENDS", "Backend", "ModelSpec", "open_backend", "parse_spec", "split_models", "export_model",
@@ -103,4 +105,5 @@ __all__ = [
     "run_synth_one", "run_theory", "set_threads", "wrap_model", "split_specs", "synth_grid_runs", "synth_run_config",
     "is_main_process",
     "HIDDEN_PRESETS", "HiddenScale", "HiddenSearchConfig", "HiddenSearchResult", "run_hidden_search",
+    "field_docs", "SynthRunConfig",
 ]

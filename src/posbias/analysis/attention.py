@@ -48,11 +48,12 @@ class AttentionConfig(TaskChoice, ModelChoice):
     n: examples.
     seed: example selection / generation seed.
     skip: start offset in the example order (disjoint splits).
-    positions: the placements: a list of slots, one slot or the CLI string (default: the task's).
+    positions: the placements measured: a list of slots, one slot, or a string as a sweep takes (0,4,9 |
+        0%,50%,100% | all); None: the task's.
     method: a RoPE-rescaling method spec (none | pi:1.2 | layers:... | lpes:DIR).
     rows: last: the last prompt token | answer: every row that predicts an answer token, averaged.
-    heads: also the per-head masses.
-    scales: uniform RoPE factors for the LPES Fig. 5 study (replaces `method`).
+    heads: also store the per-head masses.
+    scales: uniform RoPE factors for the LPES Fig. 5 study, e.g. 1.0,1.2,1.5 (replaces method).
     rollout: the real-model rollout beside the accuracy; None: on for prompts <= 1000 tokens.
     residual: rollout: A' = a I + (1 - a) A (0 = attention alone, the emergence paper's setting).
     batch_tokens: padded tokens per capture batch.

@@ -32,11 +32,22 @@ BANDS = ("first third", "middle third", "last third")
 
 @dataclass
 class PriorConfig(TaskChoice, ModelChoice):
-    """Where and how the prior is measured: `n` examples from `skip` (keep them off the evaluation's examples)."""
+    """Where and how the positional prior is measured: `n` examples from `skip`, off the examples an evaluation
+    uses.
 
-    n: int = 20  # examples (each measured with the dummy at every slot)
+    n: examples, each measured with the content-free item at every slot.
+    seed: example selection / generation seed.
+    skip: start offset in the seeded example order (a comparison evaluates examples 0..n-1: the prior is
+        measured elsewhere).
+    batch_tokens: padded tokens per batch.
+    max_batch: rows per batch at most.
+    task, task_options, data_dir: see `TaskChoice`.
+    model, dtype, device, chat, device_map: see `ModelChoice`.
+    """
+
+    n: int = 20
     seed: int = 0
-    skip: int = 1000  # a comparison evaluates examples 0..n-1: the prior is measured elsewhere
+    skip: int = 1000
     batch_tokens: int = 16384
     max_batch: int = 32
 

@@ -48,10 +48,12 @@ class ShiftingConfig(TaskChoice, ModelChoice):
     n: examples.
     seed: example selection / generation seed.
     skip: start offset in the example order (disjoint splits).
-    positions: the placements measured: a list of slots (or pairs), one slot or the CLI string (default: the
-        task's, all slots / the three modes).
+    positions: the placements measured: a list of slots (or pairs), one slot, or a string as a sweep takes (0,4,9 |
+        0%,50%,100% | all; two hops: connected,disconnected,reversed | 0:1,5:13); None: the task's, all slots / the
+        three modes.
     max_new_tokens: response length (default: the task's).
-    method: a training-free method applied at every placement (the anchor's too).
+    method: a training-free method applied at every placement, the anchor's too: a spec (`posbias.METHODS`) or a
+        Method object.
     top: tokens listed at the divergence (Fig. 8).
     task, task_options, data_dir: see `TaskChoice`.
     model, dtype, device, chat, device_map: see `ModelChoice`.

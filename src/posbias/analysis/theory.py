@@ -232,11 +232,18 @@ def compute_theory(cfg: TheoryConfig) -> dict:
 
 @dataclass(frozen=True)
 class RealRollout:
-    """The same rollout on a real model's kv-lookup prompts (analysis/rollout_real.py)."""
+    """The same rollout on a real model's kv-lookup prompts (analysis/rollout_real.py).
+
+    model: the real model: a registered name, a Hugging Face directory or hub id, or a .gguf file.
+    facts: facts per kv-lookup prompt.
+    n: kv-lookup examples per gold position.
+    dtype: bf16 | fp32.
+    device: cpu | cuda | auto (cuda if visible).
+    """
 
     model: str = "smollm2-135m"
-    facts: int = 10  # facts per prompt
-    n: int = 8  # examples per gold position
+    facts: int = 10
+    n: int = 8
     dtype: str = "bf16"
     device: str = "cpu"
 

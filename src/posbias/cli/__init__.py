@@ -27,8 +27,7 @@ from .moice import moice_app
 from .report import report
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-    help="posbias: measure, explain and mitigate position bias in transformer LLMs.",
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,  # help: _root's docstring
 )
 for command in (sweep, compare, grid, theory, tasks, models, backends, export, report):
     app.command()(command)

@@ -13,6 +13,7 @@ from .. import (
     PriorConfig,
     RealRollout,
     ShiftingConfig,
+    SynthRunConfig,
     TheoryConfig,
     format_attention,
     format_prior,
@@ -30,10 +31,10 @@ from .. import (
     synth_grid_runs,
     synth_run_config,
 )
-from .options import (MODEL, RUN, SPLIT, TASK, Args, default, floats, ints, method_help, model_fields, placements,
-                      run_kwargs, task_fields, uses, words)
+from .options import (MODEL, RUN, SPLIT, TASK, Args, cli_option, field_option, floats, ints, method_values, model_fields,
+                      placements, run_kwargs, task_fields, uses, words)
 
-analyze_app = typer.Typer(no_args_is_help=True, help="Why the model fails where it fails: analyses of a real model.")
+analyze_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
 synth_app = typer.Typer(no_args_is_help=True, help="Controlled synthetic experiments (Wu et al. 2025, Sec. 5).")
 
 
@@ -47,22 +48,26 @@ def _bools(s: Optional[str]) -> Optional[list[bool]]:
     return [m[x] for x in s.split(",")]
 
 
-Preset = typer.Option("quick", help="quick (CPU, ~30 min for all three grids with --workers 2) | medium | paper")
-Out = typer.Option(None, help="output directory (default runs/synth-GRID-PRESET)")
+# the synthetic grids' options; one left unset takes the preset's value
+Preset = typer.Option("quick", help="quick (CPU, ~30 min for all three grids with --workers 2: 4000 iterations, lr 3e-3, "
+                                    "2 seeds, 5000 test sequences) | medium (8000 iterations) | paper (100000 iterations, "
+                                    "lr 1e-3, 5 seeds, 10000 test sequences); an option left unset takes the preset's value")
+Out = cli_option("out", None, more=" (default runs/synth-GRID-PRESET)")
 Seeds = typer.Option(None, help="seeds per configuration (quick 2, paper 5)")
-Iters = typer.Option(None, help="training iterations (quick 4000, paper 100000)")
-Lr = typer.Option(None, help="AdamW learning rate (quick 3e-3, paper 1e-3)")
-EvalSeqs = typer.Option(None, help="test sequences per swap-test set (quick 5000, paper 10000)")
+Iters = field_option(SynthRunConfig, "train.iters", default=None)
+Lr = field_option(SynthRunConfig, "train.lr", default=None)
+EvalSeqs = field_option(SynthRunConfig, "eval.n_seqs", default=None)
 Workers = typer.Option(1, help="parallel runs (processes, 1 thread each); 2 on a 2-core machine")
 Pes = typer.Option(None, help="comma list of none,sin,rope,decay")
 Depths = typer.Option(None, help="comma list of depths")
 Residual = typer.Option(None, help="comma list of on,off")
-Kind = typer.Option(None, help="gaussian | fixed (App. L fixed vocabulary, lambda 0.75)")
-Twin = typer.Option(None, help="swap-test twin: other (its label is wrong) | any (public code)")
-Overwrite = typer.Option(False, "--overwrite", help="discard the finished runs in OUT and start again")
-Quiet = typer.Option(False, "--quiet", help="no progress bars")
+Kind = field_option(SynthRunConfig, "data.kind", default=None)
+Twin = field_option(SynthRunConfig, "eval.twin", default=None)
+Overwrite = cli_option("overwrite", False, "--overwrite")
+Quiet = cli_option("quiet", False, "--quiet")
 Device = typer.Option("cpu", help="cpu | cuda | auto (cuda if available, else cpu)")
 Group = typer.Option(1, help="runs of one architecture trained at once on --device (batched; 1: one at a time)")
+DATA = "Data (App. J)"
 
 
 def _grid(grid, preset, out, workers, overwrite, quiet, device="cpu", group=1, **over) -> None:
@@ -104,7 +109,7 @@ def bias(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] =
 def sinks(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] = Seeds,
           iters: Optional[int] = Iters, lr: Optional[float] = Lr, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
           masks: Optional[str] = typer.Option(None, help="comma list: causal,window5,window9,prefix2,..."),
-          sink_seqs: Optional[int] = typer.Option(None, help="sequences for the sink metric"),
+          sink_seqs: Optional[int] = field_option(SynthRunConfig, "eval.sink_seqs", default=None),
           residual: Optional[str] = Residual, kind: Optional[str] = Kind, depths: Optional[str] = Depths,
           overwrite: bool = Overwrite, quiet: bool = Quiet, device: str = Device, group: int = Group) -> None:
     """Attention sinks under causal, sliding-window and prefix masks (App. K.4, Fig. 8; the paper: 2 layers)."""
@@ -114,26 +119,30 @@ def sinks(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] 
 
 @synth_app.command()
 def train(
-    depth: int = typer.Option(2, help="attention layers"),
-    mask: str = typer.Option("causal", help="none | causal | windowN | prefixN (tokens)"),
-    pe: str = typer.Option("none", help="none | sin | rope | decay"),
-    residual: bool = typer.Option(True, "--residual/--no-residual"),
-    bias: str = typer.Option("none", help="training-data bias: none | first | middle | last | first-last"),
-    kind: str = typer.Option("gaussian", help="gaussian | fixed (App. L)"),
-    iters: int = typer.Option(4000, help="training iterations (paper: 100000)"),
-    lr: float = typer.Option(1e-3, help="AdamW learning rate (paper 1e-3; the quick grids use 3e-3)"),
-    seed: int = typer.Option(0),
-    eval_seqs: int = typer.Option(5000, help="test sequences per swap-test set (paper: 10000)"),
-    classes: int = typer.Option(2048, help="K"), labels: int = typer.Option(32, help="L"),
-    burstiness: int = typer.Option(4, help="B"), eps: float = typer.Option(0.75, help="within-class noise"),
-    items: int = typer.Option(8, help="n"), dim: int = typer.Option(64, help="d"),
-    lam: float = typer.Option(0.75, help="anisotropy (kind=fixed)"),
-    std: Optional[float] = typer.Option(None, help="component std (default 1/sqrt(d); the public code uses 1/d)"),
-    out: Path = typer.Option(Path("runs/synth-train"), help="output directory (rerun to resume)"),
+    depth: int = field_option(SynthRunConfig, "model.depth"),
+    mask: str = field_option(SynthRunConfig, "model.mask"),
+    pe: str = field_option(SynthRunConfig, "model.pe"),
+    residual: bool = field_option(SynthRunConfig, "model.residual", "--residual/--no-residual"),
+    iters: int = field_option(SynthRunConfig, "train.iters", default=4000),
+    lr: float = field_option(SynthRunConfig, "train.lr"),
+    seed: int = field_option(SynthRunConfig, "seed"),
+    eval_seqs: int = field_option(SynthRunConfig, "eval.n_seqs", default=5000),
+    bias: str = field_option(SynthRunConfig, "data.bias", rich_help_panel=DATA),
+    kind: str = field_option(SynthRunConfig, "data.kind", rich_help_panel=DATA),
+    classes: int = field_option(SynthRunConfig, "data.n_classes", rich_help_panel=DATA),
+    labels: int = field_option(SynthRunConfig, "data.n_labels", rich_help_panel=DATA),
+    burstiness: int = field_option(SynthRunConfig, "data.burstiness", rich_help_panel=DATA),
+    eps: float = field_option(SynthRunConfig, "data.eps", rich_help_panel=DATA),
+    items: int = field_option(SynthRunConfig, "data.n_items", rich_help_panel=DATA),
+    dim: int = field_option(SynthRunConfig, "data.dim", rich_help_panel=DATA),
+    lam: float = field_option(SynthRunConfig, "data.lam", rich_help_panel=DATA),
+    std: Optional[float] = field_option(SynthRunConfig, "data.component_std", rich_help_panel=DATA),
+    out: Path = cli_option("out", Path("runs/synth-train"), more=" (rerun to resume)"),
     quiet: bool = Quiet,
     device: str = Device,
 ) -> None:
-    """Train and evaluate one configuration; print its metrics."""
+    """Train and evaluate one configuration (the paper's data and lr, a short run: 4000 iterations, 5000 test
+    sequences); print its metrics."""
     data = dict(n_classes=classes, n_labels=labels, burstiness=burstiness, eps=eps, n_items=items, dim=dim, bias=bias,
                 kind=kind, lam=lam, component_std=std)
     cfg = synth_run_config(depth=depth, mask=mask, pe=pe, residual=residual, iters=iters, lr=lr, seed=seed,
@@ -141,18 +150,21 @@ def train(
     typer.echo(format_synth_run(run_synth_one(cfg, out, progress=not quiet, device=device)))
 
 
+REAL = "Real model (--real)"
+
+
 def theory(
-    out: Path = typer.Option(Path("runs/theory"), help="output directory (a rerun recomputes it: it takes seconds)"),
-    seed: int = typer.Option(0, help="seed of the random instances"),
+    out: Path = cli_option("out", Path("runs/theory"), more=" (a rerun recomputes it: it takes seconds)"),
+    seed: int = field_option(TheoryConfig, "seed"),
     tokens: Optional[int] = typer.Option(None, help="sequence length N of the synthetic instances (figures: 64; "
                                                     "given, the theorem checks use it too, else their own defaults)"),
     depth: Optional[int] = typer.Option(None, help="layers of the synthetic instances (figures: 16; given, the "
                                                    "theorem checks use it too, else their own defaults)"),
     real: bool = typer.Option(True, "--real/--no-real", help="also roll out a real model on kv-lookup prompts"),
-    model: str = typer.Option("smollm2-135m", help="the real model"),
-    n: int = typer.Option(8, help="real model: kv-lookup examples per gold position"),
-    facts: int = typer.Option(10, help="real model: facts per prompt"),
-    dtype: str = typer.Option("bf16", help="real model: bf16 | fp32"),
+    model: str = field_option(RealRollout, "model", rich_help_panel=REAL),
+    n: int = field_option(RealRollout, "n", rich_help_panel=REAL),
+    facts: int = field_option(RealRollout, "facts", rich_help_panel=REAL),
+    dtype: str = field_option(RealRollout, "dtype", rich_help_panel=REAL),
 ) -> None:
     """Attention rollout over masks, decay masks and RoPE: figures, theorem checks, real-model rollout."""
     rollout = RealRollout(model=model, facts=facts, n=n, dtype=dtype).validate() if real else None
@@ -171,14 +183,13 @@ def _analyze_group() -> None:
 
 
 @analyze_app.command()
-@uses(MODEL, TASK, SPLIT.defaults(n=20), RUN.defaults(out=Path("runs/shifting")))
+@uses(ShiftingConfig, MODEL, TASK, SPLIT, RUN.defaults(out=Path("runs/shifting")))
 def shifting(
     model: Args, task: Args, split: Args, run: Args,
-    positions: Optional[str] = typer.Option(None, help="the placements measured (default: the task's)"),
-    max_new_tokens: Optional[int] = typer.Option(None, help="response length (default: the task's)"),
-    method: str = typer.Option(default("method", ShiftingConfig),
-                               help=method_help("a training-free method at every placement: ")),
-    top: int = typer.Option(10, help="tokens listed at the first divergence (Fig. 8)"),
+    positions: Optional[str] = field_option(ShiftingConfig, "positions"),
+    max_new_tokens: Optional[int] = field_option(ShiftingConfig, "max_new_tokens"),
+    method: str = field_option(ShiftingConfig, "method", values=method_values),
+    top: int = field_option(ShiftingConfig, "top"),
 ) -> None:
     """Token and thought shifting: where the greedy answer at each placement leaves the advantageous one, the rank of
     the advantageous token there (top 10?), single-token shifts, and perplexities (Pos2Distill Fig. 3a, 8, 9)."""
@@ -190,7 +201,7 @@ def shifting(
 
 
 @analyze_app.command()
-@uses(MODEL, TASK, SPLIT.defaults(n=20, skip=1000), RUN.defaults(out=Path("runs/prior")))
+@uses(PriorConfig, MODEL, TASK, SPLIT, RUN.defaults(out=Path("runs/prior")))
 def prior(model: Args, task: Args, split: Args, run: Args) -> None:
     """The positional attention prior: a content-free item in each slot and the attention it gets, per slot and layer
     band, beside the accuracy (Found-in-the-Middle Sec. 3.2); `--method calib:OUT` calibrates with it."""
@@ -201,18 +212,15 @@ def prior(model: Args, task: Args, split: Args, run: Args) -> None:
 
 
 @analyze_app.command()
-@uses(MODEL, TASK, SPLIT.defaults(n=20), RUN.defaults(out=Path("runs/attention")))
+@uses(AttentionConfig, MODEL, TASK, SPLIT, RUN.defaults(out=Path("runs/attention")))
 def attention(
     model: Args, task: Args, split: Args, run: Args,
-    positions: Optional[str] = typer.Option(None, help="the placements measured (default: the task's)"),
-    method: str = typer.Option("none", help="a RoPE-rescaling method: none | pi:1.2 | layers:... | lpes:DIR"),
-    rows: str = typer.Option("last", help="last (the last prompt token) | answer (every row that predicts an answer "
-                                          "token, averaged)"),
-    heads: bool = typer.Option(False, "--heads", help="also store the per-head masses"),
-    scales: Optional[str] = typer.Option(None, help="uniform RoPE factors for the LPES Fig. 5 study, e.g. 1.0,1.2,1.5"),
-    rollout: Optional[bool] = typer.Option(None, "--rollout/--no-rollout",
-                                           help="real-model rollout beside the accuracy (default: on for prompts "
-                                                "<= 1000 tokens)"),
+    positions: Optional[str] = field_option(AttentionConfig, "positions"),
+    method: str = field_option(AttentionConfig, "method"),
+    rows: str = field_option(AttentionConfig, "rows"),
+    heads: bool = field_option(AttentionConfig, "heads", "--heads"),
+    scales: Optional[str] = field_option(AttentionConfig, "scales"),
+    rollout: Optional[bool] = field_option(AttentionConfig, "rollout", "--rollout/--no-rollout"),
 ) -> None:
     """Attention per document: the mass the answer-producing rows put on each item, per layer, as the gold moves
     (Pos2Distill Fig. 7; LPES Fig. 5 with --scales), with the accuracy and the rollout's prediction beside it."""

@@ -7,16 +7,15 @@ from pathlib import Path
 import typer
 
 from .. import GridConfig, format_grid, run_grid
-from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, default, method_help, model_fields, run_kwargs, task_fields, uses
+from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, field_option, method_values, model_fields, run_kwargs,
+                      task_fields, uses)
 
 
-@uses(MODEL, TASK, SPLIT.defaults(n=20), SCORING, RUN.defaults(out=Path("runs/grid")))
+@uses(GridConfig, MODEL, TASK, SPLIT, SCORING, RUN.defaults(out=Path("runs/grid")))
 def grid(model: Args, task: Args, split: Args, scoring: Args, run: Args,
-         sizes: str = typer.Option(default("sizes", GridConfig), help="context sizes in the task's size option: kv-lookup facts, "
-                                                         "kv-uuid pairs, nq docs (10,20)"),
-         depths: str = typer.Option(default("depths", GridConfig),
-                                    help="depths of the gold item, percent of the context (slot = round(d/100*(size-1)))"),
-         method: str = typer.Option(default("method", GridConfig), help=method_help())
+         sizes: str = field_option(GridConfig, "sizes"),
+         depths: str = field_option(GridConfig, "depths"),
+         method: str = field_option(GridConfig, "method", values=method_values)
          ) -> None:
     """Put the gold item at each depth for each context size; a depth x length heatmap with per-cell CIs."""
     cfg = GridConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring), sizes=sizes,

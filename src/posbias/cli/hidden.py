@@ -8,9 +8,10 @@ from typing import Optional
 import typer
 
 from .. import HiddenSearchConfig, run_hidden_search
-from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, floats, ints, model_fields, run_kwargs, task_fields, uses
+from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, field_option, floats, ints, model_fields, run_kwargs,
+                      task_fields, uses)
 
-hidden_app = typer.Typer(no_args_is_help=True, help="Positional hidden-channel scaling: find the channel (training-free).")
+hidden_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
 
 
 @hidden_app.callback()
@@ -29,20 +30,21 @@ def _layers(text: Optional[str]) -> Optional[tuple[int, ...]]:
 
 
 @hidden_app.command()
-@uses(MODEL, TASK, SPLIT.defaults(n=None, skip=None), SCORING, RUN.defaults(out=Path("runs/hidden")))
+@uses(HiddenSearchConfig, MODEL, TASK, SPLIT.defaults(n=None, skip=None), SCORING, RUN.defaults(out=Path("runs/hidden")))
 def search(
     model: Args, task: Args, split: Args, scoring: Args, run: Args,
-    preset: str = typer.Option("cpu", help="cpu (2-core budget; docs/hidden.md) | paper (the public search_dims.py)"),
-    samples: Optional[int] = typer.Option(None, help="random-text sequences averaged (preset; paper 200)"),
-    length: Optional[int] = typer.Option(None, help="tokens per sequence (preset; paper 1000)"),
-    top_k: Optional[int] = typer.Option(None, help="candidate channels scored on the task (preset; paper 10)"),
-    scales: Optional[str] = typer.Option(None, help="factors tried per candidate, e.g. 0,-1 (preset; paper 0.5,0,-0.5,-1)"),
-    layers: Optional[str] = typer.Option(None, help="decoder layers scaled, a-b (default: the paper's middle layers)"),
-    positions: Optional[str] = typer.Option(None, help="calibration slots (default 0, middle, last)"),
-    select: Optional[str] = typer.Option(None, help="accuracy (loss breaks ties) | loss (preset; paper loss)"),
+    preset: str = typer.Option("cpu", help="cpu (2-core budget: 48 samples of 384 tokens, 4 candidates, scales 0,-1, "
+                                           "16 examples; docs/hidden.md) | paper (the public search_dims.py)"),
+    samples: Optional[int] = field_option(HiddenSearchConfig, "samples", default=None),
+    length: Optional[int] = field_option(HiddenSearchConfig, "length", default=None),
+    top_k: Optional[int] = field_option(HiddenSearchConfig, "top_k", default=None),
+    scales: Optional[str] = field_option(HiddenSearchConfig, "scales", default=None),
+    layers: Optional[str] = field_option(HiddenSearchConfig, "layers"),
+    positions: Optional[str] = field_option(HiddenSearchConfig, "positions"),
+    select: Optional[str] = field_option(HiddenSearchConfig, "select", default=None),
 ) -> None:
     """Average hidden states over random text, keep the smoothest monotone channels, and score each with each
-    scale on a calibration split; write OUT/hidden.json.
+    scale on a calibration split; write OUT/hidden.json. Options left unset take the preset's values.
 
     The split is examples SKIP.. (default 1500, or the last N of a file task's pool); sweeps use examples 0.."""
     pos = floats(positions, None, "positions")

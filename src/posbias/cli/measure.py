@@ -23,16 +23,15 @@ from .. import (
     split_models,
     split_specs,
 )
-from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, default, method_help, model_fields, placements, run_kwargs,
-                      task_fields, uses)
+from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, field_option, method_values, model_fields, placements,
+                      run_kwargs, task_fields, uses)
 
-POSITIONS = typer.Option(None, help="all | 0,4,9 | 0%,50%,100% (percent of the last slot); two-hop tasks: "
-                                    "connected,disconnected,reversed | 0:1,5:13 | grid | all (default: all slots / the modes)")
+POSITIONS = field_option(SweepConfig, "positions")
 
 
-@uses(MODEL, TASK, SPLIT, SCORING, RUN.defaults(out=Path("runs/sweep")))
+@uses(SweepConfig, MODEL, TASK, SPLIT, SCORING, RUN.defaults(out=Path("runs/sweep")))
 def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positions: Optional[str] = POSITIONS,
-          method: str = typer.Option(default("method"), help=method_help())
+          method: str = field_option(SweepConfig, "method", values=method_values)
           ) -> None:
     """Put the gold item at each position in turn, score the model, report the curve."""
     cfg = SweepConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
@@ -48,7 +47,7 @@ def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positi
     typer.echo(f"wrote {run.out}/sweep.json, examples.jsonl, curve.png")
 
 
-@uses(MODEL, TASK, SPLIT, SCORING, RUN.defaults(out=Path("runs/compare")))
+@uses(SweepConfig, MODEL, TASK, SPLIT, SCORING, RUN.defaults(out=Path("runs/compare")))
 def compare(model: Args, task: Args, split: Args, scoring: Args, run: Args, positions: Optional[str] = POSITIONS,
             methods: str = typer.Option("none", help="comma list of method specs, e.g. "
                                                      "none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json"),
@@ -99,7 +98,7 @@ def backends() -> None:
 
 def export(model: str = typer.Argument(..., help="a model posbias loads: registered name, .gguf file, HF directory"),
            out: Path = typer.Argument(..., help="a new directory for the plain model (weights, config, tokenizer)"),
-           dtype: str = typer.Option("bf16", help="bf16 | fp32")) -> None:
+           dtype: str = field_option(SweepConfig, "dtype")) -> None:
     """Write a model as a plain Hugging Face directory any engine serves (vLLM does not read our GGUF packages)."""
     export_model(model, out, dtype)
     typer.echo(f"wrote {out} (serve it, e.g. python -m vllm.entrypoints.openai.api_server --model {out})")

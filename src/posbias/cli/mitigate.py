@@ -9,11 +9,11 @@ from typing import Optional
 import typer
 
 from .. import DistillConfig, SearchConfig, format_length_gain, run_distill, run_length_gain, run_search
-from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, default, floats, ints, model_fields, run_kwargs,
-                      task_fields, uses)
+from .options import (FIELD, MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, cli_option, default, field_option, floats,
+                      ints, model_fields, run_kwargs, task_fields, uses)
 
 lpes_app = typer.Typer(no_args_is_help=True, help="LPES: search per-layer RoPE scaling factors (training-free).")
-distill_app = typer.Typer(no_args_is_help=True, help="Train a model to lose its position bias (Pos2Distill, SFT, SeqKD).")
+distill_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
 
 
 @distill_app.callback()
@@ -21,39 +21,41 @@ def _distill_group() -> None:
     """Train a model to lose its position bias (Pos2Distill, SFT, SeqKD)."""
 
 
-GA = "Genetic algorithm (Table 12)"
+GA = "Genetic algorithm (Table 12; unset: the preset's)"
 
 
-def _ga(**kw) -> typer.Option:
-    return typer.Option(rich_help_panel=GA, **kw)
+def _ga(name: str, default: object = FIELD) -> typer.Option:
+    """An option of the GA's settings (SearchConfig.ga): GAConfig's default, or None: the preset's."""
+    return field_option(SearchConfig, f"ga.{name}", default=default, rich_help_panel=GA)
 
 
 @lpes_app.command()
-@uses(MODEL, TASK, SPLIT.defaults(n=None, skip=None), SCORING, RUN.defaults(out=Path("runs/lpes")))
+@uses(SearchConfig, MODEL, TASK, SPLIT.defaults(n=None, skip=None), SCORING, RUN.defaults(out=Path("runs/lpes")))
 def search(
     model: Args, task: Args, split: Args, scoring: Args, run: Args,
-    preset: str = typer.Option("cpu", help="cpu (2-core budget; see docs/lpes.md) | paper (Sec. 4.1, Table 12)"),
-    positions: Optional[str] = typer.Option(None, help="beginning,middle,end slots (default 0, middle, last)"),
-    weights: str = typer.Option(",".join(map(str, default("weights", SearchConfig))),
-                                help="lambda_B,lambda_M,lambda_E"),
-    space: str = typer.Option(default("space", SearchConfig),
-                              help="curve (Bezier GA) | layers (GA per layer: brute force) | random"),
-    budget: Optional[int] = typer.Option(None, help="random search: individuals to draw"),
-    curve: str = _ga(default="bezier", help="bezier | linear | step (Table 6)"),
-    points: int = _ga(default=4, help="control points (Table 7: 2-5; 4 = cubic)"),
-    generations: Optional[int] = _ga(default=None, help="GA generations (preset; paper 20)"),
-    pop_size: int = _ga(default=32, help="population size"),
-    parents: int = _ga(default=12, help="parents kept per generation"),
-    crossovers: int = _ga(default=4, help="crossover offspring per generation"),
-    mutations: int = _ga(default=16, help="mutation offspring per generation"),
-    mx: int = _ga(default=2, help="max x change of a control point"),
-    my: Optional[float] = _ga(default=None, help="max y change of a control point (preset; paper 0.2)"),
-    y_min: Optional[float] = _ga(default=None, help="smallest factor (preset; paper 1.0)"),
-    y_max: Optional[float] = _ga(default=None, help="largest factor (preset; paper 2.0)"),
-    y_step: Optional[float] = _ga(default=None, help="factor grid step (preset; paper 0.1)"),
-    y_init: Optional[float] = _ga(default=None, help="factor of the initial individual (preset; eq. 8: 1.5)"),
+    preset: str = typer.Option("cpu", help="cpu (2-core budget: 24 examples, 5 generations, factors 1.0-1.5 step 0.05; "
+                                           "docs/lpes.md) | paper (Sec. 4.1, Table 12: 200 examples, 20 generations, "
+                                           "factors 1.0-2.0 step 0.1)"),
+    positions: Optional[str] = field_option(SearchConfig, "positions"),
+    weights: str = field_option(SearchConfig, "weights", default=",".join(map(str, default("weights", SearchConfig)))),
+    space: str = field_option(SearchConfig, "space"),
+    budget: Optional[int] = field_option(SearchConfig, "budget"),
+    curve: str = _ga("curve"),
+    points: int = _ga("n_points"),
+    generations: Optional[int] = _ga("generations", None),
+    pop_size: int = _ga("pop_size"),
+    parents: int = _ga("n_parents"),
+    crossovers: int = _ga("n_crossover"),
+    mutations: int = _ga("n_mutation"),
+    mx: int = _ga("mx"),
+    my: Optional[float] = _ga("my", None),
+    y_min: Optional[float] = _ga("y_min", None),
+    y_max: Optional[float] = _ga("y_max", None),
+    y_step: Optional[float] = _ga("y_step", None),
+    y_init: Optional[float] = _ga("y_init", None),
 ) -> None:
-    """Search per-layer RoPE factors (Algorithm 1) on a search split; write OUT/factors.json.
+    """Search per-layer RoPE factors (Algorithm 1) on a search split; write OUT/factors.json. Options left unset
+    take the preset's values.
 
     The split is examples SKIP.. (default 1000, or the last N of a file task's pool); sweeps use examples 0.."""
     pos = ints(positions, "positions", "0,MIDDLE,LAST", 3)
@@ -81,8 +83,8 @@ def search(
 @lpes_app.command()
 def gain(
     dirs: list[Path] = typer.Argument(..., help="`posbias compare` folders: the same methods at different context lengths"),
-    out: Path = typer.Option(Path("runs/lpes-gain"), help="output folder (gain.json, gain.png)"),
-    overwrite: bool = typer.Option(False, help="replace an existing result in OUT"),
+    out: Path = cli_option("out", Path("runs/lpes-gain"), more=" (gain.json, gain.png)"),
+    overwrite: bool = cli_option("overwrite", False, "--overwrite"),
 ) -> None:
     """Gain of each method over the unmodified model (paired 95% CI) against prompt length -> OUT/gain.png."""
     rec = run_length_gain(dirs, out, overwrite=overwrite)
@@ -90,24 +92,21 @@ def gain(
     typer.echo(f"wrote {out}/gain.json and gain.png")
 
 
-TRAIN = Group(
+TRAIN = Group(  # DistillConfig's fields
     "train", "Training",
-    preset=Opt("cpu", "cpu (64 questions, lr 1e-4; docs/pos2distill.md) | paper (r1 300 / r2 500 questions, lr 3e-6)"),
-    k=Opt(None, "trivial placements per question (default: the preset's; r1 5, Sec. 5.2.2: 4-6; r2 4)", Optional[int]),
-    anchor=Opt(None, "advantageous placement: a slot (r1, default 0) or i:j (r2, default the last two slots), or "
-                     "auto:PATH (the best placement of a sweep.json)", Optional[str]),
-    correct_only=Opt(True, "keep only questions answered correctly at the anchor (released code)", bool,
-                     ("--correct-only/--keep-all",)),
-    lora=Opt(False, "LoRA adapters (merged at the end) or full fine-tuning (paper)", bool, ("--lora/--full",)),
-    lr=Opt(None, "learning rate (default: the preset's for full fine-tuning; 1e-4 LoRA)", Optional[float]),
-    batch_size=Opt(32, "training sequences per optimizer step (paper 32); whole questions kept", int),
-    micro_batch=Opt(0, "questions per forward (0: a whole step); smaller saves memory", int),
-    gradient_checkpointing=Opt(False, "recompute activations in the backward pass (less memory, ~30% slower)", bool,
-                               ("--gradient-checkpointing",)),
-    epochs=Opt(2.0, "epochs (paper 2)", float),
-    max_steps=Opt(0, "stop after this many optimizer steps (0: use --epochs)", int),
-    max_new_tokens=Opt(None, "anchor response length (default: the task's)", Optional[int]),
-    save_steps=Opt(10, "checkpoint every this many steps", int),
+    preset=Opt(),
+    k=Opt(None, type=Optional[int]),
+    anchor=Opt(type=Optional[str]),
+    correct_only=Opt(type=bool, flags=("--correct-only/--keep-all",)),
+    lora=Opt(type=bool, flags=("--lora/--full",)),
+    lr=Opt(type=Optional[float]),
+    batch_size=Opt(type=int),
+    micro_batch=Opt(type=int),
+    gradient_checkpointing=Opt(type=bool, flags=("--gradient-checkpointing",)),
+    epochs=Opt(type=float),
+    max_steps=Opt(type=int),
+    max_new_tokens=Opt(type=Optional[int]),
+    save_steps=Opt(type=int),
 )
 
 
@@ -130,14 +129,13 @@ def _distill(stage: str, model: Args, task: Args, split: Args, train: Args, run:
 
 
 @distill_app.command()
-@uses(MODEL, TASK, SPLIT.defaults(n=None, skip=None), TRAIN, RUN.defaults(out=Path("runs/distill")))
+@uses(DistillConfig, MODEL, TASK, SPLIT.defaults(n=None, skip=None), TRAIN, RUN.defaults(out=Path("runs/distill")))
 def r1(
     model: Args, task: Args, split: Args, train: Args, run: Args,
-    method: str = typer.Option("pos2distill", help="pos2distill | sft (gold answers) | seqkd (teacher responses, CE)"),
-    ablation: str = typer.Option("full", help="pos2distill: kl | kl+align | full (= kl + align + anchoring)"),
-    lam: float = typer.Option(1.0, help="lambda, the weight of the anchoring loss (paper 1)"),
-    anchor_copy: bool = typer.Option(True, "--anchor-copy/--no-anchor-copy",
-                                     help="sft/seqkd: also train on the anchor-slot copy, the data Pos2Distill gets"),
+    method: str = field_option(DistillConfig, "method"),
+    ablation: str = field_option(DistillConfig, "ablation"),
+    lam: float = field_option(DistillConfig, "lam"),
+    anchor_copy: bool = field_option(DistillConfig, "anchor_copy", "--anchor-copy/--no-anchor-copy"),
 ) -> None:
     """Retrieval: distil the anchor slot's behaviour into the other slots (Sec. 4.2); write OUT/model.
 
@@ -146,11 +144,11 @@ def r1(
 
 
 @distill_app.command()
-@uses(MODEL, TASK.defaults(task="kv-2hop"), SPLIT.defaults(n=None, skip=None), TRAIN, RUN.defaults(out=Path("runs/distill-r2")))
+@uses(DistillConfig, MODEL, TASK.defaults(task="kv-2hop"), SPLIT.defaults(n=None, skip=None), TRAIN,
+      RUN.defaults(out=Path("runs/distill-r2")))
 def r2(
     model: Args, task: Args, split: Args, train: Args, run: Args,
-    method: str = typer.Option("pos2distill", help="pos2distill (the anchor's chain of thought, CE) | sft (gold "
-                                                    "answers) | selftrain (own correct response at each placement)"),
+    method: str = field_option(DistillConfig, "method"),
 ) -> None:
     """Reasoning: train on the chain of thought of the advantageous two-hop placement at K other placements
     (Sec. 4.3); write OUT/model. Tasks: kv-2hop, musique, two-hop jsonl."""

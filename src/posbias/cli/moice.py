@@ -8,9 +8,9 @@ from typing import Optional
 import typer
 
 from .. import MoICEConfig, train_moice
-from .options import MODEL, RUN, SPLIT, TASK, Args, floats, model_fields, run_kwargs, task_fields, uses
+from .options import MODEL, RUN, SPLIT, TASK, Args, field_option, floats, model_fields, run_kwargs, task_fields, uses
 
-moice_app = typer.Typer(no_args_is_help=True, help="MoICE: routers that mix attention over several RoPE bases (trained).")
+moice_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
 
 
 @moice_app.callback()
@@ -19,20 +19,22 @@ def _moice_group() -> None:
 
 
 @moice_app.command()
-@uses(MODEL, TASK, SPLIT.defaults(n=None, skip=None), RUN.defaults(out=Path("runs/moice")))
+@uses(MoICEConfig, MODEL, TASK, SPLIT.defaults(n=None, skip=None), RUN.defaults(out=Path("runs/moice")))
 def train(
     model: Args, task: Args, split: Args, run: Args,
-    preset: str = typer.Option("cpu", help="cpu (2-core budget; mitigate/moice/config.py) | paper (train.sh: 7 x 32, lr 1e-4)"),
-    steps: Optional[int] = typer.Option(None, help="optimizer steps (preset)"),
-    batch: Optional[int] = typer.Option(None, help="examples per step (preset; paper 32)"),
-    micro_batch: int = typer.Option(4, help="examples per forward (memory only)"),
-    lr: Optional[float] = typer.Option(None, help="AdamW learning rate, constant (preset; paper 1e-4)"),
-    top_k: Optional[int] = typer.Option(None, help="experts kept per token and head (preset; paper 7)"),
-    bases: Optional[str] = typer.Option(None, help="RoPE bases B1,... of the main kind (default: the paper's 7 scaled to theta)"),
-    aux: Optional[float] = typer.Option(None, help="load-balancing loss coefficient (paper 0.3)"),
-    router_seed: int = typer.Option(0, help="router initialisation seed"),
+    preset: str = typer.Option("cpu", help="cpu (2-core budget: 6 steps x 4 examples, lr 1e-2; mitigate/moice/config.py) "
+                                           "| paper (train.sh: 7 steps x 32, lr 1e-4)"),
+    steps: Optional[int] = field_option(MoICEConfig, "steps", default=None),
+    batch: Optional[int] = field_option(MoICEConfig, "batch", default=None),
+    micro_batch: int = field_option(MoICEConfig, "micro_batch"),
+    lr: Optional[float] = field_option(MoICEConfig, "lr", default=None),
+    top_k: Optional[int] = field_option(MoICEConfig, "top_k", default=None),
+    bases: Optional[str] = field_option(MoICEConfig, "bases"),
+    aux: Optional[float] = field_option(MoICEConfig, "aux_coef", default=None),
+    router_seed: int = field_option(MoICEConfig, "router_seed"),
 ) -> None:
     """Train per-head MoICE routers on the task's training split; write OUT/moice.json and OUT/routers.safetensors.
+    Options left unset take the preset's values.
 
     The split is examples SKIP.. (default 3000, or three quarters into a file task's pool); sweeps use examples 0.."""
     cfg = MoICEConfig.from_preset(preset, **model_fields(model), **task_fields(task), **vars(split), steps=steps, batch=batch,

@@ -1,14 +1,20 @@
 """Option groups declared once and shared by the commands, plus the small parsers the commands need.
 
-A command names the groups it uses as parameters annotated with `Group` instances:
+A command names the config it sets and the groups it uses, as parameters annotated with `Group` instances:
 
     @app.command()
-    @uses(TASK, RUN.defaults(out=Path("runs/sweep")))
-    def sweep(task: Args, run: Args, positions: str = typer.Option("all", ...)): ...
+    @uses(SweepConfig, TASK, RUN.defaults(out=Path("runs/sweep")))
+    def sweep(task: Args, run: Args, positions: Optional[str] = field_option(SweepConfig, "positions")): ...
 
 `uses` puts every option of those groups into the command's signature (typer reads it), and
 calls the command with one `Args` namespace per group. Help pages list each group under its
 own heading.
+
+Help is written once. An option that sets a config field takes its help from the field's doc (`field_docs`:
+the `name: text` entries of the config's docstring) and its default from the field: a group's `Opt()` reads
+the command's config, `field_option` names the config and field for an option of one command. Only the
+options with no config field (CLI_HELP, the task options, a command's own) write their help here or beside
+their command. tests/test_cli_help.py checks all three.
 """
 
 from __future__ import annotations
@@ -24,24 +30,31 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from .. import ENGINES, METHODS, TASKS, PosbiasError, SweepConfig
+from .. import ENGINES, METHODS, TASKS, PosbiasError, SweepConfig, field_docs
 
 Args = SimpleNamespace  # what a command receives for each group
+FIELD: Any = "<the config field's>"  # an Opt's default or a field_option's: the config field's own (compared by `is`)
 
 
 @dataclass(frozen=True)
 class Opt:
-    default: Any
-    help: str
+    """One option of a group. Left at FIELD and None, `default` and `help` are those of the command's config field
+    named like the option (`field_default`, `field_help`); an option with no config field gives both."""
+
+    default: Any = FIELD
+    help: Optional[str] = None
     type: Any = str
     flags: tuple[str, ...] = ()  # explicit declarations, e.g. ("--resume",); default: --name-with-dashes
+    values: Optional[Callable[[], str]] = None  # the registry's values, appended to the field's doc
 
 
 class Group:
-    """A named set of options; `defaults(...)` gives a copy with other defaults for one command."""
+    """A named set of options; `defaults(...)` gives a copy with other defaults for one command, `of(config)` the
+    copy whose field options read that config."""
 
     def __init__(self, name: str, panel: str, **opts: Opt):
         self.name, self.panel, self.opts = name, panel, opts
+        self.config: Optional[type] = None
 
     def defaults(self, **values: Any) -> "Group":
         """A copy with other defaults (a default of None makes the option optional)."""
@@ -52,16 +65,27 @@ class Group:
             if k in values:
                 o = replace(o, default=values[k], type=Optional[o.type] if values[k] is None else o.type)
             opts[k] = o
-        return Group(self.name, self.panel, **opts)
+        return Group(self.name, self.panel, **opts).of(self.config)
+
+    def of(self, config: Optional[type]) -> "Group":
+        g = Group(self.name, self.panel, **self.opts)
+        g.config = config
+        return g
 
     def parameters(self) -> list[inspect.Parameter]:
-        return [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, annotation=o.type,
-                                  default=typer.Option(o.default, *o.flags, help=o.help, rich_help_panel=self.panel))
-                for k, o in self.opts.items()]
+        out = []
+        for k, o in self.opts.items():
+            default = field_default(self.config, k) if o.default is FIELD else o.default
+            help = o.help if o.help is not None else field_help(self.config, k, o.values)
+            out.append(inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, annotation=o.type,
+                                         default=typer.Option(default, *o.flags, help=help, rich_help_panel=self.panel)))
+        return out
 
 
-def uses(*groups: Group) -> Callable:
-    """Decorator: the command gets each group's options; its parameter named like a group receives an Args."""
+def uses(config: type, *groups: Group) -> Callable:
+    """Decorator: the command sets a `config` from the groups' options (their field options read it); its parameter
+    named like a group receives an Args."""
+    groups = tuple(g.of(config) for g in groups)
 
     def deco(fn: Callable) -> Callable:
         hints = typing.get_type_hints(fn)
@@ -83,37 +107,91 @@ def uses(*groups: Group) -> Callable:
     return deco
 
 
-# ----------------------------------------------------------------------------- the groups
+# ----------------------------------------------------------------------------- help and defaults from the configs
+
+
+def _field(config: Optional[type], name: str) -> tuple[type, dataclasses.Field]:
+    """The config class and field a (dotted: "ga.mx", a nested config's field) name denotes."""
+    head, _, rest = name.partition(".")
+    fields = {f.name: f for f in dataclasses.fields(config)} if config is not None else {}
+    if head not in fields:
+        raise PosbiasError(f"{getattr(config, '__name__', 'no config')} has no field {head!r} for an option",
+                           "name a field of the command's config, or give the option a default and help of its own")
+    f = fields[head]
+    if not rest:
+        return config, f
+    inner = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return _field(type(inner), rest)
+
+
+def field_default(config: Optional[type], name: str) -> Any:
+    """A config field's default: the CLI declares no default of its own (tests/test_cli_defaults.py)."""
+    _, f = _field(config, name)
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def field_help(config: Optional[type], name: str, values: Optional[Callable[[], str]] = None) -> str:
+    """A config field's doc, the help of the option that sets it (tests/test_cli_help.py); `values`: the registry's
+    values, appended."""
+    owner, f = _field(config, name)
+    doc = field_docs(owner).get(f.name)
+    if doc is None:
+        raise PosbiasError(f"{owner.__name__}.{f.name} has no doc", f"add `{f.name}: ...` to {owner.__name__}'s docstring")
+    return f"{doc} {values()}" if values else doc
+
+
+def field_option(config: type, name: str, *flags: str, default: Any = FIELD,
+                 values: Optional[Callable[[], str]] = None, **kw: Any) -> Any:
+    """A typer option that sets the field `name` of `config` (dotted: a nested config's field): the field's doc is
+    its help, the field's default its default unless `default` is given (None: the preset's or the task's)."""
+    value = field_default(config, name) if default is FIELD else default
+    return typer.Option(value, *flags, help=field_help(config, name, values), **kw)
 
 
 def default(name: str, config: type = SweepConfig) -> Any:
-    """A config field's default: the CLI declares no default of its own (tests/test_cli_defaults.py)."""
-    return {f.name: f.default for f in dataclasses.fields(config)}[name]
+    """A config field's default (`field_default` with the arguments the other way round)."""
+    return field_default(config, name)
 
 
-def method_help(lead: str = "") -> str:
+def method_values() -> str:
     """--method's values, from the method registry (each method's spec forms)."""
-    return lead + " | ".join(cls.usage or name for name, cls in METHODS.items()) + " (docs/cli.md, docs/mitigations.md)"
+    return "Specs: " + " | ".join(cls.usage or name for name, cls in METHODS.items()) + " (docs/cli.md)."
 
 
-def task_help() -> str:
+def task_values() -> str:
     """--task's values, from the task registry."""
-    return " | ".join(f"{name}:{e.arg}" if e.arg else name for name, e in TASKS.items()) + " (posbias tasks)"
+    return "Registered: " + " | ".join(f"{name}:{e.arg}" if e.arg else name for name, e in TASKS.items()) + "."
+
+
+def engine_values() -> str:
+    """--engine's values, from the engine registry."""
+    return "One of: " + " | ".join(ENGINES) + "."
+
+
+# ----------------------------------------------------------------------------- the groups
+
+# the help of the options that set no config field and that several commands share
+CLI_HELP = {
+    "out": "output directory",
+    "resume": "continue a stopped run in OUT (same options)",
+    "overwrite": "discard what OUT holds and start again",
+    "quiet": "no progress bars",
+}
+
+
+def cli_option(name: str, default: Any, *flags: str, more: str = "", **kw: Any) -> Any:
+    """A typer option of CLI_HELP (`more`: what this command adds to its help)."""
+    return typer.Option(default, *flags, help=CLI_HELP[name] + more, **kw)
 
 
 MODEL = Group(
     "model", "Model",
-    model=Opt(default("model"), "registered name (posbias models), HF model dir or hub id, or a .gguf file"),
-    dtype=Opt(default("dtype"), "bf16 | fp32"),
-    device=Opt(default("device"), "cpu | cuda | auto (cuda if visible)"),
-    chat=Opt(default("chat"), "use the chat template: auto (if the model has one) | on | off"),
-    device_map=Opt(default("device_map"),
-                   "auto: spread the model over every visible device (one process; --device then not used)", Optional[str]),
+    model=Opt(), dtype=Opt(), device=Opt(), chat=Opt(), device_map=Opt(type=Optional[str]),
 )
 
 TASK = Group(
     "task", "Task",
-    task=Opt(default("task"), task_help()),
+    task=Opt(values=task_values),
     facts=Opt(None, "kv-lookup: number of facts (default 10)", Optional[int]),
     digits=Opt(None, "kv-lookup: digits per key/value (default 6)", Optional[int]),
     docs=Opt(None, "nq: 10 or 20 documents (default 10)", Optional[int]),
@@ -127,32 +205,26 @@ TASK = Group(
     options=Opt(None, "order tasks: candidates per item (judge default 2, mc default 4; 2..10)", Optional[int]),
     labels=Opt(None, "order tasks: option labels, letters (A, B, ...; default) | digits (1, 2, ...)", Optional[str]),
     reference=Opt(None, "judge-nq/mc-nq: show the gold passage, yes (default) | no (closed book)", Optional[str]),
-    data_dir=Opt(None, "benchmark data dir (default ../shared/data or $POSBIAS_DATA)", Optional[Path]),
+    data_dir=Opt(type=Optional[Path]),
 )
 
-SPLIT = Group(
-    "split", "Examples",
-    n=Opt(default("n"), "examples per position", int),
-    seed=Opt(default("seed"), "example selection / generation seed", int),
-    skip=Opt(default("skip"), "skip the first SKIP examples of the order (disjoint splits)", int),
-)
+SPLIT = Group("split", "Examples", n=Opt(type=int), seed=Opt(type=int), skip=Opt(type=int))
 
 SCORING = Group(
     "scoring", "Scoring",
-    engine=Opt(default("engine"), " | ".join(ENGINES) + " (default: the task's)", Optional[str]),
-    max_new_tokens=Opt(default("max_new_tokens"), "generate: token limit (default: the task's)", Optional[int]),
-    batch_tokens=Opt(default("batch_tokens"), "padded tokens per batch", int),
-    max_batch=Opt(default("max_batch"), "rows per batch at most", int),
-    prefix_sharing=Opt(default("prefix_sharing"), "score each example's shared prompt prefix once, from cached keys/values "
-                             "(--no-prefix-sharing: the plain path)", bool, ("--prefix-sharing/--no-prefix-sharing",)),
+    engine=Opt(type=Optional[str], values=engine_values),
+    max_new_tokens=Opt(type=Optional[int]),
+    batch_tokens=Opt(type=int),
+    max_batch=Opt(type=int),
+    prefix_sharing=Opt(type=bool, flags=("--prefix-sharing/--no-prefix-sharing",)),
 )
 
 RUN = Group(
     "run", "Output folder",
-    out=Opt(Path("runs/out"), "output directory", Path),
-    resume=Opt(False, "continue a stopped run in OUT (same options)", bool, ("--resume",)),
-    overwrite=Opt(False, "discard what OUT holds and start again", bool, ("--overwrite",)),
-    quiet=Opt(False, "no progress bars", bool, ("--quiet",)),
+    out=Opt(Path("runs/out"), CLI_HELP["out"], Path),
+    resume=Opt(False, CLI_HELP["resume"], bool, ("--resume",)),
+    overwrite=Opt(False, CLI_HELP["overwrite"], bool, ("--overwrite",)),
+    quiet=Opt(False, CLI_HELP["quiet"], bool, ("--quiet",)),
 )
 
 

@@ -43,15 +43,17 @@ class GAConfig:
 
     pop_size: population size N_ps.
     n_parents: parents kept per generation N_pa.
-    generations: generations T.
-    n_mutation: mutations per generation N_mu.
-    n_crossover: crossovers per generation N_cr.
+    generations: GA generations T (paper 20).
+    n_mutation: mutation offspring per generation N_mu.
+    n_crossover: crossover offspring per generation N_cr.
     max_crossover_try: crossover tries N_ct.
     mx: the largest move of a control point along the layers M_x, in layers.
-    my: the largest move of a control point's factor M_y.
-    n_points: Bezier control points, d + 1 (cubic Bezier: 4).
-    y_min, y_max, y_step: the grid of factors the control points take.
-    y_init: the initial factor (eq. 8).
+    my: the largest change of a control point's factor M_y (paper 0.2).
+    n_points: control points d + 1 (Table 7: 2-5; 4 = cubic).
+    y_min: the smallest factor (paper 1.0).
+    y_max: the largest factor (paper 2.0).
+    y_step: the step of the factor grid the control points take (paper 0.1).
+    y_init: the factor of the initial individual (eq. 8: 1.5).
     curve: the curve through the control points: bezier | linear | step (Table 6).
     max_mutation_try: redraws of one mutation or offspring slot at most (above).
     max_pair_tries: parent pairs drawn for one crossover slot at most (above).

@@ -4,6 +4,8 @@ loading anything, so bad input fails before a model loads or a file is written."
 
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -18,23 +20,25 @@ from .scorer import CHAT_MODES
 
 @dataclass
 class ModelChoice:
-    """Which model, and how it is loaded.
+    """Which model, and how it is loaded. A model passed to a run as `loaded=` replaces `model` (the run records
+    its name, dtype and device instead: `bound_to`).
 
-    model: a registered name (`posbias.MODELS`), a Hugging Face directory or hub id, a .gguf file, or a served
-        model spec `vllm:DIR,key=value,...` | `openai:model=NAME,base_url=URL,tokenizer=DIR,...` (docs/backends.md).
-        With `loaded=` the loaded model is used and its name recorded instead.
+    model: a registered name (`posbias models` lists them), a Hugging Face directory or hub id, a .gguf file, or a
+        served model spec vllm:DIR,key=value,... | openai:model=NAME,base_url=URL,tokenizer=DIR,... (`posbias
+        backends`; docs/backends.md).
     dtype: bf16 | fp32.
-    device: cpu | cuda | auto.
+    device: cpu | cuda | auto (cuda if visible).
     chat: use the model's chat template: auto (if it has one) | on | off.
-    device_map: auto spreads the model over every visible device (transformers' device_map="auto"); None: all on
-        `device`. Recorded only when set, so the fingerprints of runs without it are unchanged.
+    device_map: auto: spread the model over every visible device in one process (transformers' device_map="auto";
+        device is then not used); None: all on device.
     """
 
     model: str = "smollm2-135m"
     dtype: str = "bf16"
     device: str = "cpu"
     chat: str = "auto"
-    device_map: str | None = field(default=None, metadata={"record": "if set"})
+    device_map: str | None = field(default=None, metadata={"record": "if set"})  # recorded only when set: the
+    # fingerprints of runs without it are unchanged
 
     def _validate_model(self) -> None:
         if self.dtype not in DTYPES:
@@ -68,10 +72,11 @@ class ModelChoice:
 class TaskChoice:
     """Which task.
 
-    task: kv-lookup | kv-uuid | nq | jsonl:PATH | any registered name (`posbias.TASKS`) | a Task object.
+    task: a registered task, with its argument if it takes one (jsonl:PATH), or a Task object; `posbias tasks`
+        lists them and their options.
     task_options: the task's size and variants, e.g. {"facts": 20} (kv-lookup: facts, digits; nq: docs, answers;
         two-hop: pairs, style / prompt); `posbias tasks` lists each task's options.
-    data_dir: where benchmark data is read (default ../shared/data or $POSBIAS_DATA).
+    data_dir: the benchmark data directory; None: ../shared/data or $POSBIAS_DATA.
     """
 
     task: str | Task = "kv-lookup"
@@ -83,12 +88,12 @@ class TaskChoice:
 class Scoring:
     """How rows are scored.
 
-    engine: teacher-forced | generate; None: the task's default.
-    max_new_tokens: generate's token limit; None: the task's default.
+    engine: how answers are scored (`posbias.ENGINES`); None: the task's default.
+    max_new_tokens: generate: the token limit; None: the task's default.
     batch_tokens: padded tokens per batch.
     max_batch: rows per batch at most.
     prefix_sharing: score each example's shared prompt prefix once and continue every slot from its cache
-        (eval/prefix.py; docs/sweep.md, "Prefix sharing"); False: the plain path, every prompt from scratch.
+        (docs/sweep.md); False: the plain path, every prompt from scratch.
     """
 
     engine: str | None = None
@@ -136,3 +141,40 @@ def config_dict(cfg) -> dict:
     """A dataclass config as a JSON-able dict (field order kept; a field marked record="if set" only when not None)."""
     return {f.name: plain(getattr(cfg, f.name)) for f in fields(cfg)
             if not (f.metadata.get("record") == "if set" and getattr(cfg, f.name) is None)}
+
+
+_ENTRY = re.compile(r"([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*): (.*)")
+
+
+def doc_entries(cls: type) -> list[tuple[list[str], str]]:
+    """The `name: text` entries of `cls`'s own docstring, in order: (names, text), continuation lines joined.
+
+    An entry starts at the docstring's left margin with one field name (or several, comma-separated, for a
+    reference such as "model, dtype: see `ModelChoice`") and a colon; more-indented lines continue it; a blank
+    line or the next line at the margin ends it."""
+    entries: list[tuple[list[str], str]] = []
+    open_entry = False
+    for line in inspect.cleandoc(cls.__dict__.get("__doc__") or "").splitlines():
+        m = _ENTRY.fullmatch(line)
+        if m:
+            entries.append((m[1].split(", "), m[2].strip()))
+        elif open_entry and line.startswith(" ") and line.strip():
+            names, text = entries[-1]
+            entries[-1] = (names, f"{text} {line.strip()}")
+        open_entry = bool(m) or (open_entry and line.startswith(" ") and bool(line.strip()))
+    return entries
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: what it means} for a config dataclass, from the `name: text` entries of its docstring and its
+    bases' (a field a mixin declares is documented there; the class nearest in the MRO that documents a field
+    wins, and an entry "see `Base`" defers to the base). Fields in dataclass order; one without an entry is
+    left out (tests/test_cli_help.py requires one for every field of every public config). The CLI's help for
+    an option that sets a field is this text."""
+    docs: dict[str, str] = {}
+    for klass in cls.__mro__:
+        for names, text in doc_entries(klass):
+            if not text.startswith("see `"):
+                for name in names:
+                    docs.setdefault(name, text)
+    return {f.name: docs[f.name] for f in fields(cls) if f.name in docs}

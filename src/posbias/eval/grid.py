@@ -45,12 +45,14 @@ DEFAULT_DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
 class GridConfig(Scoring, TaskChoice, ModelChoice):
     """A depth x length grid: sweeps at several context sizes, the gold item at relative depths, one heatmap.
 
-    sizes: context sizes, in the task's size option (facts | pairs | docs).
-    depths: relative depths of the gold item, percent of the last slot: 0%,50%,100%.
+    sizes: context sizes, comma-separated, in the task's size option: kv-lookup facts, kv-uuid pairs, nq docs
+        (10,20).
+    depths: depths of the gold item, comma-separated percents of the context: 0%,50%,100% (slot = round(d/100 *
+        (size - 1))).
     n: examples per cell.
     seed: example selection / generation seed.
-    skip: start offset in the example order (disjoint splits).
-    method: a method spec (none | pi:1.2 | mspoe | ...) or object.
+    skip: start offset in the seeded example order (disjoint splits).
+    method: a training-free method: a spec (`posbias.METHODS`; docs/mitigations.md) or a Method object.
     engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing: see `Scoring`.
     task, task_options, data_dir: see `TaskChoice`.
     model, dtype, device, chat, device_map: see `ModelChoice`.

@@ -43,18 +43,17 @@ class SweepConfig(Scoring, TaskChoice, ModelChoice):
     positions: where the gold item goes: a list of slots [0, 4, 9], one slot 5, or the CLI's string "all" |
         "0,4,9" | "0%,50%,100%" (percent of the last slot); two-hop tasks: pairs [(0, 1), (8, 9)] or
         "connected,disconnected,reversed" | "0:1,5:13" | "grid" | "all". None: the task's default (all slots, or
-        the three modes). Normalised to the string form by `validate()`, which is what the run records.
+        the three modes).
     n: examples per position (the same examples at every position).
     seed: example selection / generation seed.
     skip: start offset in the seeded example order (disjoint splits).
-    method: a training-free method: a spec (none | pi:1.2 | lpes:DIR/factors.json | mspoe | buckets | ...;
-        `posbias.METHODS`) or a Method object.
+    method: a training-free method: a spec (`posbias.METHODS`; docs/mitigations.md) or a Method object.
     model, dtype, device, chat, device_map: see `ModelChoice`.
     task, task_options, data_dir: see `TaskChoice`.
     engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing: see `Scoring`.
     """
 
-    positions: str | list | int | None = None
+    positions: str | list | int | None = None  # validate() normalises it to the string form the run records
     n: int = 100
     seed: int = 0
     skip: int = 0

@@ -43,19 +43,32 @@ KINDS = ("gaussian", "fixed")
 
 @dataclass(frozen=True)
 class DataConfig:
-    """The data-generating process. Defaults are the paper's (Sec. 5 and App. J)."""
+    """The data-generating process (the module docstring has the details). Defaults are the paper's (Sec. 5 and
+    App. J).
 
-    n_classes: int = 2048  # K
-    n_labels: int = 32  # L
-    burstiness: int = 4  # B
-    eps: float = 0.75  # within-class noise (App. J writes it gamma)
-    n_items: int = 8  # n
-    dim: int = 64  # d
-    bias: str = "none"  # position bias of the training data, one of BIASES
-    kind: str = "gaussian"  # "fixed": the fixed-vocabulary setting of App. L
-    lam: float = 0.75  # anisotropy lambda of the fixed vocabulary (App. L)
-    component_std: float | None = None  # std of each component; None: 1/sqrt(d) (variance 1/d, App. J);
-    # the public code samples std 1/d, which makes inputs sqrt(d) times smaller
+    n_classes: classes K.
+    n_labels: labels L.
+    burstiness: B, the times each class of a sequence occurs in it.
+    eps: within-class noise (App. J writes it gamma).
+    n_items: items n per sequence.
+    dim: the token dimension d.
+    bias: the position bias of the training data: none | first | middle | last | first-last.
+    kind: gaussian | fixed (the fixed vocabulary of App. L).
+    lam: anisotropy lambda of the fixed vocabulary (kind fixed, App. L).
+    component_std: std of each component; None: 1/sqrt(d) (variance 1/d, App. J; the public code uses 1/d, which
+        makes inputs sqrt(d) times smaller).
+    """
+
+    n_classes: int = 2048
+    n_labels: int = 32
+    burstiness: int = 4
+    eps: float = 0.75
+    n_items: int = 8
+    dim: int = 64
+    bias: str = "none"
+    kind: str = "gaussian"
+    lam: float = 0.75
+    component_std: float | None = None
 
     @property
     def std(self) -> float:

@@ -41,12 +41,22 @@ ICL_THRESHOLD = 0.8  # in-context accuracy at which a run counts as having learn
 
 @dataclass(frozen=True)
 class EvalConfig:
-    n_seqs: int = 10_000  # per swap-test set (Sec. 5.1)
-    twin: str = "other"  # class of the twin item: "other" | "any" (public code)
-    tau: float = 0.2  # sink threshold (App. K.4)
-    sink_seqs: int = 10_000  # App. K.4
-    position_seqs: int = 2_000  # per answer position
-    batch: int = 2_500  # sequences per forward pass
+    """How a trained network is evaluated (the module docstring describes each test).
+
+    n_seqs: test sequences per swap-test set (Sec. 5.1: 10,000).
+    twin: the swap test's twin item: other (of another class, so its label is wrong) | any (the public code's).
+    tau: the sink metric's attention threshold (App. K.4).
+    sink_seqs: sequences for the sink metric (App. K.4: 10,000).
+    position_seqs: sequences per answer position (accuracy by position).
+    batch: sequences per forward pass.
+    """
+
+    n_seqs: int = 10_000
+    twin: str = "other"
+    tau: float = 0.2
+    sink_seqs: int = 10_000
+    position_seqs: int = 2_000
+    batch: int = 2_500
 
     def validate(self) -> "EvalConfig":
         if self.twin not in TWINS:

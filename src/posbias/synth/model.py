@@ -37,14 +37,29 @@ PES = ("none", "sin", "rope", "decay")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    depth: int = 2  # attention layers, one head each
+    """An attention-only network (the module docstring has the equations and the deviations from the public code).
+
+    depth: attention layers, one head each.
+    mask: none | causal | window (a sliding window of `window` tokens, itself included) | prefix (the first
+        `prefix` tokens attend to each other, later ones causally); `one_run_config` and the CLI write windowN |
+        prefixN.
+    pe: the positional encoding: none | sin | rope | decay.
+    residual: residual connections around each attention layer (off: the paper's pure attention).
+    window: the sliding-window width w, in tokens (mask window).
+    prefix: the prefix length k, in tokens (mask prefix).
+    decay_m: the decay mask's rate m (eq. 2; App. J: -log 0.8).
+    rope_base: the RoPE base (App. J: 10000).
+    mlp_layers: Linear+ReLU layers of the classifier before its read-out.
+    """
+
+    depth: int = 2
     mask: str = "causal"
     pe: str = "none"
     residual: bool = True
-    window: int = 5  # sliding-window width w (mask="window")
-    prefix: int = 2  # prefix length k (mask="prefix")
-    decay_m: float = -math.log(0.8)  # App. J
-    rope_base: float = 10000.0  # App. J
+    window: int = 5
+    prefix: int = 2
+    decay_m: float = -math.log(0.8)
+    rope_base: float = 10000.0
     mlp_layers: int = 3
 
     def validate(self, n_tokens: int) -> "ModelConfig":

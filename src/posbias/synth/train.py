@@ -30,13 +30,24 @@ from .model import AttentionOnlyNet, ModelConfig
 
 @dataclass(frozen=True)
 class TrainConfig:
-    iters: int = 100_000  # App. J
+    """How a network is trained (AdamW on the cross-entropy of the query's label).
+
+    iters: training iterations (App. J: 100,000).
+    batch: sequences per training step.
+    lr: AdamW learning rate (App. J: 1e-3).
+    weight_decay: AdamW weight decay.
+    log_points: learning-curve points, evenly spaced.
+    curve_seqs: sequences per set for each learning-curve point.
+    ckpt_every: steps between checkpoints (a killed run resumes from the last).
+    """
+
+    iters: int = 100_000
     batch: int = 128
     lr: float = 1e-3
     weight_decay: float = 1e-6
-    log_points: int = 10  # learning-curve points (evenly spaced)
-    curve_seqs: int = 512  # sequences per set for each learning-curve point
-    ckpt_every: int = 500  # steps between checkpoints
+    log_points: int = 10
+    curve_seqs: int = 512
+    ckpt_every: int = 500
 
     def validate(self) -> "TrainConfig":
         if min(self.iters, self.batch, self.log_points, self.curve_seqs, self.ckpt_every) < 1:
@@ -48,7 +59,14 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One training run: data x model x training x evaluation x seed."""
+    """One training run: data x model x training x evaluation x seed.
+
+    data: the data-generating process (DataConfig).
+    model: the network (ModelConfig).
+    train: how it is trained (TrainConfig).
+    eval: how it is evaluated (EvalConfig).
+    seed: the run's seed: the task tables, the initialisation and every data stream derive from it.
+    """
 
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -30,19 +30,42 @@ PRESETS: dict[str, dict] = {
 
 @dataclass
 class HiddenSearchConfig(Scoring, TaskChoice, ModelChoice):
-    samples: int = PRESETS["cpu"]["samples"]  # random-text sequences the hidden states are averaged over
-    length: int = PRESETS["cpu"]["length"]  # tokens per sequence (random token ids, no BOS: the public code adds none)
-    stats_seed: int = 0  # seed of the random token ids
-    top_k: int = PRESETS["cpu"]["top_k"]  # candidate channels (the smoothest monotone ones) scored on the task
-    mono_skip: float = 0.3  # monotonicity is fitted from this fraction of the positions on (paper: 300 of 1000)
-    smooth_skip: float = 0.2  # smoothness from this fraction on (paper: 200 of 1000)
-    scales: tuple[float, ...] = PRESETS["cpu"]["scales"]  # the factors s tried on each candidate
-    layers: tuple[int, ...] | None = None  # decoder layers scaled; None: models/hidden.middle_layers
+    """The positional hidden-channel search: hidden states averaged over random text, the smoothest monotone
+    channels as candidates, each scored with each scale on a calibration split. `HiddenSearchConfig()` is the cpu
+    preset; `HiddenSearchConfig.from_preset("paper", ...)` the paper's.
+
+    samples: random-text sequences the hidden states are averaged over (paper 200).
+    length: tokens per sequence (paper 1000; random token ids, no BOS: the public code adds none).
+    stats_seed: seed of the random token ids.
+    top_k: candidate channels (the smoothest monotone ones) scored on the task (paper 10).
+    mono_skip: monotonicity is fitted from this fraction of the positions on (paper: 300 of 1000).
+    smooth_skip: smoothness is fitted from this fraction of the positions on (paper: 200 of 1000).
+    scales: the factors tried on each candidate, e.g. 0,-1 (paper 0.5,0,-0.5,-1).
+    layers: decoder layers scaled, a-b or a,b,c; None: the paper's middle layers (models/hidden.middle_layers).
+    select: how the channel and scale are chosen: accuracy (mean over the calibration slots; the loss breaks ties)
+        | loss (mean answer NLL; paper).
+    n: calibration examples, each at every calibration slot (paper 60).
+    seed: example seed.
+    skip: the calibration split starts here; None: 1500, or a file task's last n examples (sweeps use 0..).
+    positions: calibration slots; None: 0, the middle slot, the last.
+    engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing: see `Scoring`.
+    task, task_options, data_dir: see `TaskChoice`.
+    model, dtype, device, chat, device_map: see `ModelChoice`.
+    """
+
+    samples: int = PRESETS["cpu"]["samples"]
+    length: int = PRESETS["cpu"]["length"]
+    stats_seed: int = 0
+    top_k: int = PRESETS["cpu"]["top_k"]
+    mono_skip: float = 0.3
+    smooth_skip: float = 0.2
+    scales: tuple[float, ...] = PRESETS["cpu"]["scales"]
+    layers: tuple[int, ...] | None = None
     select: str = PRESETS["cpu"]["select"]
-    n: int = PRESETS["cpu"]["n"]  # calibration examples, each at every calibration slot
-    seed: int = 0  # example seed
-    skip: int | None = None  # the calibration split starts here; None: 1500, or a file task's last n examples
-    positions: tuple[int, ...] | None = None  # calibration slots; None: 0, n_slots // 2, n_slots - 1
+    n: int = PRESETS["cpu"]["n"]
+    seed: int = 0
+    skip: int | None = None
+    positions: tuple[int, ...] | None = None
 
     @classmethod
     def from_preset(cls, preset: str = "cpu", **overrides) -> "HiddenSearchConfig":

@@ -36,10 +36,11 @@ class SearchConfig(Scoring, TaskChoice, ModelChoice):
     `SearchConfig()` is the cpu preset; `SearchConfig.from_preset("paper", ...)` the paper's.
 
     n: search examples, each scored at 3 positions per individual.
-    seed: example seed (the GA has its own, ga.seed).
+    seed: example seed (the GA has its own, ga.seed; the CLI's --seed sets both).
     skip: the search split starts here; None: 1000, or a file task's last n examples (sweeps use 0..).
     positions: beginning, middle, end slots ([0, 5, 9] or "0,5,9"); None: 0, n_slots // 2, n_slots - 1.
-    weights: lambda_B, lambda_M, lambda_E (Sec. 4.1).
+    weights: lambda_B,lambda_M,lambda_E: the weights of the beginning, middle and end accuracies in the fitness
+        (Sec. 4.1).
     space: what the search explores: curve (GA over Bezier control points) | layers (GA over per-layer factors,
         brute force) | random.
     budget: random search: individuals to draw (default: what the GA evaluates at most).

@@ -36,18 +36,18 @@ class MoICEConfig(TaskChoice, ModelChoice):
     """MoICE router training: per-head routers over RoPE bases, the model frozen (the one baseline that trains).
     `MoICEConfig()` is the cpu preset.
 
-    steps: optimizer steps.
-    batch: examples per optimizer step (gradients accumulated over micro-batches).
+    steps: optimizer steps (paper 7).
+    batch: examples per optimizer step (paper 32; gradients accumulated over micro-batches).
     micro_batch: examples per forward (memory only: the step's gradient is the same).
-    lr: AdamW learning rate, constant.
+    lr: AdamW learning rate, constant (paper 1e-4).
     weight_decay: AdamW weight decay (the released train.sh: 0).
-    top_k: experts kept per token and head; None: all bases.
-    bases: RoPE bases of the main kind; None: the paper's list scaled to theta.
-    aux_coef: weight of the load-balancing loss.
+    top_k: experts kept per token and head (paper 7); None: all bases.
+    bases: RoPE bases B1,B2,... of the main kind; None: the paper's 7 scaled to the model's theta.
+    aux_coef: weight of the load-balancing loss (paper 0.3).
     n: training examples; None: steps * batch (each seen once).
     seed: example seed; also draws each example's gold slot.
     skip: the training split starts here; None: see split_start.
-    router_seed: initialisation of the routers.
+    router_seed: initialisation seed of the routers.
     task, task_options, data_dir: see `TaskChoice`.
     model, dtype, device, chat, device_map: see `ModelChoice`.
     """

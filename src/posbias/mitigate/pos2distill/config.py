@@ -49,28 +49,32 @@ class DistillConfig(TaskChoice, ModelChoice):
     baselines. `DistillConfig()` is the r1 cpu preset; `DistillConfig.from_preset("paper", stage="r2")` another.
 
     stage: r1 (retrieval: one gold item) | r2 (reasoning: two hops).
-    method: r1: pos2distill | seqkd | sft; r2: pos2distill | sft | selftrain.
-    ablation: r1 pos2distill: kl | kl+align | full.
-    preset: whose learning rate a full fine-tuning takes when lr is None.
+    method: r1: pos2distill | sft (gold answers) | seqkd (teacher responses, CE); r2: pos2distill (the anchor's
+        chain of thought, CE) | sft (gold answers) | selftrain (own correct response at each placement).
+    ablation: r1 pos2distill: kl | kl+align | full (kl + align + anchoring).
+    preset: cpu (64 questions, lr 1e-4; docs/pos2distill.md) | paper (r1 300 / r2 500 questions, lr 3e-6):
+        `from_preset` takes n and k from it, and a full fine-tuning its learning rate when lr is None.
     n: training questions (Appendix C: 300 for r1, 500 for r2).
-    k: trivial placements per question (Sec. 5.2.2: 4-6; r2: 4).
-    anchor: advantageous placement: None (slot 0; two hops: n-2:n-1), a slot, i:j, or auto:PATH.
-    correct_only: keep questions whose anchor response is correct (released code).
+    k: trivial placements per question (r1 5, Sec. 5.2.2: 4-6; r2 4).
+    anchor: the advantageous placement: a slot (r1) or i:j (r2), or auto:PATH (the best placement of a
+        sweep.json); None: the task's advantageous placement (slot 0; two hops: the last two slots).
+    correct_only: keep only questions answered correctly at the anchor (released code).
     max_draw: examples looked at for n kept (default 10 n).
-    skip: the training split starts here (default: data.default_skip).
+    skip: the training split starts here; None: 2000, or the middle of a file task's pool (sweeps use 0..).
     seed: example selection seed.
-    max_new_tokens: anchor response length (default: the task's).
-    lora: train LoRA adapters (merged into the saved model) instead of every weight.
+    max_new_tokens: anchor response length; None: the task's.
+    lora: train LoRA adapters (merged into the saved model) instead of every weight (full fine-tuning: the
+        paper's).
     lora_r: LoRA rank.
     lora_alpha: LoRA alpha.
     lora_dropout: LoRA dropout.
     lora_targets: the modules LoRA adapts (peft's target_modules).
-    lr: the learning rate; None: the preset's for full fine-tuning, LORA_LR for LoRA.
-    batch_size: training sequences per optimizer step.
-    micro_batch: questions per forward; 0 = a whole step (gradient accumulation otherwise).
-    epochs: passes over the training records.
-    max_steps: > 0 overrides epochs.
-    lam: the weight of the anchoring loss (Pos2Distill eq. 9, lambda).
+    lr: the learning rate; None: the preset's for full fine-tuning, 1e-4 for LoRA.
+    batch_size: training sequences per optimizer step (paper 32; whole questions kept).
+    micro_batch: questions per forward; 0: a whole step (smaller saves memory: gradients accumulate).
+    epochs: passes over the training records (paper 2).
+    max_steps: stop after this many optimizer steps; 0: train for epochs.
+    lam: lambda, the weight of the anchoring loss (Pos2Distill eq. 9; paper 1).
     count_factor: the released code's P/|B_i| factor on alpha.
     anchor_copy: r1 seqkd/sft: also train on the anchor-slot copy (identical data with Pos2Distill).
     eos: append the end-of-turn token to every target.
@@ -80,7 +84,7 @@ class DistillConfig(TaskChoice, ModelChoice):
     weight_decay: AdamW weight decay.
     adam_beta2: AdamW beta2.
     max_grad_norm: gradient clipping norm.
-    gradient_checkpointing: recompute activations in the backward pass (less memory, slower).
+    gradient_checkpointing: recompute activations in the backward pass (less memory, ~30% slower).
     padding_side: where training batches are padded: left | right.
     save_steps: checkpoint every this many steps (resume reads them).
     save_total_limit: checkpoints kept.
