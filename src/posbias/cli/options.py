@@ -92,8 +92,8 @@ def default(name: str, config: type = SweepConfig) -> Any:
 
 
 def method_help(lead: str = "") -> str:
-    """--method's values, from the method registry (each method's spec forms)."""
-    return lead + " | ".join(cls.usage or name for name, cls in METHODS.items()) + " (docs/cli.md, docs/mitigations.md)"
+    """--method's values, from the method registry (each method's spec forms, short and key=value)."""
+    return lead + " | ".join(cls.spec_forms() for cls in METHODS.values()) + " (docs/cli.md, docs/mitigations.md)"
 
 
 def task_help() -> str:
