@@ -98,7 +98,8 @@ def method_help(lead: str = "") -> str:
 
 def task_help() -> str:
     """--task's values, from the task registry."""
-    return " | ".join(f"{name}:{e.arg}" if e.arg else name for name, e in TASKS.items()) + " (posbias tasks)"
+    return (" | ".join(f"{name}:{e.arg}" if e.arg else name for name, e in TASKS.items())
+            + "; the task options may go in the spec too: kv-lookup:facts=20, jsonl:PATH,answers=first (posbias tasks)")
 
 
 MODEL = Group(
