@@ -21,7 +21,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "posbias"
 
 LAYERS = [  # lowest first; units in one layer may not import each other
     ("version", "errors"),
-    ("runs",),
+    ("runs", "specs"),
     ("core",),
     ("report",),
     ("models", "tasks"),
@@ -33,7 +33,7 @@ LAYERS = [  # lowest first; units in one layer may not import each other
     ("cli",),
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
-PURE = ("posbias.version", "posbias.errors", "posbias.runs", "posbias.core.metrics", "posbias.core.bezier",
+PURE = ("posbias.version", "posbias.errors", "posbias.runs", "posbias.specs", "posbias.core.metrics", "posbias.core.bezier",
         "posbias.core.ga", "posbias.core.ga_space", "posbias.tasks", "posbias.report")  # (prefixes) no torch, no transformers
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 

@@ -1,7 +1,8 @@
 """Conformance suite: every registered training-free method, on two tiny RoPE architectures (Llama and
 Qwen2, grouped-query attention), must
 
-- parse from its spec and describe itself as JSON that round-trips through the registry;
+- parse from its spec and describe itself as JSON that round-trips through the registry, also through the
+  generic key=value spec derived from that JSON (every registered method, decision rules included);
 - yield an `Active` from `apply`, change the logits inside (except `none`) and leave the model
   bit-identical after exit, also when the block raises;
 - give each row of a left-padded batch the logits that row gets alone (batch / padding invariance);
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from conftest import char_tokenizer, position_sensitive, prime_calibration as _prime, random_seqs, tiny_model
-from posbias import METHODS, Active, Loaded, get_method
+from posbias import METHODS, Active, Loaded, PosbiasError, get_method, split_specs
 from posbias.methods import DecisionRule
 from posbias.eval.encode import left_pad
 from posbias.models.compat import cache_key, output_cache
@@ -74,6 +75,73 @@ def test_spec_and_config_round_trip(method):
     again = get_method(method.spec)
     assert json.loads(json.dumps(method.config())) == again.config()
     assert type(again) is type(method) and again.label == method.label
+
+
+def _text(value) -> str:
+    """A config value as a spec writes it (posbias/specs.py: a list's items after its key)."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(_text(v) for v in value)
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def pairs_spec(method) -> str:
+    """The key=value spec of a built method, from its config(): every key its spec takes that config() records."""
+    config = method.config()
+    pairs = [f"{k}={_text(config[k])}" for k in type(method).spec_params() if config.get(k) is not None]
+    return f"{method.name}:{','.join(pairs)}" if pairs else method.name
+
+
+@pytest.mark.parametrize("name", sorted({*METHODS, *EXTRA}))
+def test_every_method_rebuilds_from_a_key_value_spec_of_its_config(name, tmp_path):
+    """The generic form reaches every registered method, decision rules and reordering included."""
+    decisions = {"swap": "swap", "pride": "pride:20", "reorder": "reorder:oracle:first", "attnsort": "attnsort:2"}
+    method = get_method({**_examples(tmp_path), **decisions}[name])
+    spec = pairs_spec(method)
+    again = get_method(spec)
+    assert ("=" in spec) == bool(type(method).spec_params()), spec
+    assert type(again) is type(method) and again.config() == method.config() and again.label == method.label, spec
+    assert again.spec == spec and type(method).pairs_form() in type(method).spec_forms()
+    assert split_specs(f"none,{spec},none") == ["none", spec, "none"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("pi:colour=red", "method spec 'pi:colour=red' has no key 'colour' -- use its keys: factor, source"),
+    ("mspoe:min_ratio=low", "'min_ratio' in method spec 'mspoe:min_ratio=low' takes a number, got 'low'"),
+    ("mspoe:layers=a-b", "'layers' in method spec 'mspoe:layers=a-b' takes none or a list of whole numbers"),
+    ("moice:top_k=3", "method spec 'moice:top_k=3' has no key 'top_k' -- use its keys: path"),
+    ("layers:source=x", "has no key 'source' -- use its keys: factors"),
+    ("lpes:curve=bezier", "has no key 'curve'"),
+    ("attnsort:rounds=1,2", "'rounds' in method spec 'attnsort:rounds=1,2' takes a whole number, got '1,2'"),
+    ("mspoe:1.2,max_ratio=1.8", "'1.2' in method spec 'mspoe:1.2,max_ratio=1.8' is not key=value"),
+    ("pi:factor=1.2,factor=1.3", "'factor' is given twice"),
+    ("none:x=1", "method spec 'none:x=1' has no key 'x' -- use its keys: none"),
+    ("pi:source=none", "pi takes a factor or the factors.json of a search, one of them"),
+    ("hidden:scale=2", "hidden needs a channel and a scale, or a search folder"),
+    ("pi:factor=0", "must be finite positive numbers"),  # the constructor's own checks still run
+])
+def test_a_bad_key_value_method_spec_is_refused_in_one_line(spec, message):
+    with pytest.raises(PosbiasError) as e:
+        get_method(spec)
+    assert message in str(e.value) and e.value.fix and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_missing_required_key_is_named():
+    from posbias.methods.registry import from_pairs
+
+    for name, key in (("lpes", "source"), ("moice", "path"), ("layers", "factors")):
+        with pytest.raises(PosbiasError, match=f"method spec '{name}:' needs '{key}' -- add {key}=VALUE"):
+            from_pairs(METHODS[name], "", f"{name}:")
+
+
+def test_split_specs_keeps_key_value_specs_whole():
+    assert split_specs("none,mspoe:min_ratio=1.2,max_ratio=1.8,pi:factor=1.5") == [
+        "none", "mspoe:min_ratio=1.2,max_ratio=1.8", "pi:factor=1.5"]
+    assert split_specs("layers:factors=1,1.5,mspoe:layers=2,3,mode=query,swap") == [
+        "layers:factors=1,1.5", "mspoe:layers=2,3,mode=query", "swap"]
+    assert split_specs("none,buckets:10000,20000,layers:1,1.1,bogus") == ["none", "buckets:10000,20000", "layers:1,1.1",
+                                                                          "bogus"]
+    assert split_specs("pi:1.5,factor=2") == ["pi:1.5", "factor=2"]  # a pair continues only a key=value spec
+    assert get_method("mspoe:min_ratio=1.1,layers=2-3").config() == get_method("mspoe:1.1-1.8").config() | {"layers": [2, 3]}
 
 
 @torch.no_grad()

@@ -76,6 +76,7 @@ class AttentionConfig(TaskChoice, ModelChoice):
     max_batch: int = 16
 
     def validate(self) -> "AttentionConfig":
+        self._validate_task()
         self._validate_model()
         check_split(self.n, self.skip)
         self.positions = positions_spec(self.positions)

@@ -52,6 +52,7 @@ class PriorConfig(TaskChoice, ModelChoice):
     max_batch: int = 32
 
     def validate(self) -> "PriorConfig":
+        self._validate_task()
         self._validate_model()
         check_split(self.n, self.skip)
         return self

@@ -68,6 +68,7 @@ class ShiftingConfig(TaskChoice, ModelChoice):
     top: int = 10
 
     def validate(self) -> "ShiftingConfig":
+        self._validate_task()
         self._validate_model()
         check_split(self.n, self.skip)
         self.positions = positions_spec(self.positions)

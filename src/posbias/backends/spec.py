@@ -5,7 +5,8 @@
     vllm:DIR,tensor_parallel_size=2,max_model_len=4096     vLLM's offline engine; every key goes to vllm.LLM
     openai:model=NAME,base_url=http://127.0.0.1:8000/v1,tokenizer=DIR     an OpenAI-compatible server
 
-Values are ints, floats, true/false or strings. A served backend's API key is read from the environment variable
+The pairs are read by posbias/specs.py, the parser method and task specs use too; values are ints, floats,
+true/false or strings, and no key takes a list. A served backend's API key is read from the environment variable
 named by `api_key_env` (default OPENAI_API_KEY) and is never written to disk.
 """
 
@@ -14,24 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import PosbiasError
+from ..specs import guess, split_pairs
 from .base import Backend, Capabilities
 from .hf import HFBackend
 from .openai import OpenAIBackend
 from .vllm import VLLMBackend
 
 BACKENDS: dict[str, type] = {b.name: b for b in (HFBackend, VLLMBackend, OpenAIBackend)}
-
-
-def _value(v: str):
-    low = v.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(v)
-        except ValueError:
-            pass
-    return v
 
 
 @dataclass(frozen=True)
@@ -59,18 +49,13 @@ def parse_spec(spec: str) -> ModelSpec:
     if not sep or head not in BACKENDS:  # a registered name, a path, a hub id: in process
         return ModelSpec("hf", {"model": spec})
     cls = BACKENDS[head]
-    args: dict = {}
-    for i, part in enumerate(p.strip() for p in rest.split(",")):
-        if not part:
-            continue
-        k, eq, v = part.partition("=")
-        if not eq:
-            if i == 0:  # the first item may name the model without "model="
-                args["model"] = part
-                continue
-            raise PosbiasError(f"'{part}' in model spec '{spec}' is not key=value",
-                               f"write it as {head}:MODEL,key=value,... (see `posbias backends`)")
-        args[k.strip()] = _value(v.strip())
+    fix = f"write it as {head}:MODEL,key=value,... (see `posbias backends`)"
+    model, pairs = split_pairs(rest, f"model spec '{spec}'", fix, head=True)  # the first item may name the model
+    args: dict = {} if model is None else {"model": model}
+    for k, raw in pairs.items():
+        if len(raw) > 1:  # no backend key takes a list
+            raise PosbiasError(f"'{raw[1]}' in model spec '{spec}' is not key=value", fix)
+        args[k] = guess(raw[0])
     cls.check_args(args, spec)
     return ModelSpec(head, args)
 

@@ -73,6 +73,8 @@ def tasks() -> None:
     """List the tasks and the JSONL schema for your own data."""
     for name, entry in TASKS.items():
         typer.echo(f"{entry.usage(name):12s} {entry.description}")
+    typer.echo("\nThe options go as flags (--facts 20 --digits 4) or in the spec as key=value pairs: "
+               "--task kv-lookup:facts=20,digits=4, --task jsonl:PATH,answers=first")
     typer.echo("\njsonl:PATH schema\n" + JSONL_SCHEMA)
     typer.echo("\njudge:PATH and mc:PATH schemas (order tasks)\n" + ORDER_SCHEMAS)
 

@@ -154,13 +154,14 @@ def default(name: str, config: type = SweepConfig) -> Any:
 
 
 def method_values() -> str:
-    """--method's values, from the method registry (each method's spec forms)."""
-    return "Specs: " + " | ".join(cls.usage or name for name, cls in METHODS.items()) + " (docs/cli.md)."
+    """--method's values, from the method registry (each method's spec forms, short and key=value)."""
+    return "Specs: " + " | ".join(cls.spec_forms() for cls in METHODS.values()) + " (docs/cli.md, docs/mitigations.md)."
 
 
 def task_values() -> str:
     """--task's values, from the task registry."""
-    return "Registered: " + " | ".join(f"{name}:{e.arg}" if e.arg else name for name, e in TASKS.items()) + "."
+    return ("Registered: " + " | ".join(f"{name}:{e.arg}" if e.arg else name for name, e in TASKS.items())
+            + "; the task options may go in the spec too: kv-lookup:facts=20, jsonl:PATH,answers=first (posbias tasks).")
 
 
 def engine_values() -> str:

@@ -13,7 +13,7 @@ from ..backends import parse_spec
 from ..errors import PosbiasError
 from ..methods import Method
 from ..models.load import DEVICES, DTYPES, check_device_map
-from ..tasks import Task
+from ..tasks import Task, split_task
 from .engines import ENGINES
 from .scorer import CHAT_MODES
 
@@ -82,6 +82,13 @@ class TaskChoice:
     task: str | Task = "kv-lookup"
     task_options: dict = field(default_factory=dict)
     data_dir: str | None = None
+
+    def _validate_task(self) -> None:
+        """A spec with key=value options (`kv-lookup:facts=30`) becomes the form a run records: the task as `name` or
+        `name:PATH`, its options in task_options (the same fingerprint as `task_options={"facts": 30}`); a key given
+        both ways with different values is refused."""
+        if isinstance(self.task, str):
+            self.task, self.task_options = split_task(self.task, self.task_options)
 
 
 @dataclass

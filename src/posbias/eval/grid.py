@@ -66,6 +66,7 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
     method: str | Method = "none"
 
     def validate(self) -> "GridConfig":
+        self._validate_task()
         self._validate_model()
         self._validate_scoring()
         check_split(self.n, self.skip)

@@ -60,6 +60,7 @@ class SweepConfig(Scoring, TaskChoice, ModelChoice):
     method: str | Method = "none"
 
     def validate(self) -> "SweepConfig":
+        self._validate_task()
         self._validate_model()
         self._validate_scoring()
         check_split(self.n, self.skip)

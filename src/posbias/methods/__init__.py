@@ -12,6 +12,9 @@
   reorder[:bm25|oracle|attention][:litm|first|last]   reordering the items by a relevance signal (reorder.py)
   attnsort[:ROUNDS]              attention sorting: most attended item last, repeated
   calib:prompt | calib:DIR       Found-in-the-Middle attention calibration (calibration.py)
+
+Every method also takes the generic `name:key=value,...` (posbias/specs.py), its keys the constructor's parameters
+(`Method.spec_params()`): `mspoe:min_ratio=1.2,max_ratio=1.8`, `pi:factor=1.2`, `layers:factors=1,1.1,1.2`.
 """
 
 from .base import Active, Baseline, Method

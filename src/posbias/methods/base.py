@@ -6,9 +6,10 @@ inside `with method.apply(loaded) as active:` the model is mitigated, after it t
 exactly as before. `active` (an `Active`) carries the callbacks the scoring engines make while
 the method is on; a method that needs none yields the default, which does nothing.
 
-Methods are registered by name (methods/registry.py) and built from spec strings such as
-`pi:1.2` through their `from_spec` class method; a user's own subclass can be registered, or
-passed to `run_sweep` / `run_compare` as an object.
+Methods are registered by name (methods/registry.py) and built from spec strings: a short form such
+as `pi:1.2` through their `from_spec` class method, or the generic `pi:factor=1.2` (posbias/specs.py)
+through `from_params`, whose keys are the constructor's parameters unless a class says otherwise; a
+user's own subclass can be registered, or passed to `run_sweep` / `run_compare` as an object.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Callable, ClassVar, Iterator
 
 from ..errors import PosbiasError
 from ..models.load import Loaded
+from ..specs import Param, parameters
 from ..tasks import Prompt, Task
 
 
@@ -55,10 +57,36 @@ class Method(ABC):
 
     @classmethod
     def from_spec(cls, arg: str) -> "Method":
-        """The method for `name:arg` (arg may be empty)."""
+        """The method for `name:arg` in the class's own short form (arg may be empty); `name:key=value,...` goes to
+        `from_params` instead (methods/registry.py)."""
         if arg:
             raise PosbiasError(f"method {cls.name} takes no argument, got {arg!r}", f"write it as {cls.usage or cls.name}")
         return cls()
+
+    @classmethod
+    def from_params(cls, **params) -> "Method":
+        """The method for `name:key=value,...`: by default the constructor. A class whose constructor takes more than
+        a user writes (a file's contents, bookkeeping) overrides this with the keys it accepts as parameters."""
+        return cls(**params)
+
+    @classmethod
+    def spec_params(cls) -> dict[str, Param]:
+        """The keys of the key=value form, with their types: the parameters of `from_params`, or of the constructor
+        where `from_params` is not overridden."""
+        own = cls.from_params.__func__ is not Method.from_params.__func__  # type: ignore[attr-defined]
+        return parameters(cls.from_params if own else cls.__init__)
+
+    @classmethod
+    def pairs_form(cls) -> str:
+        """The key=value form, for help and errors: `pi:factor=..,source=..` (the name alone: no keys)."""
+        keys = cls.spec_params()
+        return f"{cls.name}:" + ",".join(f"{k}=.." for k in keys) if keys else cls.name
+
+    @classmethod
+    def spec_forms(cls) -> str:
+        """Every spec form: the short ones (`usage`), then the key=value one."""
+        short, generic = cls.usage or cls.name, cls.pairs_form()
+        return short if generic == cls.name else f"{short}|{generic}"
 
     @abstractmethod
     def config(self) -> dict:

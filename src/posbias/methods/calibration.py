@@ -69,7 +69,7 @@ class Calibration(Method):
     @classmethod
     def from_spec(cls, arg: str) -> "Calibration":
         if not arg:
-            raise PosbiasError("calib needs a prior", f"write it as {cls.usage} (prompt: measured in every prompt)")
+            raise PosbiasError("calib needs a prior", f"write it as {cls.spec_forms()} (prompt: measured in every prompt)")
         where, _, t = arg.rpartition(":") if _is_float(arg.rpartition(":")[2]) else (arg, "", "")
         return cls(where, float(t) if t else TEMPERATURE)
 

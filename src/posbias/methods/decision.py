@@ -98,7 +98,9 @@ class PriDe(DecisionRule):
     name = "pride"
     usage = "pride|pride:SHARE|pride:ITEMS"
 
-    def __init__(self, share: float = 0.05, items: int | None = None):
+    def __init__(self, calibration_share: float = 0.05, calibration_items: int | None = None):
+        """The parameters are named as config() records them, so `pride:calibration_items=20` is the key=value form."""
+        share, items = calibration_share, calibration_items
         if items is not None and items < 1 or items is None and not 0 < share <= 1:
             raise PosbiasError(f"pride calibrates on a share in (0, 1] or a number of items >= 1, got {items or share}",
                                "write it as pride, pride:0.05 or pride:20")
@@ -109,7 +111,7 @@ class PriDe(DecisionRule):
         if not arg:
             return cls()
         try:
-            return cls(items=int(arg)) if arg.isdigit() else cls(share=float(arg))
+            return cls(calibration_items=int(arg)) if arg.isdigit() else cls(calibration_share=float(arg))
         except ValueError:
             raise PosbiasError(f"bad pride calibration {arg!r}", "write it as pride, pride:0.05 or pride:20") from None
 

@@ -6,6 +6,7 @@ Spec forms:
                                      the model it was found on, and the calibration split compare must avoid)
   hidden:CHANNEL:SCALE[:A-B]         explicit; layers A..B inclusive, default the paper's middle layers
                                      (models/hidden.middle_layers: 9..23 of SmolLM2's 30)
+  hidden:channel=C,scale=S,layers=A-B | hidden:source=DIR     the same as key=value pairs (posbias/specs.py)
 
 The model-side work is in models/hidden.py; this is the Method wrapper.
 """
@@ -23,7 +24,8 @@ from .base import Active, Method
 from .registry import register_method
 
 RESULT = "hidden.json"
-_USAGE_FIX = "write it as hidden:DIR (a `posbias hidden search` folder) or hidden:CHANNEL:SCALE[:A-B], e.g. hidden:123:0:9-23"
+_USAGE_FIX = ("write it as hidden:DIR (a `posbias hidden search` folder) or hidden:CHANNEL:SCALE[:A-B], e.g. hidden:123:0:9-23 "
+              "(or hidden:channel=123,scale=0,layers=9-23)")
 
 
 def parse_layers(text: str) -> list[int]:
@@ -90,12 +92,7 @@ class HiddenScale(Method):
         if not parts:
             raise PosbiasError("hidden needs a search folder or a channel and a scale", _USAGE_FIX)
         if len(parts) == 1 or not parts[0].strip().lstrip("-").isdigit():
-            rec = read_search(arg)
-            info = rec["model_info"]
-            method = cls(rec["channel"], rec["scale"], rec["layers"], source=rec["path"],
-                         model={k: info.get(k) for k in ("name", "hidden_size", "n_layers")})
-            method.fitted_on = rec.get("fitted_on")
-            return method
+            return cls.from_params(source=arg)
         if len(parts) > 3:
             raise PosbiasError(f"bad hidden spec {arg!r}", _USAGE_FIX)
         try:
@@ -103,6 +100,23 @@ class HiddenScale(Method):
         except ValueError:
             raise PosbiasError(f"bad hidden spec {arg!r}", _USAGE_FIX) from None
         return cls(channel, scale, parse_layers(parts[2]) if len(parts) == 3 else None)
+
+    @classmethod
+    def from_params(cls, channel: int | None = None, scale: float | None = None, layers: list[int] | None = None,
+                    source: str | None = None) -> "HiddenScale":
+        """`hidden:channel=C,scale=S[,layers=A-B]`, or `hidden:source=DIR` (a search folder: all of them from it)."""
+        if source is None:
+            if channel is None or scale is None:
+                raise PosbiasError("hidden needs a channel and a scale, or a search folder", _USAGE_FIX)
+            return cls(channel, scale, layers)
+        if (channel, scale, layers) != (None, None, None):
+            raise PosbiasError("hidden takes a search folder or a channel and a scale, not both", _USAGE_FIX)
+        rec = read_search(source)
+        info = rec["model_info"]
+        method = cls(rec["channel"], rec["scale"], rec["layers"], source=rec["path"],
+                     model={k: info.get(k) for k in ("name", "hidden_size", "n_layers")})
+        method.fitted_on = rec.get("fitted_on")
+        return method
 
     @property
     def label(self) -> str:

@@ -75,7 +75,7 @@ class MoICE(Method):
     @classmethod
     def from_spec(cls, arg: str) -> "MoICE":
         if not arg:
-            raise PosbiasError("moice needs trained routers", f"write it as {cls.usage} (a `posbias moice train` folder)")
+            raise PosbiasError("moice needs trained routers", f"write it as {cls.spec_forms()} (a `posbias moice train` folder)")
         return cls(arg)
 
     @property

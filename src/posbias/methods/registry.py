@@ -1,12 +1,22 @@
-"""The method registry: `get_method("pi:1.2")`, `register_method(MyMethod)`, `split_specs("none,buckets:1e4,2e4")`."""
+"""The method registry: `get_method("pi:1.2")`, `get_method("pi:factor=1.2")`, `register_method(MyMethod)`,
+`split_specs("none,buckets:1e4,2e4,mspoe:min_ratio=1.2,max_ratio=1.8")`.
+
+A spec is `name`, `name:ARG` in the method's own short form (its `usage`; its `from_spec` reads ARG), or the generic
+`name:key=value,...` that every method takes (posbias/specs.py): its keys are `Method.spec_params()`, the constructor's
+parameters unless the class declares its own `from_params`.
+"""
 
 from __future__ import annotations
 
+import re
+
 from ..errors import PosbiasError
+from ..specs import bind, is_pairs, split_pairs
 from .base import Baseline, Method
 
 METHODS: dict[str, type[Method]] = {}
 ALIASES = {"baseline": "none", "": "none"}
+_PAIR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def register_method(cls: type[Method]) -> type[Method]:
@@ -18,31 +28,49 @@ def register_method(cls: type[Method]) -> type[Method]:
 
 
 def get_method(spec: str | Method) -> Method:
-    """A Method from a spec string `name[:arg]` (see METHODS and each class's usage); objects pass through."""
+    """A Method from a spec string `name[:arg]` or `name:key=value,...` (see METHODS and `usage`); objects pass through."""
     if isinstance(spec, Method):
         return spec
     text = str(spec).strip()
     name, _, arg = text.partition(":")
     cls = METHODS.get(ALIASES.get(name, name))
     if cls is None:
-        raise PosbiasError(f"unknown method {text!r}", f"use one of: {', '.join(c.usage or n for n, c in METHODS.items())}")
-    method = cls.from_spec(arg.strip())
+        known = ", ".join(c.usage or n for n, c in METHODS.items())
+        raise PosbiasError(f"unknown method {text!r}", f"use one of: {known} (each also as NAME:key=value,...)")
+    arg = arg.strip()
+    method = from_pairs(cls, arg, text) if is_pairs(arg) else cls.from_spec(arg)
     method.spec = text or "none"
     return method
 
 
+def from_pairs(cls: type[Method], arg: str, text: str) -> Method:
+    """The method for `name:key=value,...`: the pairs bound to `cls.spec_params()`, then `cls.from_params`."""
+    what, forms = f"method spec '{text}'", cls.pairs_form()
+    _, pairs = split_pairs(arg, what, f"write it as {forms}")
+    return cls.from_params(**bind(pairs, cls.spec_params(), what, forms))
+
+
 def split_specs(text: str) -> list[str]:
-    """Split a comma list of method specs; a comma continues a spec's argument list only before a number, so
-    `none,buckets:10000,20000,layers:1,1.1` is three specs and `none,bogus` two (the second unknown)."""
+    """Split a comma list of method specs. A comma continues the spec before it when what follows is not a method
+    name and the spec has an argument, and it is a number (`buckets:10000,20000`, `layers:1,1.1`) or a key=value
+    pair (`mspoe:min_ratio=1.2,max_ratio=1.8`); so `none,buckets:10000,20000,pi:factor=1.5` is three specs and
+    `none,bogus` two (the second unknown)."""
     specs: list[str] = []
-    for part in text.split(","):
-        name = part.strip().partition(":")[0]
-        numeric = part.strip()[:1] in tuple("0123456789.+-")
-        if specs and name not in METHODS and name not in ALIASES and ":" in specs[-1] and numeric:
-            specs[-1] += "," + part.strip()
-        elif part.strip():
-            specs.append(part.strip())
+    for part in (p.strip() for p in text.split(",")):
+        if specs and part and _continues(specs[-1], part):
+            specs[-1] += "," + part
+        elif part:
+            specs.append(part)
     return specs
+
+
+def _continues(spec: str, part: str) -> bool:
+    """Whether `part` (after a comma) belongs to `spec`: a number, or a pair after pairs, not a method's name."""
+    _, colon, arg = spec.partition(":")
+    head = part.partition(":")[0]
+    if not colon or head in METHODS or head in ALIASES:
+        return False
+    return part[:1] in tuple("0123456789.+-") or (_PAIR.match(part) is not None and is_pairs(arg))
 
 
 register_method(Baseline)

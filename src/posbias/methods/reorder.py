@@ -105,7 +105,7 @@ class Reorder(Method):
         signal = parts.pop(0) if parts and parts[0] in SIGNALS else "bm25"
         rule = parts.pop(0) if parts and parts[0] in RULES else "litm"
         if parts:
-            raise PosbiasError(f"bad reorder spec {arg!r}", f"write it as {cls.usage}, e.g. reorder:bm25:first")
+            raise PosbiasError(f"bad reorder spec {arg!r}", f"write it as {cls.spec_forms()}, e.g. reorder:bm25:first")
         return cls(signal, rule)
 
     @property

@@ -2,7 +2,9 @@
 (Positional Interpolation, Chen et al. 2023a) or one factor per layer (LPES factors, or any list).
 
 The LPES paper's PI baseline uses the mean of the searched per-layer factors (Sec. 4.1):
-`pi:DIR/factors.json` does exactly that; `pi:1.2` takes the factor directly.
+`pi:DIR/factors.json` (or `pi:source=DIR/factors.json`) does exactly that; `pi:1.2` (`pi:factor=1.2`) takes
+the factor directly. The key=value forms: `pi:factor=F | pi:source=FILE`, `layers:factors=F1,F2,...`,
+`lpes:source=FILE`.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class LayerScaling(Method):
         except ValueError:
             raise PosbiasError(f"bad per-layer factors {arg!r}", "write them as layers:1,1.1,1.2,... (one per layer)") from None
 
+    @classmethod
+    def from_params(cls, factors: list[float]) -> "LayerScaling":
+        """`layers:factors=1,1.1,1.2,...` (one per layer)."""
+        return cls(factors)
+
     @property
     def label(self) -> str:
         curve = self.extra.get("curve")
@@ -87,8 +94,13 @@ class LPES(LayerScaling):
     @classmethod
     def from_spec(cls, arg: str) -> "LPES":
         if not arg:
-            raise PosbiasError("lpes needs the factors of a search", f"write it as {cls.usage}")
-        rec = read_factors(arg)
+            raise PosbiasError("lpes needs the factors of a search", f"write it as {cls.spec_forms()}")
+        return cls.from_params(arg)
+
+    @classmethod
+    def from_params(cls, source: str) -> "LPES":
+        """`lpes:source=DIR/factors.json`: the factors (and the search split) a search wrote."""
+        rec = read_factors(source)
         extra = {k: rec[k] for k in ("control_points", "curve", "space") if k in rec}
         method = cls(rec["factors"], source=rec["path"], extra=extra)
         method.fitted_on = rec.get("search_split")
@@ -116,14 +128,24 @@ class UniformScaling(Method):
     @classmethod
     def from_spec(cls, arg: str) -> "UniformScaling":
         if not arg:
-            raise PosbiasError("pi needs a factor", f"write it as {cls.usage}")
+            raise PosbiasError("pi needs a factor", f"write it as {cls.spec_forms()}")
         try:
             return cls(float(arg))
         except ValueError:
-            rec = read_factors(arg)
-            method = cls(sum(rec["factors"]) / len(rec["factors"]), source=rec["path"])
-            method.fitted_on = rec.get("search_split")
-            return method
+            return cls.from_params(source=arg)
+
+    @classmethod
+    def from_params(cls, factor: float | None = None, source: str | None = None) -> "UniformScaling":
+        """`pi:factor=1.2`, or `pi:source=DIR/factors.json` (the mean of a search's factors)."""
+        if (factor is None) == (source is None):
+            raise PosbiasError("pi takes a factor or the factors.json of a search, one of them",
+                               "write it as pi:factor=1.2 or pi:source=DIR/factors.json")
+        if source is None:
+            return cls(factor)
+        rec = read_factors(source)
+        method = cls(sum(rec["factors"]) / len(rec["factors"]), source=rec["path"])
+        method.fitted_on = rec.get("search_split")
+        return method
 
     @property
     def label(self) -> str:

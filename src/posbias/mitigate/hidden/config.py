@@ -76,6 +76,7 @@ class HiddenSearchConfig(Scoring, TaskChoice, ModelChoice):
         return cls(**{**PRESETS[preset], **over})
 
     def validate(self) -> "HiddenSearchConfig":
+        self._validate_task()
         self._validate_model()
         self._validate_scoring()
         check_split(self.n, 0 if self.skip is None else self.skip)

@@ -70,6 +70,7 @@ class SearchConfig(Scoring, TaskChoice, ModelChoice):
         return cls(**{"n": PRESETS[preset]["n"], **over, "ga": replace(_ga(preset), **ga_over)})
 
     def validate(self) -> "SearchConfig":
+        self._validate_task()
         self._validate_model()
         self._validate_scoring()
         check_split(self.n, 0 if self.skip is None else self.skip)

@@ -80,6 +80,7 @@ class MoICEConfig(TaskChoice, ModelChoice):
         return self.n if self.n is not None else self.steps * self.batch
 
     def validate(self) -> "MoICEConfig":
+        self._validate_task()
         self._validate_model()
         check_split(self.examples_needed, 0 if self.skip is None else self.skip)
         for name in ("steps", "batch", "micro_batch"):

@@ -152,6 +152,7 @@ class DistillConfig(TaskChoice, ModelChoice):
         return LossSpec(self.method, self.ablation, self.lam, self.count_factor, self.anchor_copy)
 
     def validate(self) -> "DistillConfig":
+        self._validate_task()
         self._validate_model()
         if self.stage not in STAGES:
             raise PosbiasError(f"unknown `stage` {self.stage!r}", f"use {' or '.join(STAGES)}")
