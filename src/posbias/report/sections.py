@@ -192,13 +192,10 @@ def training_curve(log: list[dict]) -> bytes | None:
     rows = [h for h in log if isinstance(h, dict) and "loss" in h and "step" in h]
     if not rows:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plots import subplots
 
     keys = [k for k in rows[0] if k not in ("step", "epoch", "learning_rate", "grad_norm") and isinstance(rows[0][k], (int, float))]
-    fig, ax = plt.subplots(figsize=(6, 3.4), dpi=110)
+    fig, ax = subplots(figsize=(6, 3.4), dpi=110)
     for k in keys:
         ax.plot([h["step"] for h in rows if k in h], [h[k] for h in rows if k in h], marker=".", label=k)
     ax.set_xlabel("step")
@@ -209,7 +206,6 @@ def training_curve(log: list[dict]) -> bytes | None:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    plt.close(fig)
     return buf.getvalue()
 
 
