@@ -226,9 +226,12 @@ def run_shifting(cfg: ShiftingConfig | None = None, out: str | Path | None = Non
     return ShiftingResult(summary["all"], summary["per_position"], rows, record)
 
 
+def _num(v: float | None, d: int = 3) -> str:
+    return "-" if v is None else f"{v:.{d}f}"
+
+
 def format_shifting(res: ShiftingResult) -> str:
-    s, lines = res.record, []
-    f = lambda v, d=3: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+    s, lines, f = res.record, [], _num
     lines.append(f"{s['task']}: anchor placement {label(s['anchor_placement'])} (accuracy {f(s['all']['anchor_accuracy'])})")
     lines.append(f"{'placement':>9}  {'acc':>5}  {'diverged':>8}  {'1-token':>7}  {'errors':>6}  {'1-token':>7}  "
                  f"{'in top10':>8}  {'ppl anchor':>10}  {'ppl gold':>8}")
