@@ -60,8 +60,8 @@ def test_a_sweep_on_a_wrapped_model_records_and_titles_its_name(held, tmp_path):
     assert len(cmp.rows) == 2 * 3 * 2 and {r["method"] for r in cmp.rows} == {"none", "pi:1.1"}  # entries x n x slots
     assert {(r["example_id"], r["position"]) for r in cmp.rows if r["method"] == "none"} == \
         {(r["example_id"], r["position"]) for r in res.rows}
-    assert cmp.format() == posbias.format_compare(cmp) and "pi:1.1" in cmp.format()
-    assert res.format() == posbias.format_table(res.per_position, res.summary)
+    assert "pi:1.1" in cmp.format() and cmp.format().count("\n") >= 2  # a header and one line per entry
+    assert res.format().startswith("kv-lookup on my-finetune: 3 examples x 2 positions") and "average" in res.format()
     assert {json.loads((tmp_path / "c" / e["dir"] / "sweep.json").read_text())["config"]["model"]
             for e in cmp.entries} == {"my-finetune"}
 

@@ -19,7 +19,7 @@ def blocks(lang: str) -> list[str]:
 
 def test_the_page_names_every_main_entry_point_and_its_blocks_compile():
     text = DOC.read_text()
-    for name in ("load_model", "wrap_model", "run_sweep", "run_compare", "format_table", "format_compare", "get_task",
+    for name in ("load_model", "wrap_model", "run_sweep", "run_compare", "get_task",
                  "register_task", "get_method", "register_method", "run_search", "run_distill", "train_moice",
                  "run_grid", "run_attention", "build_report", "PosbiasError"):
         assert f"posbias.{name}" in text, name

@@ -20,7 +20,8 @@ per document by gold position, with accuracy and rollout beside it), `run_shifti
 (perplexity of the advantageous response at the other placements: token vs thought shifting) and the synthetic
 experiments (`synth_grid_runs`, `run_synth_grid`, `synth_run_config`, `run_synth_one`).
 Every pipeline writes one output folder (create / resume / overwrite, result file written last)
-and returns a typed result whose `record` is that file's content.
+and returns a typed result: `record` (that file's content), `rows` (tidy rows, one flat dict each) and `format()`
+(the text the command line prints).
 """
 
 from .analysis.attention import AttentionConfig, AttentionResult, format_attention, run_attention  # noqa: E402

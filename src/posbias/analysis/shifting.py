@@ -79,13 +79,18 @@ class ShiftingConfig(TaskChoice, ModelChoice):
 
 @dataclass
 class ShiftingResult:
+    """Token shifting: `record` is shifting.json; `rows` (rows.jsonl) has one dict per example x placement other than
+    the anchor: example_id, position, the anchor's and this placement's responses and verdicts, where the anchor
+    response's tokens first diverge (rank and probability of the anchor token there, the top tokens), and the
+    perplexities of the anchor response and the gold answer; `format()` is what `posbias analyze shifting` prints."""
+
     summary: dict  # overall: perplexities, accuracies, divergence and single-token-shift shares
     per_position: list[dict]
     rows: list[dict] = field(repr=False)
     record: dict = field(repr=False)
 
     def format(self) -> str:
-        """The printed tables (`format_shifting`)."""
+        """Per placement: accuracy, divergence from the anchor response, single-token shifts, perplexities."""
         return format_shifting(self)
 
 

@@ -14,13 +14,6 @@ from .. import (
     RealRollout,
     ShiftingConfig,
     TheoryConfig,
-    format_attention,
-    format_prior,
-    format_real_rollout,
-    format_shifting,
-    format_synth_run,
-    format_synth_summary,
-    format_theory_summary,
     run_attention,
     run_prior,
     run_shifting,
@@ -72,7 +65,7 @@ def _grid(grid, preset, out, workers, overwrite, quiet, device="cpu", group=1, *
         typer.echo(f"synth {grid} ({preset}): {len(runs)} runs -> {out}", err=True)
     res = run_synth_grid(grid, runs, out, workers=workers, progress=not quiet, overwrite=overwrite, device=device,
                          group=group)
-    typer.echo(format_synth_summary(res))
+    typer.echo(res.format())
     typer.echo(f"wrote {out}/{grid}.json, {', '.join(res.figures)}")
 
 
@@ -138,7 +131,7 @@ def train(
                 kind=kind, lam=lam, component_std=std)
     cfg = synth_run_config(depth=depth, mask=mask, pe=pe, residual=residual, iters=iters, lr=lr, seed=seed,
                            eval_seqs=eval_seqs, data=data)
-    typer.echo(format_synth_run(run_synth_one(cfg, out, progress=not quiet, device=device)))
+    typer.echo(run_synth_one(cfg, out, progress=not quiet, device=device).format())
 
 
 def theory(
@@ -159,9 +152,7 @@ def theory(
     cfg = TheoryConfig(seed=seed, n_tokens=64 if tokens is None else tokens, depth=16 if depth is None else depth,
                         check_tokens=tokens, check_depth=depth)
     res = run_theory(cfg, out, real=rollout)
-    typer.echo(format_theory_summary(res.summary))
-    for line in format_real_rollout(res.real) if res.real else []:
-        typer.echo(line)
+    typer.echo(res.format())
     typer.echo(f"wrote {out}/theory.json and figures")
 
 
@@ -185,7 +176,7 @@ def shifting(
     cfg = ShiftingConfig(**model_fields(model), **task_fields(task), **vars(split),
                          positions=placements(task, positions), max_new_tokens=max_new_tokens, method=method, top=top)
     res = run_shifting(cfg, run.out, **run_kwargs(run))
-    typer.echo(format_shifting(res))
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/shifting.json, rows.jsonl, shifting.png, divergence.png")
 
 
@@ -196,7 +187,7 @@ def prior(model: Args, task: Args, split: Args, run: Args) -> None:
     band, beside the accuracy (Found-in-the-Middle Sec. 3.2); `--method calib:OUT` calibrates with it."""
     cfg = PriorConfig(**model_fields(model), **task_fields(task), **vars(split))
     res = run_prior(cfg, run.out, **run_kwargs(run))
-    typer.echo(format_prior(res))
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/prior.json, rows.jsonl and prior.png (use it with --method calib:{run.out})")
 
 
@@ -219,5 +210,5 @@ def attention(
     cfg = AttentionConfig(**model_fields(model), **task_fields(task), **vars(split), positions=placements(task, positions),
                           method=method, rows=rows, heads=heads, scales=floats(scales, what="`scales`"), rollout=rollout)
     res = run_attention(cfg, run.out, **run_kwargs(run))
-    typer.echo(format_attention(res))
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/attention.json, rows.jsonl and figures")

@@ -53,13 +53,5 @@ def search(
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = run_hidden_search(cfg, run.out, **run_kwargs(run))
-    rec, s, b = res.record, res.score, res.baseline
-    typer.echo("candidates (smoothest first): " + ", ".join(f"{c['channel']}{'+' if c['direction'] > 0 else '-'}"
-                                                            for c in res.candidates))
-    typer.echo(f"channel {res.channel}, scale {res.scale:g}, layers {res.layers[0]}-{res.layers[-1]} (chosen by {rec['select']})")
-    acc = lambda e: " / ".join(f"{v:.3f}" for v in e["accuracy"].values())  # noqa: E731
-    loss = lambda e: f"{e['loss']:.3f}" if e["loss"] is not None else "-"  # noqa: E731
-    typer.echo(f"calibration slots {', '.join(s['accuracy'])}: {acc(s)} (loss {loss(s)})   unmodified: {acc(b)} (loss {loss(b)})")
-    if not rec["beats_unmodified"]:
-        typer.echo("note: no candidate beat the unmodified model on the calibration split", err=True)
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/hidden.json; use it with --methods none,hidden:{run.out}")

@@ -42,8 +42,5 @@ def train(
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = train_moice(cfg, run.out, **run_kwargs(run))
-    rec = res.record
-    typer.echo(f"{rec['steps']} steps of {cfg.batch} examples, {rec['seconds'] / 60:.1f} min; "
-               f"loss {rec['first_loss']:.4f} -> {rec['last_loss']:.4f} (ce {res.losses[0]['ce']:.4f} -> {res.losses[-1]['ce']:.4f})")
-    typer.echo(f"bases {', '.join(f'{b:g}' for b in rec['bases'])}; top-k {rec['top_k']}")
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/moice.json; use it with --method moice:{run.out}")

@@ -6,10 +6,6 @@ from .evaluate import PAIRS, EvalConfig, evaluate
 from .experiments import (
     GRIDS,
     PRESETS,
-    GridResult,
-    RunResult,
-    format_run,
-    format_summary,
     grid_runs,
     one_run_config,
     one_run_path,
@@ -20,6 +16,7 @@ from .experiments import (
 )
 from .model import MASKS, PES, AttentionOnlyNet, ModelConfig
 from .multi import run_group, train_group
+from .results import GridResult, RunResult, format_run, format_summary
 from .train import RunConfig, TrainConfig, train
 
 __all__ = [
