@@ -7,22 +7,9 @@ from typing import Optional
 
 import typer
 
-from .. import (
-    AttentionConfig,
-    PosbiasError,
-    PriorConfig,
-    RealRollout,
-    ShiftingConfig,
-    TheoryConfig,
-    run_attention,
-    run_prior,
-    run_shifting,
-    run_synth_grid,
-    run_synth_one,
-    run_theory,
-    synth_grid_runs,
-    synth_run_config,
-)
+from .. import PosbiasError, synth
+from ..explain import (AttentionConfig, PriorConfig, RealRollout, ShiftingConfig, TheoryConfig, run_attention, run_prior,
+                       run_shifting, run_theory)
 from .options import (MODEL, RUN, SPLIT, TASK, Args, default, floats, ints, method_help, model_fields, placements,
                       run_kwargs, task_fields, uses, words)
 
@@ -59,11 +46,11 @@ Group = typer.Option(1, help="runs of one architecture trained at once on --devi
 
 
 def _grid(grid, preset, out, workers, overwrite, quiet, device="cpu", group=1, **over) -> None:
-    runs = synth_grid_runs(grid, preset, **over)
+    runs = synth.grid_runs(grid, preset, **over)
     out = out or Path(f"runs/synth-{grid}-{preset}")
     if not quiet:
         typer.echo(f"synth {grid} ({preset}): {len(runs)} runs -> {out}", err=True)
-    res = run_synth_grid(grid, runs, out, workers=workers, progress=not quiet, overwrite=overwrite, device=device,
+    res = synth.run_grid(grid, runs, out, workers=workers, progress=not quiet, overwrite=overwrite, device=device,
                          group=group)
     typer.echo(res.format())
     typer.echo(f"wrote {out}/{grid}.json, {', '.join(res.figures)}")
@@ -129,9 +116,9 @@ def train(
     """Train and evaluate one configuration; print its metrics."""
     data = dict(n_classes=classes, n_labels=labels, burstiness=burstiness, eps=eps, n_items=items, dim=dim, bias=bias,
                 kind=kind, lam=lam, component_std=std)
-    cfg = synth_run_config(depth=depth, mask=mask, pe=pe, residual=residual, iters=iters, lr=lr, seed=seed,
-                           eval_seqs=eval_seqs, data=data)
-    typer.echo(run_synth_one(cfg, out, progress=not quiet, device=device).format())
+    cfg = synth.one_run_config(depth=depth, mask=mask, pe=pe, residual=residual, iters=iters, lr=lr, seed=seed,
+                               eval_seqs=eval_seqs, data=data)
+    typer.echo(synth.run_single(cfg, out, progress=not quiet, device=device).format())
 
 
 def theory(

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .. import HiddenSearchConfig, run_hidden_search
+from ..hidden import SearchConfig, run_search
 from .options import MODEL, RUN, SCORING, SPLIT, TASK, Args, floats, ints, model_fields, run_kwargs, task_fields, uses
 
 hidden_app = typer.Typer(no_args_is_help=True, help="Positional hidden-channel scaling: find the channel (training-free).")
@@ -46,12 +46,12 @@ def search(
 
     The split is examples SKIP.. (default 1500, or the last N of a file task's pool); sweeps use examples 0.."""
     pos = floats(positions, None, "positions")
-    cfg = HiddenSearchConfig.from_preset(preset, **model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
-                                         samples=samples, length=length, top_k=top_k, scales=floats(scales, None, "scales"),
-                                         layers=_layers(layers), select=select,
-                                         positions=tuple(int(x) for x in pos) if pos else None)
+    cfg = SearchConfig.from_preset(preset, **model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
+                                   samples=samples, length=length, top_k=top_k, scales=floats(scales, None, "scales"),
+                                   layers=_layers(layers), select=select,
+                                   positions=tuple(int(x) for x in pos) if pos else None)
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
-    res = run_hidden_search(cfg, run.out, **run_kwargs(run))
+    res = run_search(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())
     typer.echo(f"wrote {run.out}/hidden.json; use it with --methods none,hidden:{run.out}")

@@ -7,20 +7,8 @@ from typing import Optional
 
 import typer
 
-from .. import (
-    BACKENDS,
-    JSONL_SCHEMA,
-    ORDER_SCHEMAS,
-    MODELS,
-    TASKS,
-    SweepConfig,
-    export_model,
-    COLLAPSE_MARGIN,
-    run_compare,
-    run_sweep,
-    split_models,
-    split_specs,
-)
+from .. import BACKENDS, MODELS, TASKS, SweepConfig, run_compare, run_sweep
+from ..measure import COLLAPSE_MARGIN, JSONL_SCHEMA, ORDER_SCHEMAS, export_model, split_models, split_specs
 from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, default, method_help, model_fields, placements, run_kwargs,
                       task_fields, uses)
 

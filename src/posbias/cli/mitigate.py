@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from .. import DistillConfig, SearchConfig, run_distill, run_length_gain, run_search
+from ..distill import DistillConfig, run_distill
+from ..lpes import SearchConfig, run_gain, run_search
 from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, default, floats, ints, model_fields, run_kwargs,
                       task_fields, uses)
 
@@ -77,7 +78,7 @@ def gain(
     overwrite: bool = typer.Option(False, help="replace an existing result in OUT"),
 ) -> None:
     """Gain of each method over the unmodified model (paired 95% CI) against prompt length -> OUT/gain.png."""
-    res = run_length_gain(dirs, out, overwrite=overwrite)
+    res = run_gain(dirs, out, overwrite=overwrite)
     typer.echo(res.format())
     typer.echo(f"wrote {out}/gain.json and gain.png")
 

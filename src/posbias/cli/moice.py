@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .. import MoICEConfig, train_moice
+from ..moice import TrainConfig, run_train
 from .options import MODEL, RUN, SPLIT, TASK, Args, floats, model_fields, run_kwargs, task_fields, uses
 
 moice_app = typer.Typer(no_args_is_help=True, help="MoICE: routers that mix attention over several RoPE bases (trained).")
@@ -35,12 +35,12 @@ def train(
     """Train per-head MoICE routers on the task's training split; write OUT/moice.json and OUT/routers.safetensors.
 
     The split is examples SKIP.. (default 3000, or three quarters into a file task's pool); sweeps use examples 0.."""
-    cfg = MoICEConfig.from_preset(preset, **model_fields(model), **task_fields(task), **vars(split), steps=steps, batch=batch,
-                                  micro_batch=micro_batch, lr=lr, top_k=top_k,
-                                  bases=floats(bases, None, "bases", "100000,175000,250000"),
-                                  aux_coef=aux, router_seed=router_seed)
+    cfg = TrainConfig.from_preset(preset, **model_fields(model), **task_fields(task), **vars(split), steps=steps, batch=batch,
+                                 micro_batch=micro_batch, lr=lr, top_k=top_k,
+                                 bases=floats(bases, None, "bases", "100000,175000,250000"),
+                                 aux_coef=aux, router_seed=router_seed)
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
-    res = train_moice(cfg, run.out, **run_kwargs(run))
+    res = run_train(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())
     typer.echo(f"wrote {run.out}/moice.json; use it with --method moice:{run.out}")

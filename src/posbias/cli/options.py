@@ -24,7 +24,8 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from .. import ENGINES, METHODS, TASKS, PosbiasError, SweepConfig
+from .. import METHODS, TASKS, PosbiasError, SweepConfig
+from ..measure import ENGINES
 
 Args = SimpleNamespace  # what a command receives for each group
 
