@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
 def score(name: str, backend, task, n: int, engine: str, prefix: bool = True) -> dict:
-    from posbias import Scorer
+    from posbias.measure import Scorer
 
     scorer = Scorer(backend, task, engine, prefix_sharing=prefix)
     rows = scorer.rows(task.examples(n, 0, 0), task.placements("all"))
@@ -57,7 +57,8 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     import torch
 
-    from posbias import export_model, get_task, load_model, open_backend
+    from posbias import get_task, load_model, open_backend
+    from posbias.measure import export_model
 
     torch.set_num_threads(a.cores)
     task = get_task("kv-lookup")

@@ -31,7 +31,8 @@ import torch
 
 
 def setup(a, lora: bool):
-    from posbias import DistillConfig, get_task, load_model
+    from posbias import get_task, load_model
+    from posbias.distill import DistillConfig
     from posbias.eval.scorer import use_chat
     from posbias.mitigate.pos2distill import build_trainer
     from posbias.mitigate.pos2distill.data import build_records
@@ -154,7 +155,7 @@ def main() -> None:
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--skip", default="", help="comma list of parts to skip: a,b")
     a = p.parse_args()
-    from posbias import set_threads
+    from posbias.measure import set_threads
 
     set_threads()
     if a.child:

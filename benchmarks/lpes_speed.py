@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from posbias import Scorer, get_method, get_task, load_model
+from posbias import get_method, get_task, load_model
+from posbias.measure import Scorer
 
 
 def generate_each(model, rows, max_new: int) -> float:
@@ -80,7 +81,7 @@ def inference(a, loaded) -> None:
 
 
 def search_cost(a, loaded) -> None:
-    from posbias import SearchConfig
+    from posbias.lpes import SearchConfig
     from posbias.mitigate.lpes import build_fitness, make_space
 
     cfg = SearchConfig.from_preset("cpu", task=a.task)

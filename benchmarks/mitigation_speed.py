@@ -17,7 +17,8 @@ import time
 
 import torch
 
-from posbias import Scorer, get_method, get_task, load_model
+from posbias import get_method, get_task, load_model
+from posbias.measure import Scorer
 
 
 def main() -> None:

@@ -21,7 +21,8 @@ import time
 
 import torch
 
-from posbias import Scorer, get_task, load_model
+from posbias import get_task, load_model
+from posbias.measure import Scorer
 
 
 @torch.inference_mode()

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prefix_agreement import margin  # noqa: E402
+from posbias import get_task, load_model
+from posbias.measure import Scorer
 
-from posbias import Scorer, get_task, load_model  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prefix_agreement import margin  # noqa: E402 - a sibling script, importable once its folder is on the path
 
 
 def rows_of(folder: Path) -> dict:

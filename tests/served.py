@@ -171,7 +171,7 @@ class Proxy:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--export-and-serve":  # launch(export=True): the model directory, then the server in its place
-        from posbias import export_model
+        from posbias.measure import export_model
 
         export_model("smollm2-135m", sys.argv[2])
         os.execv(str(VLLM_PY), server_cmd(Path(sys.argv[2]), int(sys.argv[3])))

@@ -10,6 +10,7 @@ from conftest import position_sensitive, random_seqs, tiny_loaded
 
 import posbias
 from posbias import PosbiasError
+from posbias.explain import AttentionConfig, run_attention
 from posbias.eval.encode import encode, left_pad
 from posbias.eval.spans import item_spans
 from posbias.methods import get_method
@@ -128,7 +129,7 @@ def test_capture_refuses_a_foreign_attention_function():
 
 def _cfg(**kw):
     base = dict(model="tiny", task="kv-lookup", task_options={"facts": 4, "digits": 2}, n=2, max_batch=3)
-    return posbias.AttentionConfig(**{**base, **kw})
+    return AttentionConfig(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +140,8 @@ def tiny():
 
 
 def test_pipeline_rows_and_summary(tiny, tmp_path):
-    res = posbias.run_attention(_cfg(rows="answer", heads=True, rollout=True), tmp_path / "a", loaded=tiny,
-                                progress=False)
+    res = run_attention(_cfg(rows="answer", heads=True, rollout=True), tmp_path / "a", loaded=tiny,
+                        progress=False)
     assert len(res.rows) == 2 * 4 * 2  # examples x positions x layers
     for r in res.rows:
         assert abs(sum(r["items"]) + r["first"] + r["other"] - 1) < 1e-4
@@ -150,21 +151,21 @@ def test_pipeline_rows_and_summary(tiny, tmp_path):
     per = rec["per_scale"][0]["per_position"]
     assert [p["position"] for p in per] == [0, 1, 2, 3] and "rollout_gold_share" in per[0]
     assert {"attention_heatmap.png", "attention_gold.png", "attention_rollout.png"} <= {p.name for p in (tmp_path / "a").iterdir()}
-    assert "middle-third share" in posbias.format_attention(res)
+    assert "middle-third share" in res.format()
 
 
 def test_resume_after_a_kill_gives_identical_numbers(tiny, tmp_path):
     cfg = _cfg(scales=(1.0, 1.4), positions="0,3", rollout=False)
-    full = posbias.run_attention(cfg, tmp_path / "full", loaded=tiny, progress=False)
+    full = run_attention(cfg, tmp_path / "full", loaded=tiny, progress=False)
     out = tmp_path / "cut"
-    posbias.run_attention(cfg, out, loaded=tiny, progress=False)
+    run_attention(cfg, out, loaded=tiny, progress=False)
     log = out / "rows.jsonl"
     lines = log.read_bytes().splitlines(keepends=True)
     log.write_bytes(b"".join(lines[:5]) + lines[5][:17])  # a kill mid-batch, mid-line
     (out / "attention.json").unlink()
     with pytest.raises(PosbiasError, match="already holds"):
-        posbias.run_attention(cfg, out, loaded=tiny, progress=False)
-    res = posbias.run_attention(cfg, out, loaded=tiny, resume=True, progress=False)
+        run_attention(cfg, out, loaded=tiny, progress=False)
+    res = run_attention(cfg, out, loaded=tiny, resume=True, progress=False)
     assert res.summary == full.summary
     assert res.record["rows_this_run"] > 0
 
@@ -179,7 +180,7 @@ def test_resume_after_a_kill_gives_identical_numbers(tiny, tmp_path):
 ])
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, kw, match):
     with pytest.raises(PosbiasError, match=match):
-        posbias.run_attention(_cfg(**kw), tmp_path / "x", progress=False)  # no model given: fails before loading
+        run_attention(_cfg(**kw), tmp_path / "x", progress=False)  # no model given: fails before loading
     assert not (tmp_path / "x").exists()
 
 
@@ -194,14 +195,14 @@ def test_a_task_without_items_is_refused_before_loading(tmp_path):
             return Prompt(str(ex), p, "a\nb", "", ("a",))
 
     with pytest.raises(PosbiasError, match="does not list its items"):
-        posbias.run_attention(_cfg(task=NoItems(), task_options={}), tmp_path / "x", progress=False)
+        run_attention(_cfg(task=NoItems(), task_options={}), tmp_path / "x", progress=False)
     assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.real
 def test_real_smollm2_attention(smollm2, tmp_path):
-    res = posbias.run_attention(_cfg(model="smollm2-135m", task_options={"facts": 6}, n=2, positions="0,5"),
-                                tmp_path / "r", loaded=smollm2, progress=False)
+    res = run_attention(_cfg(model="smollm2-135m", task_options={"facts": 6}, n=2, positions="0,5"),
+                        tmp_path / "r", loaded=smollm2, progress=False)
     per = res.summary["per_scale"][0]["per_position"]
     assert per[0]["bands"]["late"]["first"] > 0.3  # measured 0.49: the first token is SmolLM2's attention sink
     assert all(abs(sum(r["items"]) + r["first"] + r["other"] - 1) < 1e-3 for r in res.rows)

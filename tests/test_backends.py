@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from conftest import tiny_loaded
-from posbias import PosbiasError, Scorer, get_task, parse_spec
+from posbias import PosbiasError, get_task
 from posbias.backends import Reply
 from posbias.eval.engines import _greedy, get_engine
+from posbias.measure import Scorer, parse_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -48,7 +49,7 @@ def test_bad_specs_are_one_line(text, message):
 
 
 def test_model_lists_keep_each_specs_own_items():
-    from posbias import split_models
+    from posbias.measure import split_models
 
     text = "smollm2-135m,openai:model=m,base_url=http://h:1/v1,tokenizer=d,runs/p2d/model,vllm:/m,tensor_parallel_size=2"
     assert split_models(text) == ["smollm2-135m", "openai:model=m,base_url=http://h:1/v1,tokenizer=d", "runs/p2d/model",

@@ -19,8 +19,10 @@ import pytest
 
 import hints
 from conftest import save_tiny_llama
-from posbias import DistillConfig, SweepConfig, run_compare, run_distill, run_length_gain, run_sweep
+from posbias import SweepConfig, run_compare, run_sweep
 from posbias.cli import main
+from posbias.distill import DistillConfig, run_distill
+from posbias.lpes import run_gain
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,7 +41,7 @@ def env(tmp_path_factory):
     run_distill(DistillConfig(model=model, task_options={"facts": 4, "digits": 3}, n=1, k=2, correct_only=False,
                               dtype="fp32", max_steps=1, save_steps=1), root / "distill", progress=False)
     (root / "afile").write_text("not a folder")
-    run_length_gain([root / "compare"], root / "gain")
+    run_gain([root / "compare"], root / "gain")
     _corrupt_states(root, model, cfg)
     data = root / "data"
     data.mkdir()
@@ -75,8 +77,9 @@ def _corrupt_states(root: Path, model: str, cfg: SweepConfig) -> None:
     """Started runs whose state files a crash or a disk error spoiled."""
     import shutil
 
-    from posbias import GAConfig, SearchConfig, run_search, synth_run_config
-    from posbias.synth import one_run_path as synth_run_path
+    from posbias.lpes import GAConfig, SearchConfig, run_search
+    from posbias.synth import one_run_config
+    from posbias.synth.experiments import one_run_path
 
     shutil.copytree(root / "sweep", root / "bad-marker")
     (root / "bad-marker" / "run.json").write_text('{"kind": "swe')
@@ -93,10 +96,10 @@ def _corrupt_states(root: Path, model: str, cfg: SweepConfig) -> None:
     run_search(SearchConfig(model=model, task_options={"facts": 4, "digits": 3}, n=2, dtype="fp32", ga=ga),
                root / "bad-state", progress=False)
     (root / "bad-state" / "search.state.json").write_text('{"search": {"kind": "genetic"}}')
-    synth = synth_run_config(iters=5, eval_seqs=20, data={"n_classes": 64, "n_labels": 8, "burstiness": 2, "n_items": 4,
-                                                          "dim": 16})
+    synth = one_run_config(iters=5, eval_seqs=20, data={"n_classes": 64, "n_labels": 8, "burstiness": 2, "n_items": 4,
+                                                        "dim": 16})
     (root / "bad-ckpt").mkdir()
-    synth_run_path(root / "bad-ckpt", synth).with_suffix(".ckpt").write_bytes(b"PK\x03\x04 cut short")
+    one_run_path(root / "bad-ckpt", synth).with_suffix(".ckpt").write_bytes(b"PK\x03\x04 cut short")
 
 
 SYNTH_TINY = ["--iters", "5", "--eval-seqs", "20", "--classes", "64", "--labels", "8", "--burstiness", "2", "--items", "4",

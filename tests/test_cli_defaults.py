@@ -11,9 +11,10 @@ import posbias
 from posbias.cli import app
 
 COMMANDS = {"sweep": posbias.SweepConfig, "compare": posbias.SweepConfig, "grid": posbias.GridConfig,
-            "analyze attention": posbias.AttentionConfig, "analyze shifting": posbias.ShiftingConfig,
-            "analyze prior": posbias.PriorConfig, "lpes search": posbias.SearchConfig, "distill r1": posbias.DistillConfig,
-            "distill r2": posbias.DistillConfig, "moice train": posbias.MoICEConfig, "theory": posbias.TheoryConfig}
+            "analyze attention": posbias.explain.AttentionConfig, "analyze shifting": posbias.explain.ShiftingConfig,
+            "analyze prior": posbias.explain.PriorConfig, "lpes search": posbias.lpes.SearchConfig,
+            "distill r1": posbias.distill.DistillConfig, "distill r2": posbias.distill.DistillConfig,
+            "moice train": posbias.moice.TrainConfig, "theory": posbias.explain.TheoryConfig}
 # a command's own default on purpose: Pos2Distill-R2 trains on two hops, where DistillConfig (R1 by default) has one
 OWN = {("distill r2", "task"): "kv-2hop"}
 
@@ -55,4 +56,4 @@ def test_method_task_and_engine_help_come_from_the_registries():
     help_of = {p.name: p.help for p in dict(commands())["sweep"].params}
     assert all((cls.usage or name) in help_of["method"] for name, cls in posbias.METHODS.items())
     assert all(name in help_of["task"] for name in posbias.TASKS)
-    assert all(name in help_of["engine"] for name in posbias.ENGINES)
+    assert all(name in help_of["engine"] for name in posbias.measure.ENGINES)

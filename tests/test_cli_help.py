@@ -1,5 +1,5 @@
 """No option help is written twice. A config field's meaning is written once, as a `name: text` entry of its config's
-docstring (a mixin's field on the mixin), and `posbias.field_docs` reads it; the CLI option that sets the field shows
+docstring (a mixin's field on the mixin), and `posbias.measure.field_docs` reads it; the CLI option that sets the field shows
 exactly that text as its help (--task, --method and --engine add the registry's values after it). So:
 
 - every option of every command that maps to a config field (by name, or by the flag `cli._FLAGS` gives it) has
@@ -16,6 +16,7 @@ import ast
 import dataclasses
 import re
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import typer.main
@@ -25,7 +26,7 @@ from posbias.cli import _FLAGS, app
 from posbias.eval.config import doc_entries
 
 CLI = Path(__file__).resolve().parents[1] / "src" / "posbias" / "cli"
-SYNTH = posbias.SynthRunConfig()
+SYNTH = posbias.synth.RunConfig()
 SYNTH_PARTS = [type(SYNTH.data), type(SYNTH.model), type(SYNTH.train), type(SYNTH.eval)]
 SYNTH_GRID = [type(SYNTH.train), type(SYNTH.eval), type(SYNTH.data)]  # the grids' --residual is a list, not the field
 
@@ -33,11 +34,11 @@ SYNTH_GRID = [type(SYNTH.train), type(SYNTH.eval), type(SYNTH.data)]  # the grid
 CONFIGS = {
     "sweep": [posbias.SweepConfig], "compare": [posbias.SweepConfig], "grid": [posbias.GridConfig],
     "export": [posbias.SweepConfig],
-    "lpes search": [posbias.SearchConfig, posbias.GAConfig], "hidden search": [posbias.HiddenSearchConfig],
-    "distill r1": [posbias.DistillConfig], "distill r2": [posbias.DistillConfig], "moice train": [posbias.MoICEConfig],
-    "analyze attention": [posbias.AttentionConfig], "analyze shifting": [posbias.ShiftingConfig],
-    "analyze prior": [posbias.PriorConfig], "theory": [posbias.TheoryConfig, posbias.RealRollout],
-    "synth train": [posbias.SynthRunConfig, *SYNTH_PARTS],
+    "lpes search": [posbias.lpes.SearchConfig, posbias.lpes.GAConfig], "hidden search": [posbias.hidden.SearchConfig],
+    "distill r1": [posbias.distill.DistillConfig], "distill r2": [posbias.distill.DistillConfig], "moice train": [posbias.moice.TrainConfig],
+    "analyze attention": [posbias.explain.AttentionConfig], "analyze shifting": [posbias.explain.ShiftingConfig],
+    "analyze prior": [posbias.explain.PriorConfig], "theory": [posbias.explain.TheoryConfig, posbias.explain.RealRollout],
+    "synth train": [posbias.synth.RunConfig, *SYNTH_PARTS],
     "synth depth": SYNTH_GRID, "synth bias": SYNTH_GRID, "synth sinks": SYNTH_GRID,
 }
 # option name -> field name, where they differ: the flags the CLI maps library parameters to, and --eval-seqs
@@ -62,12 +63,13 @@ def commands(group=None, path=()):
 
 def field_doc(configs: list[type], option: str) -> str | None:
     name = RENAMED.get(option, option)
-    return next((posbias.field_docs(c)[name] for c in configs if name in posbias.field_docs(c)), None)
+    return next((posbias.measure.field_docs(c)[name] for c in configs if name in posbias.measure.field_docs(c)), None)
 
 
 def public_configs() -> list[type]:
-    """Every config the public API names (a dataclass with `validate`), its dataclass bases and nested configs."""
-    todo = [o for o in (getattr(posbias, n) for n in posbias.__all__)
+    """Every config the public API and its sub-namespaces name (a dataclass with `validate`), its dataclass bases and nested configs."""
+    spaces = [posbias, *(getattr(posbias, n) for n in posbias.__all__ if isinstance(getattr(posbias, n), ModuleType))]
+    todo = [o for ns in spaces for o in (getattr(ns, n) for n in ns.__all__)
             if isinstance(o, type) and dataclasses.is_dataclass(o) and hasattr(o, "validate")]
     seen: list[type] = []
     while todo:
@@ -109,13 +111,13 @@ def undocumented(cls: type) -> list[str]:
     """Fields of `cls` without a doc entry, and entries of its docstring that name no field (a reference entry,
     "see `Base`", must name a base that documents those fields)."""
     names = {f.name for f in dataclasses.fields(cls)}
-    docs = posbias.field_docs(cls)
+    docs = posbias.measure.field_docs(cls)
     bad = [f"{cls.__name__}.{n}: no `{n}: ...` entry in its docstring (or its mixin's)" for n in names - set(docs)]
     bases = {b.__name__: b for b in cls.__mro__[1:]}
     for entry, text in doc_entries(cls):
         bad += [f"{cls.__name__}: the entry `{n}:` names no field" for n in entry if n not in names]
         ref = re.fullmatch(r"see `(\w+)`\.?", text)
-        if ref and (ref[1] not in bases or not set(entry) <= set(posbias.field_docs(bases[ref[1]]))):
+        if ref and (ref[1] not in bases or not set(entry) <= set(posbias.measure.field_docs(bases[ref[1]]))):
             bad.append(f"{cls.__name__}: `{', '.join(entry)}: {text}` refers to no base that documents them")
     return bad
 
@@ -141,7 +143,7 @@ def test_a_field_without_a_doc_or_a_stale_entry_is_caught():
     found = "\n".join(undocumented(Example))
     assert "Example.height: no `height: ...` entry" in found
     assert "the entry `gone:` names no field" in found and "refers to no base" in found
-    assert posbias.field_docs(Example)["width"] == "how wide." and "model" in posbias.field_docs(Example)
+    assert posbias.measure.field_docs(Example)["width"] == "how wide." and "model" in posbias.measure.field_docs(Example)
 
 
 def help_strings(source: str) -> list[tuple[int, str]]:
@@ -187,7 +189,7 @@ def restated(sources: dict[str, str], docs: list[str]) -> list[str]:
 
 
 def all_field_docs() -> list[str]:
-    return [d for c in public_configs() for d in posbias.field_docs(c).values()]
+    return [d for c in public_configs() for d in posbias.measure.field_docs(c).values()]
 
 
 def test_no_help_string_in_the_cli_restates_a_field_doc_or_repeats():

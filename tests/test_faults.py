@@ -17,20 +17,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from posbias import (
-    DistillConfig,
-    GAConfig,
-    PosbiasError,
-    SearchConfig,
-    SweepConfig,
-    load_model,
-    run_compare,
-    run_distill,
-    run_search,
-    run_sweep,
-)
+from posbias import PosbiasError, SweepConfig, load_model, run_compare, run_sweep
 from conftest import dies_after
+from posbias.distill import DistillConfig, run_distill
 from posbias.eval import engines
+from posbias.lpes import GAConfig, SearchConfig, run_search
 from posbias.runs import JsonlLog
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -157,14 +148,14 @@ def test_distillation_killed_while_writing_a_checkpoint_resumes_from_the_one_bef
 def test_synthetic_training_killed_between_checkpoints_resumes_to_the_same_run(tmp_path, monkeypatch):
     import importlib
 
-    from posbias import run_synth_one, synth_run_config
+    from posbias.synth import one_run_config, run_single
 
     train_module = importlib.import_module("posbias.synth.train")
 
     data = {"n_classes": 64, "n_labels": 8, "burstiness": 2, "n_items": 4, "dim": 16}
-    cfg = synth_run_config(iters=30, eval_seqs=40, data=data)
+    cfg = one_run_config(iters=30, eval_seqs=40, data=data)
     cfg = replace(cfg, train=replace(cfg.train, ckpt_every=10, log_points=3, curve_seqs=16))
-    whole = run_synth_one(cfg, tmp_path / "a", progress=False)
+    whole = run_single(cfg, tmp_path / "a", progress=False)
     real, steps = train_module.generator, []
 
     def dies_at_step_14(purpose, seed, step):
@@ -176,9 +167,9 @@ def test_synthetic_training_killed_between_checkpoints_resumes_to_the_same_run(t
 
     monkeypatch.setattr(train_module, "generator", dies_at_step_14)
     with pytest.raises(KeyboardInterrupt):
-        run_synth_one(cfg, tmp_path / "b", progress=False)
+        run_single(cfg, tmp_path / "b", progress=False)
     monkeypatch.setattr(train_module, "generator", real)
-    again = run_synth_one(cfg, tmp_path / "b", progress=False)  # from the checkpoint at step 10
+    again = run_single(cfg, tmp_path / "b", progress=False)  # from the checkpoint at step 10
     assert again.metrics == whole.metrics and again.history == whole.history
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from posbias import GridConfig, PosbiasError, SweepConfig, format_grid, run_grid, run_sweep
+from posbias import GridConfig, PosbiasError, SweepConfig, run_grid, run_sweep
 from posbias.cli import main
 from conftest import dies_after
 from posbias.eval import engines
@@ -43,8 +43,12 @@ def test_cells_are_sizes_by_depths_with_the_depths_slots(model_dir, loaded, tmp_
     assert {"config", "model", "versions", "method"} <= set(rec)
     assert (tmp_path / "g" / "heatmap.png").stat().st_size > 1000
     assert (tmp_path / "g" / "size-6" / "sweep.json").exists()
-    text = format_grid(res)
-    assert "3 facts" in text and "depths 0%, 25% share slot 0" in text
+    text = res.format()
+    assert "3 facts" in text and "depths 0%, 25% share slot 0" in text and text.startswith("kv-lookup on ")
+    assert len(res.rows) == 2 * 4 * 4  # sizes x depths x examples: a depth that shares a slot keeps its own rows
+    for c in rec["cells"]:  # each cell's count is its rows' count
+        rows = [r for r in res.rows if (r["size"], r["depth"]) == (c["size"], c["depth"])]
+        assert {r["position"] for r in rows} == {c["position"]} and sum(r["correct"] for r in rows) == c["correct"]
 
 
 def test_a_cell_equals_the_single_sweep_on_the_same_examples(model_dir, loaded, tmp_path):

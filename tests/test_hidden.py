@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from conftest import char_tokenizer, random_seqs, tiny_model
-from posbias import HiddenScale, HiddenSearchConfig, Loaded, PosbiasError, SweepConfig, get_method, run_compare, run_hidden_search
+from posbias import Loaded, PosbiasError, SweepConfig, get_method, run_compare
 from posbias.core.positional_channels import find_candidates, monotone_direction
+from posbias.hidden import HiddenScale, SearchConfig, run_search
 from posbias.mitigate.hidden import search as search_mod
 from posbias.models.hidden import hidden_scaling, middle_layers
 
@@ -135,15 +136,15 @@ def test_monotone_smooth_channels_are_found_and_ranked():
     assert list(monotone_direction(mean[4, 60:, [3, 9, 12, 5]].T)) == [1, -1, 0, 0]
 
 
-def _cfg(**kw) -> HiddenSearchConfig:
+def _cfg(**kw) -> SearchConfig:
     base = dict(model="tiny", task_options={"facts": 4, "digits": 3}, n=3, skip=100, dtype="fp32", samples=6, length=64,
                 top_k=2, scales=(0.0, -1.0))
-    return HiddenSearchConfig(**{**base, **kw})
+    return SearchConfig(**{**base, **kw})
 
 
 def test_search_writes_a_result_the_method_reads_and_compare_keeps_held_out(lo, tmp_path):
     out = tmp_path / "s"
-    res = run_hidden_search(_cfg(), out, loaded=lo, progress=False)
+    res = run_search(_cfg(), out, loaded=lo, progress=False)
     rec = json.loads((out / "hidden.json").read_text())
     assert rec["channel"] == res.channel and rec["layers"] == middle_layers(LAYERS) == [2, 3, 4]
     assert len(rec["evaluations"]) == 2 * len(rec["candidates"]) and 1 <= len(rec["candidates"]) <= 2
@@ -158,13 +159,13 @@ def test_search_writes_a_result_the_method_reads_and_compare_keeps_held_out(lo, 
     sweep = SweepConfig(model="tiny", task_options={"facts": 4, "digits": 3}, n=2, skip=99, positions="0,3", dtype="fp32")
     with pytest.raises(PosbiasError, match="overlap"):
         run_compare(sweep, ["none", f"hidden:{out}"], tmp_path / "c", loaded=lo, progress=False)
-    again = run_hidden_search(_cfg(), out, loaded=lo, progress=False, resume=True)  # finished: the cached result
+    again = run_search(_cfg(), out, loaded=lo, progress=False, resume=True)  # finished: the cached result
     assert again.record == res.record
 
 
 @pytest.mark.parametrize("where", ["stats", "calibration"])
 def test_a_killed_search_resumes_to_the_same_result(lo, tmp_path, monkeypatch, where):
-    full = run_hidden_search(_cfg(), tmp_path / "full", loaded=lo, progress=False).record
+    full = run_search(_cfg(), tmp_path / "full", loaded=lo, progress=False).record
     owner, name = (search_mod, "_save_sums") if where == "stats" else (search_mod, "_evaluate")
     real, calls = getattr(owner, name), {"n": 0}
 
@@ -176,17 +177,17 @@ def test_a_killed_search_resumes_to_the_same_result(lo, tmp_path, monkeypatch, w
 
     monkeypatch.setattr(owner, name, dies_on_the_second_call)
     with pytest.raises(KeyboardInterrupt):
-        run_hidden_search(_cfg(), tmp_path / "cut", loaded=lo, progress=False)
+        run_search(_cfg(), tmp_path / "cut", loaded=lo, progress=False)
     assert not (tmp_path / "cut" / "hidden.json").exists()
     monkeypatch.setattr(owner, name, real)
-    resumed = run_hidden_search(_cfg(), tmp_path / "cut", loaded=lo, progress=False, resume=True).record
+    resumed = run_search(_cfg(), tmp_path / "cut", loaded=lo, progress=False, resume=True).record
     drop = ("seconds_this_call",)
     assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in full.items() if k not in drop}
     if where == "stats":
         assert calls["n"] == 2  # it died in step (a), after one checkpoint
     with pytest.raises(PosbiasError, match="different configuration"):
         (tmp_path / "cut" / "hidden.json").unlink()
-        run_hidden_search(_cfg(top_k=1), tmp_path / "cut", loaded=lo, progress=False, resume=True)
+        run_search(_cfg(top_k=1), tmp_path / "cut", loaded=lo, progress=False, resume=True)
 
 
 def test_search_refuses_bad_config(lo, tmp_path):
@@ -194,11 +195,11 @@ def test_search_refuses_bad_config(lo, tmp_path):
                      ({"positions": (0, 7)}, "slots in 0..3"), ({"layers": (3, 9)}, "do not fit a 6-layer"),
                      ({"engine": "generate", "select": "loss"}, "needs the answer's logprob")):
         with pytest.raises(PosbiasError, match=text):
-            run_hidden_search(_cfg(**kw), tmp_path / "b", loaded=lo, progress=False)
+            run_search(_cfg(**kw), tmp_path / "b", loaded=lo, progress=False)
         assert not (tmp_path / "b" / "run.json").exists()
     with pytest.raises(PosbiasError, match="unknown preset"):
-        HiddenSearchConfig.from_preset("huge")
-    assert HiddenSearchConfig.from_preset("paper").samples == 200 and HiddenScale.name == "hidden"
+        SearchConfig.from_preset("huge")
+    assert SearchConfig.from_preset("paper").samples == 200 and HiddenScale.name == "hidden"
 
 
 def test_selection_rules():
@@ -206,4 +207,4 @@ def test_selection_rules():
     evs = [{"mean_accuracy": 0.5, "loss": 0.2}, {"mean_accuracy": 0.6, "loss": 0.9}, {"mean_accuracy": 0.6, "loss": 0.4}]
     assert max(evs, key=lambda e: search_mod._rank(e, "accuracy")) is evs[2]
     assert max(evs, key=lambda e: search_mod._rank(e, "loss")) is evs[0]
-    assert HiddenSearchConfig.from_preset("paper").select == "loss" and HiddenSearchConfig().select == "accuracy"
+    assert SearchConfig.from_preset("paper").select == "loss" and SearchConfig().select == "accuracy"

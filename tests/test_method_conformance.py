@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from conftest import char_tokenizer, position_sensitive, prime_calibration as _prime, random_seqs, tiny_model
-from posbias import METHODS, Active, Loaded, PosbiasError, get_method, split_specs
+from posbias import METHODS, Active, Loaded, PosbiasError, get_method
+from posbias.measure import split_specs
 from posbias.methods import DecisionRule
 from posbias.eval.encode import left_pad
 from posbias.models.compat import cache_key, output_cache

@@ -6,9 +6,10 @@ import json
 import pytest
 import torch
 
-from posbias import SearchConfig, SweepConfig, format_compare, run_compare, run_search, run_sweep
+from posbias import SweepConfig, run_compare, run_sweep
 from posbias.core.ga import GAConfig, GeneticSearch
 from posbias.errors import PosbiasError
+from posbias.lpes import SearchConfig, run_gain, run_search
 from posbias.methods import Baseline, LayerScaling, UniformScaling, get_method
 from posbias.methods.buckets import Buckets
 from posbias.methods.mspoe import MsPoE
@@ -69,7 +70,8 @@ def test_sweep_records_the_method(model_dir, loaded, tmp_path, engine):
 
 
 def test_compare_runs_every_method_on_the_same_examples(model_dir, tmp_path):
-    rec = run_compare(_cfg(model_dir), ["none", "pi:1.5", "buckets:10000,30000"], tmp_path / "c", progress=False).record
+    res = run_compare(_cfg(model_dir), ["none", "pi:1.5", "buckets:10000,30000"], tmp_path / "c", progress=False)
+    rec = res.record
     assert [m["method"] for m in rec["methods"]] == ["none", "pi:1.5", "buckets:10000,30000"]
     assert (tmp_path / "c" / "compare.json").exists() and (tmp_path / "c" / "compare.png").stat().st_size > 1000
     ids = {}
@@ -77,7 +79,7 @@ def test_compare_runs_every_method_on_the_same_examples(model_dir, tmp_path):
         lines = (tmp_path / "c" / m["dir"] / "examples.jsonl").read_text().splitlines()
         ids[m["dir"]] = [json.loads(x)["example_id"] for x in lines]
     assert len({tuple(sorted(v)) for v in ids.values()}) == 1
-    assert "buckets" in format_compare(rec)
+    assert "buckets" in res.format()
     assert rec["methods"][0]["vs_first"] == {"difference": 0.0, "ci": [0.0, 0.0], "se": 0.0, "mde80": 0.0}
     assert all(-1 <= m["vs_first"]["ci"][0] <= m["vs_first"]["difference"] <= m["vs_first"]["ci"][1] <= 1
                for m in rec["methods"])
@@ -216,21 +218,21 @@ def test_lpes_fitness_is_the_weighted_accuracy_of_begin_middle_end():
 def test_gain_against_length_reads_the_paired_differences_of_each_comparison(model_dir, loaded, tmp_path):
     """Two comparisons at different fact counts: one point per (comparison, entry), tokens from the rows,
     differences copied from compare.json (the first entry is the reference), and longer prompts for more facts."""
-    from posbias import format_length_gain, run_length_gain
-
     recs = {}
     for facts in (3, 6):
         cfg = _cfg(model_dir, task_options={"facts": facts, "digits": 3}, positions="0,2")
         recs[facts] = run_compare(cfg, ["none", "pi:1.5"], tmp_path / f"c{facts}", loaded=loaded, progress=False).record
-    rec = run_length_gain([tmp_path / "c3", tmp_path / "c6"], tmp_path / "g")
-    pts = rec["points"]
+    gain = run_gain([tmp_path / "c3", tmp_path / "c6"], tmp_path / "g")
+    pts = gain.record["points"]
+    assert gain.record == json.loads((tmp_path / "g" / "gain.json").read_text()) and len(gain.rows) == len(pts) == 4
+    assert gain.rows[2]["task_options.facts"] == 6 and gain.rows[2]["difference"] == pts[2]["difference"]
     assert [(p["method"], p["reference"]) for p in pts] == [("none", True), ("pi:1.5", False)] * 2
     assert pts[1]["difference"] == recs[3]["methods"][1]["vs_first"]["difference"]
     assert pts[3]["ci"] == recs[6]["methods"][1]["vs_first"]["ci"]
     rows = [json.loads(x) for x in (tmp_path / "c6" / "none" / "examples.jsonl").read_text().splitlines()]
     assert pts[2]["tokens"] == round(sum(r["prompt_tokens"] for r in rows) / len(rows), 1)
     assert pts[2]["tokens"] > pts[0]["tokens"]  # 6 facts make longer prompts than 3
-    assert (tmp_path / "g" / "gain.png").stat().st_size > 1000 and "pi:1.5" in format_length_gain(rec)
+    assert (tmp_path / "g" / "gain.png").stat().st_size > 1000 and "pi:1.5" in gain.format()
     with pytest.raises(PosbiasError, match="is not a folder"):
-        run_length_gain([tmp_path / "missing"], tmp_path / "g2")
+        run_gain([tmp_path / "missing"], tmp_path / "g2")
     assert not (tmp_path / "g2").exists()

@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from conftest import prime_calibration, char_tokenizer, random_seqs
-from posbias import METHODS, Loaded, PosbiasError, Scorer, get_method, get_task
+from posbias import METHODS, Loaded, PosbiasError, get_method, get_task
+from posbias.measure import Scorer
 from posbias.eval.encode import Encoded, left_pad
 from posbias.eval.generate import generate_greedy
 from posbias.eval.teacher_forced import score_teacher_forced

@@ -11,11 +11,12 @@ import torch
 
 import posbias.mitigate.moice.train as train_mod
 from conftest import char_tokenizer, dies_after, position_sensitive, random_seqs, same_weights_with_rope, tiny_loaded, tiny_model
-from posbias import Loaded, MoICEConfig, PosbiasError, get_method, train_moice
+from posbias import Loaded, PosbiasError, get_method
 from posbias.core.losses import load_balancing_loss
 from posbias.eval.encode import left_pad
 from posbias.models.compat import cache_key, output_cache
 from posbias.models.moice import PAPER_BASES, Routers, mix_experts, moice, rotate, routing_weights
+from posbias.moice import TrainConfig, run_train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SEQS = random_seqs([20, 33, 41], 100, seed=3)
@@ -145,10 +146,10 @@ def test_gemma3_cached_decoding_equals_a_full_forward():
 # ----------------------------------------------------------------------------- training
 
 
-def _cfg(**kw) -> MoICEConfig:
+def _cfg(**kw) -> TrainConfig:
     base = dict(model="tiny", dtype="fp32", task="kv-lookup", task_options={"facts": 3, "digits": 3}, steps=4, batch=4,
                 micro_batch=2, n=4, lr=0.05, aux_coef=0.3, top_k=2)
-    return MoICEConfig(**{**base, **kw})
+    return TrainConfig(**{**base, **kw})
 
 
 @pytest.fixture
@@ -160,7 +161,7 @@ def sharp():
 
 def test_training_lowers_the_loss_and_changes_only_the_routers(sharp, tmp_path):
     before = {k: v.clone() for k, v in sharp.model.state_dict().items()}
-    res = train_moice(_cfg(), tmp_path / "m", loaded=sharp, progress=False)
+    res = run_train(_cfg(), tmp_path / "m", loaded=sharp, progress=False)
     assert res.losses[-1]["ce"] < res.losses[0]["ce"]  # the same 4 examples every step: comparable
     assert all(torch.equal(v, sharp.model.state_dict()[k]) for k, v in before.items())
     assert all(p.requires_grad for p in sharp.model.parameters())  # flags restored
@@ -175,15 +176,15 @@ def test_training_lowers_the_loss_and_changes_only_the_routers(sharp, tmp_path):
 
 
 def test_resume_after_a_kill_gives_bit_identical_routers(sharp, tmp_path, monkeypatch):
-    whole = train_moice(_cfg(), tmp_path / "a", loaded=sharp, progress=False)
+    whole = run_train(_cfg(), tmp_path / "a", loaded=sharp, progress=False)
     restore = dies_after(monkeypatch, train_mod, "train_step", 3)
     with pytest.raises(KeyboardInterrupt):
-        train_moice(_cfg(), tmp_path / "b", loaded=sharp, progress=False)
+        run_train(_cfg(), tmp_path / "b", loaded=sharp, progress=False)
     restore()
     assert not (tmp_path / "b" / "moice.json").exists()
     with pytest.raises(PosbiasError, match="unfinished"):
         get_method(f"moice:{tmp_path / 'b'}")
-    again = train_moice(_cfg(), tmp_path / "b", loaded=sharp, resume=True, progress=False)
+    again = run_train(_cfg(), tmp_path / "b", loaded=sharp, resume=True, progress=False)
     for name in ("w1", "w2", "w3"):
         assert torch.equal(getattr(whole.routers, name), getattr(again.routers, name))
     rows = [json.loads(x) for x in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()]
@@ -194,10 +195,10 @@ def test_resume_after_a_kill_gives_bit_identical_routers(sharp, tmp_path, monkey
 def test_bad_input_is_one_line_before_anything_is_written(sharp, tmp_path):
     out = tmp_path / "x"
     with pytest.raises(PosbiasError, match="top_k"):
-        train_moice(_cfg(top_k=9), out, loaded=sharp, progress=False)
+        run_train(_cfg(top_k=9), out, loaded=sharp, progress=False)
     gpt2 = Loaded(tiny_model("gpt2", 100), char_tokenizer(), {"name": "tiny-gpt2", "context_window": 2048})
     with pytest.raises(PosbiasError, match="rotary"):
-        train_moice(_cfg(), out, loaded=gpt2, progress=False)
+        run_train(_cfg(), out, loaded=gpt2, progress=False)
     assert not out.exists()
     with pytest.raises(PosbiasError, match="no MoICE routers"):
         get_method(f"moice:{tmp_path / 'missing'}")

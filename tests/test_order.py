@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from posbias import PosbiasError, Scorer, SweepConfig, get_method, get_task, run_compare, run_sweep
+from posbias import PosbiasError, SweepConfig, get_method, get_task, run_compare, run_sweep
 from posbias.core.order import balanced_choice, candidate, order_figures, parse_choice, pride_choice, pride_prior
 from posbias.eval.encode import encode, left_pad
+from posbias.measure import Scorer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 KV = {"options": 3, "facts": 2, "digits": 3}

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from conftest import position_sensitive, random_seqs, tiny_loaded, tiny_model
-from posbias import MsPoE, Scorer, SweepConfig, get_method, get_task, run_sweep
+from posbias import SweepConfig, get_method, get_task, run_sweep
 from posbias.eval.encode import left_pad, right_pad
 from posbias.eval.prefix import lcp, lcp_matrix, plan_shared, shares_of, tree_tokens, unique_ratio
+from posbias.measure import Scorer
+from posbias.methods import MsPoE
 from posbias.models.prefix import SharedKV, prefill
 
 pytestmark = pytest.mark.usefixtures("one_thread")

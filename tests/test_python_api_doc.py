@@ -19,9 +19,9 @@ def blocks(lang: str) -> list[str]:
 
 def test_the_page_names_every_main_entry_point_and_its_blocks_compile():
     text = DOC.read_text()
-    for name in ("load_model", "wrap_model", "run_sweep", "run_compare", "format_table", "format_compare", "get_task",
-                 "register_task", "get_method", "register_method", "run_search", "run_distill", "train_moice",
-                 "run_grid", "run_attention", "build_report", "PosbiasError"):
+    for name in ("load_model", "wrap_model", "run_sweep", "run_compare", "get_task", "register_task", "get_method",
+                 "register_method", "lpes.run_search", "distill.run_distill", "moice.run_train", "hidden.run_search",
+                 "run_grid", "explain.run_attention", "explain.run_theory", "build_report", "PosbiasError"):
         assert f"posbias.{name}" in text, name
     for b in blocks("python") + blocks("py"):
         compile(b, str(DOC), "exec")
@@ -47,6 +47,6 @@ def test_the_python_api_page_runs(one_load, registries, tmp_path, monkeypatch, c
     assert "my-smollm2" in out and "pi:1.1" in out and "must be slots" in out
     toy = ns["toy"]  # scaling the logits changes no greedy verdict: the curve is the same
     assert toy.entries[0]["per_position"] == toy.entries[1]["per_position"]
-    for d in ("api-sweep", "api-compare", "api-grid", "api-attention"):
+    for d in ("api-sweep", "api-compare", "api-grid", "api-attention", "api-theory"):
         assert any((tmp_path / "runs" / d).glob("*.json")), d
     assert (tmp_path / "runs" / "api-report.html").exists()

@@ -2,7 +2,8 @@
 
 import pytest
 
-from posbias import Scorer, SweepConfig, get_task, run_sweep
+from posbias import SweepConfig, get_task, run_sweep
+from posbias.measure import Scorer
 
 pytestmark = pytest.mark.real
 
@@ -73,7 +74,7 @@ def test_smollm2_two_hops_adjacent_late_beat_apart_early(smollm2, tmp_path):
 def test_smollm2_token_shifting_keeps_the_right_token_near_the_top(smollm2, tmp_path):
     """Pos2Distill Fig. 8 on the real model: where a middle-slot answer leaves the sink's, the sink's token is still
     among the 10 most probable (measured: in all 84 errors at n = 30, docs/analyses.md)."""
-    from posbias import ShiftingConfig, run_shifting
+    from posbias.explain import ShiftingConfig, run_shifting
 
     res = run_shifting(ShiftingConfig(task="kv-lookup", positions="0,5", n=6), tmp_path / "s", loaded=smollm2,
                        progress=False)

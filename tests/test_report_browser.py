@@ -21,29 +21,11 @@ from pathlib import Path
 import pytest
 
 from browser import check_page, embedded_png_problems, find_chromium
-from posbias import (
-    AttentionConfig,
-    DistillConfig,
-    GAConfig,
-    GridConfig,
-    PosbiasError,
-    SearchConfig,
-    ShiftingConfig,
-    SweepConfig,
-    TheoryConfig,
-    build_report,
-    run_attention,
-    run_compare,
-    run_distill,
-    run_grid,
-    run_search,
-    run_shifting,
-    run_sweep,
-    run_synth_grid,
-    run_theory,
-    synth_grid_runs,
-)
+from posbias import GridConfig, PosbiasError, SweepConfig, build_report, run_compare, run_grid, run_sweep, synth
 from posbias.cli import main
+from posbias.distill import DistillConfig, run_distill
+from posbias.explain import AttentionConfig, ShiftingConfig, TheoryConfig, run_attention, run_shifting, run_theory
+from posbias.lpes import GAConfig, SearchConfig, run_search
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 KV = {"facts": 4, "digits": 3}
@@ -88,7 +70,7 @@ def runs(tmp_path_factory, model_dir, loaded):
                                   scales=[1.0, 1.5]), root / "attention", loaded=loaded, progress=False)
     over = dict(iters=4, seeds=1, eval_seqs=20, sink_seqs=10, position_seqs=4, curve_seqs=8, log_points=2, n_classes=64,
                 n_labels=8, burstiness=2, n_items=4, dim=16, masks=["causal", "window3"])
-    run_synth_grid("sinks", synth_grid_runs("sinks", "quick", **over), root / "synth", progress=False)
+    synth.run_grid("sinks", synth.grid_runs("sinks", "quick", **over), root / "synth", progress=False)
     run_grid(GridConfig(model=str(model_dir), task_options={"digits": 3}, sizes="3,5", depths="0%,50%,100%", n=2,
                         dtype="fp32"), root / "grid", loaded=loaded, progress=False)
     _hand_made(root, root / "sweep" / "curve.png")

@@ -122,7 +122,8 @@ def test_blocks_are_contiguous_near_equal_and_cover_everything():
 def test_a_unit_scored_alone_gives_the_numbers_of_the_whole_run(model_dir, data, dtype, shared):
     """What makes the split exact: each unit of the plan (a group of examples / a batch), scored on its own, is
     planned into the same batches, so its logprobs are bit-identical to the whole run's, bf16 included."""
-    from posbias import Scorer, get_task
+    from posbias import get_task
+    from posbias.measure import Scorer
 
     lo = load_model(str(model_dir), dtype, "cpu", progress=False)
     task = get_task(f"jsonl:{data}")
@@ -213,7 +214,7 @@ def test_two_process_compare_equals_one_process(model_dir, loaded_fp32, data, tm
 def test_two_process_lpes_search_splits_the_candidates(model_dir, loaded_fp32, tmp_path):
     """LPES fitness under 2 processes (mitigate/lpes/fitness.py): the same factors.json as one process, and each
     candidate scored once (a rank that had not joined the process group scored every candidate: evals.jsonl twice)."""
-    from posbias import GAConfig, SearchConfig, run_search
+    from posbias.lpes import GAConfig, SearchConfig, run_search
 
     ga = GAConfig(pop_size=6, n_parents=2, n_crossover=1, n_mutation=3, generations=2, n_points=2, y_min=1.0,
                   y_max=2.0, y_step=0.25, y_init=1.25, my=0.5, mx=1)
@@ -267,7 +268,8 @@ def test_prefix_sharing_through_accelerate_dispatch_hooks(model_dir, loaded_fp32
     import torch
     from transformers import AutoModelForCausalLM
 
-    from posbias import Scorer, get_task
+    from posbias import get_task
+    from posbias.measure import Scorer
     from posbias.models.load import Loaded
 
     where = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from conftest import ARCHS, tiny_loaded
-from posbias import Scorer, get_task
+from posbias import get_task
 from posbias.eval.encode import encode, left_pad, plan_batches, right_pad
 from posbias.eval.scorer import use_chat
+from posbias.measure import Scorer
 
 
 def _rows(loaded, n=8, facts=4, positions=(0, 1, 3)):

@@ -15,7 +15,7 @@ from posbias.core import rollout as R
 from posbias.errors import PosbiasError
 from posbias.synth.data import DataConfig, SynthTask, generator, named_position
 from posbias.synth.evaluate import ICL_THRESHOLD, EvalConfig, icl_accuracy, learned, sink_metric, swap_tests
-from posbias.synth.experiments import PRESETS, format_summary, grid_runs, parse_mask, run_grid
+from posbias.synth.experiments import PRESETS, grid_runs, parse_mask, run_grid
 from posbias.synth.model import MASKS, PES, AttentionOnlyNet, ModelConfig, rotate, sinusoidal
 from posbias.synth.train import RunConfig, TrainConfig, build, train
 
@@ -336,7 +336,9 @@ def test_grid_end_to_end_and_cached(tmp_path):
     assert s["learned"] == {"seeds": sum(m["learned"] for m in runs_icl), "of": 2,  # 6 steps: nobody learned
                             "all": False, "threshold": ICL_THRESHOLD} and s["learned"]["seeds"] == 0
     assert s["icl_accuracy"]["mean"] == pytest.approx(sum(m["icl_accuracy"] for m in runs_icl) / 2)
-    assert "learned 0/2" in format_summary(saved) and len(s["curve"]["icl_acc"]["mean"]) == 2
+    assert "learned 0/2" in res.format() and len(s["curve"]["icl_acc"]["mean"]) == 2
+    assert len(res.rows) == 6 and [r["run"] for r in res.rows] == [r.name for r in runs]  # one row per run
+    assert res.rows[0]["icl_accuracy"] == runs_icl[0]["icl_accuracy"] and "gap/first_vs_last" in res.rows[0]
     assert (tmp_path / "sinks.png").exists() and (tmp_path / "sinks_curves.png").exists()
     again = run_grid("sinks", runs, tmp_path, progress=False)  # every run comes from the cache
     assert again.configs == res.configs

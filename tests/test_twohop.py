@@ -8,18 +8,9 @@ import json
 import pytest
 
 from conftest import dies_after
-from posbias import (
-    DistillConfig,
-    PosbiasError,
-    SweepConfig,
-    format_compare,
-    get_task,
-    load_model,
-    run_compare,
-    run_distill,
-    run_sweep,
-)
+from posbias import PosbiasError, SweepConfig, get_task, load_model, run_compare, run_sweep
 from posbias.core.metrics import final_answer, reasoning_em, subspan
+from posbias.distill import DistillConfig, run_distill
 from posbias.eval import engines
 from posbias.tasks import mode_of, move2, resolve_pairs
 
@@ -159,7 +150,7 @@ def test_pair_sweep_reports_modes_draws_a_heatmap_and_resumes(model_dir, loaded,
 def test_compare_on_pair_sweeps_prints_the_modes(model_dir, loaded, tmp_path):
     res = run_compare(_cfg(model_dir, positions="0:1,5:0,2:4"), ["none", "pi:1.5"], tmp_path / "c", loaded=loaded,
                       progress=False)
-    table = format_compare(res)
+    table = res.format()
     assert "0:1" in table and "mode gap" in table and (tmp_path / "c" / "compare.png").exists()
 
 
@@ -225,7 +216,7 @@ def test_r2_bad_input(model_dir, tmp_path):
 
 
 def test_shifting_measures_both_targets_at_every_other_placement(model_dir, loaded, tmp_path):
-    from posbias import ShiftingConfig, run_shifting
+    from posbias.explain import ShiftingConfig, run_shifting
 
     cfg = ShiftingConfig(model=str(model_dir), task="kv-2hop", task_options={"facts": 5, "digits": 3}, n=3,
                          positions="0:1,3:4,2:0", dtype="fp32")

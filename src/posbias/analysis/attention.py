@@ -114,13 +114,18 @@ class AttentionConfig(TaskChoice, ModelChoice):
 
 @dataclass
 class AttentionResult:
+    """Attention per document: `record` is attention.json; `rows` (rows.jsonl) has one dict per example x placement x
+    layer (x scale with `scales`): example_id, position, correct, layer, items (the attention mass on each item),
+    gold, first (the first token's), other, and with the rollout its rollout_* masses; `format()` is what
+    `posbias analyze attention` prints."""
+
     summary: dict  # bands, middle slots, per scale: middle-third share and per-placement stats
     rows: list[dict] = field(repr=False)
     record: dict = field(repr=False)  # the content of attention.json
     out: Path | None = None
 
     def format(self) -> str:
-        """The printed tables (`format_attention`)."""
+        """Per scale, the middle-third share; per placement, accuracy, gold mass by layer band, rollout share."""
         return format_attention(self)
 
 

@@ -12,7 +12,7 @@ examples it used), rows.jsonl, prior.png.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -63,12 +63,23 @@ class PriorConfig(TaskChoice, ModelChoice):
 
 @dataclass
 class PriorResult:
+    """The positional prior: `record` is prior.json; `rows` has one flat dict per example x slot x layer: example_id,
+    slot, layer, attention (the content-free item's own attention at that slot and layer), correct (the gold at that
+    slot answered right); `format()` is what `posbias analyze prior` prints."""
+
     record: dict
     path: Path | None
+    rows: list[dict] = field(default_factory=list, repr=False)  # one per example x slot x layer
 
     def format(self) -> str:
-        """The printed table (`format_prior`)."""
+        """One line per slot: the prior (all layers, and relative to its mean) per layer band, and the accuracy."""
         return format_prior(self)
+
+
+def tidy(rows: list[dict]) -> list[dict]:
+    """rows.jsonl's rows (one per example: attention [layer][slot], correct [slot]) as one row per example x slot x layer."""
+    return [{"example_id": r["example_id"], "slot": k, "layer": i, "attention": a, "correct": bool(r["correct"][k])}
+            for r in rows for i, layer in enumerate(r["dummy"]) for k, a in enumerate(layer)]
 
 
 def _one(scorer: Scorer, task: Task, ex, gold: int) -> dict:
@@ -120,7 +131,7 @@ def run_prior(cfg: PriorConfig | None = None, out: str | Path | None = None, *, 
 
             plot_prior(record, f"{record['model']} on {plain(cfg.task)} (n={cfg.n})", folder.file("prior.png"))
             folder.finish(record)
-    return PriorResult(record, folder.path)
+    return PriorResult(record, folder.path, tidy(rows))
 
 
 def summarize(rows: list[dict]) -> dict:

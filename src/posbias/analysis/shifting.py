@@ -82,13 +82,18 @@ class ShiftingConfig(TaskChoice, ModelChoice):
 
 @dataclass
 class ShiftingResult:
+    """Token shifting: `record` is shifting.json; `rows` (rows.jsonl) has one dict per example x placement other than
+    the anchor: example_id, position, the anchor's and this placement's responses and verdicts, where the anchor
+    response's tokens first diverge (rank and probability of the anchor token there, the top tokens), and the
+    perplexities of the anchor response and the gold answer; `format()` is what `posbias analyze shifting` prints."""
+
     summary: dict  # overall: perplexities, accuracies, divergence and single-token-shift shares
     per_position: list[dict]
     rows: list[dict] = field(repr=False)
     record: dict = field(repr=False)
 
     def format(self) -> str:
-        """The printed tables (`format_shifting`)."""
+        """Per placement: accuracy, divergence from the anchor response, single-token shifts, perplexities."""
         return format_shifting(self)
 
 
@@ -229,9 +234,12 @@ def run_shifting(cfg: ShiftingConfig | None = None, out: str | Path | None = Non
     return ShiftingResult(summary["all"], summary["per_position"], rows, record)
 
 
+def _num(v: float | None, d: int = 3) -> str:
+    return "-" if v is None else f"{v:.{d}f}"
+
+
 def format_shifting(res: ShiftingResult) -> str:
-    s, lines = res.record, []
-    f = lambda v, d=3: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+    s, lines, f = res.record, [], _num
     lines.append(f"{s['task']}: anchor placement {label(s['anchor_placement'])} (accuracy {f(s['all']['anchor_accuracy'])})")
     lines.append(f"{'placement':>9}  {'acc':>5}  {'diverged':>8}  {'1-token':>7}  {'errors':>6}  {'1-token':>7}  "
                  f"{'in top10':>8}  {'ppl anchor':>10}  {'ppl gold':>8}")

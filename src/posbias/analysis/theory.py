@@ -44,7 +44,7 @@ from ..core.rollout import (
 from ..errors import PosbiasError
 from ..models.load import Loaded, load_model
 from ..runs import RunFolder
-from .checks import check_all, check_kwargs, summarize_checks
+from .checks import check_all, check_kwargs, format_summary, summarize_checks
 from .theorems import rollouts
 from .theorems_pe import decay_critical_distance, log_binom, profile_argmax, rope_critical_distance
 from .theorems_rope import fit_decay_constant, rope_cone_instance
@@ -260,11 +260,26 @@ class RealRollout:
 
 @dataclass
 class TheoryResult:
+    """A theory run: `record` is theory.json; `rows` (the same as `summary`) has one flat dict per theorem: theorem,
+    holds, failed (the names of its checks that failed), n, key (its numbers in one line); `format()` is what
+    `posbias theory` prints."""
+
     summary: list[dict]  # one row per theorem: theorem, holds, failed checks, key numbers
     checks: dict  # every check's numbers
     figures: list[str]  # PNG names in the output folder
     real: dict | None  # the real-model rollout (real_rollout.json), when asked for
     record: dict = field(repr=False)  # the content of theory.json
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.summary
+
+    def format(self) -> str:
+        """One line per theorem (holds or which checks fail, its key numbers), then the real model's rollout: per
+        residual and gold position, the first token's mass and the gold fact's share at the first and last layer."""
+        from .rollout_real import format_real
+
+        return "\n".join([format_summary(self.summary), *(format_real(self.real) if self.real else [])])
 
 
 def run_theory(cfg: TheoryConfig | None = None, out: str | Path | None = None, *, real: RealRollout | None = None,

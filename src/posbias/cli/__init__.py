@@ -12,7 +12,8 @@ import sys
 
 import typer
 
-from .. import PosbiasError, is_main_process, set_threads
+from .. import PosbiasError
+from ..measure import is_main_process, set_threads
 
 try:  # typer >= 0.20 carries its own copy of click; older ones use click itself
     from typer._click.exceptions import NoArgsIsHelpError, UsageError

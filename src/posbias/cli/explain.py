@@ -7,30 +7,9 @@ from typing import Optional
 
 import typer
 
-from .. import (
-    AttentionConfig,
-    PosbiasError,
-    PriorConfig,
-    RealRollout,
-    ShiftingConfig,
-    SynthRunConfig,
-    TheoryConfig,
-    format_attention,
-    format_prior,
-    format_real_rollout,
-    format_shifting,
-    format_synth_run,
-    format_synth_summary,
-    format_theory_summary,
-    run_attention,
-    run_prior,
-    run_shifting,
-    run_synth_grid,
-    run_synth_one,
-    run_theory,
-    synth_grid_runs,
-    synth_run_config,
-)
+from .. import PosbiasError, synth
+from ..explain import (AttentionConfig, PriorConfig, RealRollout, ShiftingConfig, TheoryConfig, run_attention, run_prior,
+                       run_shifting, run_theory)
 from .options import (MODEL, RUN, SPLIT, TASK, Args, cli_option, field_option, floats, ints, method_values, model_fields,
                       placements, run_kwargs, task_fields, uses, words)
 
@@ -54,15 +33,15 @@ Preset = typer.Option("quick", help="quick (CPU, ~30 min for all three grids wit
                                     "lr 1e-3, 5 seeds, 10000 test sequences); an option left unset takes the preset's value")
 Out = cli_option("out", None, more=" (default runs/synth-GRID-PRESET)")
 Seeds = typer.Option(None, help="seeds per configuration (quick 2, paper 5)")
-Iters = field_option(SynthRunConfig, "train.iters", default=None)
-Lr = field_option(SynthRunConfig, "train.lr", default=None)
-EvalSeqs = field_option(SynthRunConfig, "eval.n_seqs", default=None)
+Iters = field_option(synth.RunConfig, "train.iters", default=None)
+Lr = field_option(synth.RunConfig, "train.lr", default=None)
+EvalSeqs = field_option(synth.RunConfig, "eval.n_seqs", default=None)
 Workers = typer.Option(1, help="parallel runs (processes, 1 thread each); 2 on a 2-core machine")
 Pes = typer.Option(None, help="comma list of none,sin,rope,decay")
 Depths = typer.Option(None, help="comma list of depths")
 Residual = typer.Option(None, help="comma list of on,off")
-Kind = field_option(SynthRunConfig, "data.kind", default=None)
-Twin = field_option(SynthRunConfig, "eval.twin", default=None)
+Kind = field_option(synth.RunConfig, "data.kind", default=None)
+Twin = field_option(synth.RunConfig, "eval.twin", default=None)
 Overwrite = cli_option("overwrite", False, "--overwrite")
 Quiet = cli_option("quiet", False, "--quiet")
 Device = typer.Option("cpu", help="cpu | cuda | auto (cuda if available, else cpu)")
@@ -71,13 +50,13 @@ DATA = "Data (App. J)"
 
 
 def _grid(grid, preset, out, workers, overwrite, quiet, device="cpu", group=1, **over) -> None:
-    runs = synth_grid_runs(grid, preset, **over)
+    runs = synth.grid_runs(grid, preset, **over)
     out = out or Path(f"runs/synth-{grid}-{preset}")
     if not quiet:
         typer.echo(f"synth {grid} ({preset}): {len(runs)} runs -> {out}", err=True)
-    res = run_synth_grid(grid, runs, out, workers=workers, progress=not quiet, overwrite=overwrite, device=device,
+    res = synth.run_grid(grid, runs, out, workers=workers, progress=not quiet, overwrite=overwrite, device=device,
                          group=group)
-    typer.echo(format_synth_summary(res))
+    typer.echo(res.format())
     typer.echo(f"wrote {out}/{grid}.json, {', '.join(res.figures)}")
 
 
@@ -109,7 +88,7 @@ def bias(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] =
 def sinks(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] = Seeds,
           iters: Optional[int] = Iters, lr: Optional[float] = Lr, eval_seqs: Optional[int] = EvalSeqs, workers: int = Workers,
           masks: Optional[str] = typer.Option(None, help="comma list: causal,window5,window9,prefix2,..."),
-          sink_seqs: Optional[int] = field_option(SynthRunConfig, "eval.sink_seqs", default=None),
+          sink_seqs: Optional[int] = field_option(synth.RunConfig, "eval.sink_seqs", default=None),
           residual: Optional[str] = Residual, kind: Optional[str] = Kind, depths: Optional[str] = Depths,
           overwrite: bool = Overwrite, quiet: bool = Quiet, device: str = Device, group: int = Group) -> None:
     """Attention sinks under causal, sliding-window and prefix masks (App. K.4, Fig. 8; the paper: 2 layers)."""
@@ -119,24 +98,24 @@ def sinks(preset: str = Preset, out: Optional[Path] = Out, seeds: Optional[int] 
 
 @synth_app.command()
 def train(
-    depth: int = field_option(SynthRunConfig, "model.depth"),
-    mask: str = field_option(SynthRunConfig, "model.mask"),
-    pe: str = field_option(SynthRunConfig, "model.pe"),
-    residual: bool = field_option(SynthRunConfig, "model.residual", "--residual/--no-residual"),
-    iters: int = field_option(SynthRunConfig, "train.iters", default=4000),
-    lr: float = field_option(SynthRunConfig, "train.lr"),
-    seed: int = field_option(SynthRunConfig, "seed"),
-    eval_seqs: int = field_option(SynthRunConfig, "eval.n_seqs", default=5000),
-    bias: str = field_option(SynthRunConfig, "data.bias", rich_help_panel=DATA),
-    kind: str = field_option(SynthRunConfig, "data.kind", rich_help_panel=DATA),
-    classes: int = field_option(SynthRunConfig, "data.n_classes", rich_help_panel=DATA),
-    labels: int = field_option(SynthRunConfig, "data.n_labels", rich_help_panel=DATA),
-    burstiness: int = field_option(SynthRunConfig, "data.burstiness", rich_help_panel=DATA),
-    eps: float = field_option(SynthRunConfig, "data.eps", rich_help_panel=DATA),
-    items: int = field_option(SynthRunConfig, "data.n_items", rich_help_panel=DATA),
-    dim: int = field_option(SynthRunConfig, "data.dim", rich_help_panel=DATA),
-    lam: float = field_option(SynthRunConfig, "data.lam", rich_help_panel=DATA),
-    std: Optional[float] = field_option(SynthRunConfig, "data.component_std", rich_help_panel=DATA),
+    depth: int = field_option(synth.RunConfig, "model.depth"),
+    mask: str = field_option(synth.RunConfig, "model.mask"),
+    pe: str = field_option(synth.RunConfig, "model.pe"),
+    residual: bool = field_option(synth.RunConfig, "model.residual", "--residual/--no-residual"),
+    iters: int = field_option(synth.RunConfig, "train.iters", default=4000),
+    lr: float = field_option(synth.RunConfig, "train.lr"),
+    seed: int = field_option(synth.RunConfig, "seed"),
+    eval_seqs: int = field_option(synth.RunConfig, "eval.n_seqs", default=5000),
+    bias: str = field_option(synth.RunConfig, "data.bias", rich_help_panel=DATA),
+    kind: str = field_option(synth.RunConfig, "data.kind", rich_help_panel=DATA),
+    classes: int = field_option(synth.RunConfig, "data.n_classes", rich_help_panel=DATA),
+    labels: int = field_option(synth.RunConfig, "data.n_labels", rich_help_panel=DATA),
+    burstiness: int = field_option(synth.RunConfig, "data.burstiness", rich_help_panel=DATA),
+    eps: float = field_option(synth.RunConfig, "data.eps", rich_help_panel=DATA),
+    items: int = field_option(synth.RunConfig, "data.n_items", rich_help_panel=DATA),
+    dim: int = field_option(synth.RunConfig, "data.dim", rich_help_panel=DATA),
+    lam: float = field_option(synth.RunConfig, "data.lam", rich_help_panel=DATA),
+    std: Optional[float] = field_option(synth.RunConfig, "data.component_std", rich_help_panel=DATA),
     out: Path = cli_option("out", Path("runs/synth-train"), more=" (rerun to resume)"),
     quiet: bool = Quiet,
     device: str = Device,
@@ -145,9 +124,9 @@ def train(
     sequences); print its metrics."""
     data = dict(n_classes=classes, n_labels=labels, burstiness=burstiness, eps=eps, n_items=items, dim=dim, bias=bias,
                 kind=kind, lam=lam, component_std=std)
-    cfg = synth_run_config(depth=depth, mask=mask, pe=pe, residual=residual, iters=iters, lr=lr, seed=seed,
-                           eval_seqs=eval_seqs, data=data)
-    typer.echo(format_synth_run(run_synth_one(cfg, out, progress=not quiet, device=device)))
+    cfg = synth.one_run_config(depth=depth, mask=mask, pe=pe, residual=residual, iters=iters, lr=lr, seed=seed,
+                               eval_seqs=eval_seqs, data=data)
+    typer.echo(synth.run_single(cfg, out, progress=not quiet, device=device).format())
 
 
 REAL = "Real model (--real)"
@@ -171,9 +150,7 @@ def theory(
     cfg = TheoryConfig(seed=seed, n_tokens=64 if tokens is None else tokens, depth=16 if depth is None else depth,
                         check_tokens=tokens, check_depth=depth)
     res = run_theory(cfg, out, real=rollout)
-    typer.echo(format_theory_summary(res.summary))
-    for line in format_real_rollout(res.real) if res.real else []:
-        typer.echo(line)
+    typer.echo(res.format())
     typer.echo(f"wrote {out}/theory.json and figures")
 
 
@@ -196,7 +173,7 @@ def shifting(
     cfg = ShiftingConfig(**model_fields(model), **task_fields(task), **vars(split),
                          positions=placements(task, positions), max_new_tokens=max_new_tokens, method=method, top=top)
     res = run_shifting(cfg, run.out, **run_kwargs(run))
-    typer.echo(format_shifting(res))
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/shifting.json, rows.jsonl, shifting.png, divergence.png")
 
 
@@ -207,7 +184,7 @@ def prior(model: Args, task: Args, split: Args, run: Args) -> None:
     band, beside the accuracy (Found-in-the-Middle Sec. 3.2); `--method calib:OUT` calibrates with it."""
     cfg = PriorConfig(**model_fields(model), **task_fields(task), **vars(split))
     res = run_prior(cfg, run.out, **run_kwargs(run))
-    typer.echo(format_prior(res))
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/prior.json, rows.jsonl and prior.png (use it with --method calib:{run.out})")
 
 
@@ -227,5 +204,5 @@ def attention(
     cfg = AttentionConfig(**model_fields(model), **task_fields(task), **vars(split), positions=placements(task, positions),
                           method=method, rows=rows, heads=heads, scales=floats(scales, what="`scales`"), rollout=rollout)
     res = run_attention(cfg, run.out, **run_kwargs(run))
-    typer.echo(format_attention(res))
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/attention.json, rows.jsonl and figures")

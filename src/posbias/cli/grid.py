@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .. import GridConfig, format_grid, run_grid
+from .. import GridConfig, run_grid
 from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, field_option, method_values, model_fields, run_kwargs,
                       task_fields, uses)
 
@@ -23,7 +23,5 @@ def grid(model: Args, task: Args, split: Args, scoring: Args, run: Args,
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = run_grid(cfg, run.out, **run_kwargs(run))
-    typer.echo(f"{task.task} on {model.model}: {len(res.sizes)} sizes x {len(res.record['depths'])} depths, "
-               f"{cfg.n} examples per cell, engine {res.config['engine']}")
-    typer.echo(format_grid(res))
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/grid.json, heatmap.png and one sweep directory per size")

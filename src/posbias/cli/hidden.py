@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .. import HiddenSearchConfig, run_hidden_search
+from ..hidden import SearchConfig, run_search
 from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, field_option, floats, ints, model_fields, run_kwargs,
                       task_fields, uses)
 
@@ -30,38 +30,30 @@ def _layers(text: Optional[str]) -> Optional[tuple[int, ...]]:
 
 
 @hidden_app.command()
-@uses(HiddenSearchConfig, MODEL, TASK, SPLIT.defaults(n=None, skip=None), SCORING, RUN.defaults(out=Path("runs/hidden")))
+@uses(SearchConfig, MODEL, TASK, SPLIT.defaults(n=None, skip=None), SCORING, RUN.defaults(out=Path("runs/hidden")))
 def search(
     model: Args, task: Args, split: Args, scoring: Args, run: Args,
     preset: str = typer.Option("cpu", help="cpu (2-core budget: 48 samples of 384 tokens, 4 candidates, scales 0,-1, "
                                            "16 examples; docs/hidden.md) | paper (the public search_dims.py)"),
-    samples: Optional[int] = field_option(HiddenSearchConfig, "samples", default=None),
-    length: Optional[int] = field_option(HiddenSearchConfig, "length", default=None),
-    top_k: Optional[int] = field_option(HiddenSearchConfig, "top_k", default=None),
-    scales: Optional[str] = field_option(HiddenSearchConfig, "scales", default=None),
-    layers: Optional[str] = field_option(HiddenSearchConfig, "layers"),
-    positions: Optional[str] = field_option(HiddenSearchConfig, "positions"),
-    select: Optional[str] = field_option(HiddenSearchConfig, "select", default=None),
+    samples: Optional[int] = field_option(SearchConfig, "samples", default=None),
+    length: Optional[int] = field_option(SearchConfig, "length", default=None),
+    top_k: Optional[int] = field_option(SearchConfig, "top_k", default=None),
+    scales: Optional[str] = field_option(SearchConfig, "scales", default=None),
+    layers: Optional[str] = field_option(SearchConfig, "layers"),
+    positions: Optional[str] = field_option(SearchConfig, "positions"),
+    select: Optional[str] = field_option(SearchConfig, "select", default=None),
 ) -> None:
     """Average hidden states over random text, keep the smoothest monotone channels, and score each with each
     scale on a calibration split; write OUT/hidden.json. Options left unset take the preset's values.
 
     The split is examples SKIP.. (default 1500, or the last N of a file task's pool); sweeps use examples 0.."""
     pos = floats(positions, None, "positions")
-    cfg = HiddenSearchConfig.from_preset(preset, **model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
-                                         samples=samples, length=length, top_k=top_k, scales=floats(scales, None, "scales"),
-                                         layers=_layers(layers), select=select,
-                                         positions=tuple(int(x) for x in pos) if pos else None)
+    cfg = SearchConfig.from_preset(preset, **model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
+                                   samples=samples, length=length, top_k=top_k, scales=floats(scales, None, "scales"),
+                                   layers=_layers(layers), select=select,
+                                   positions=tuple(int(x) for x in pos) if pos else None)
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
-    res = run_hidden_search(cfg, run.out, **run_kwargs(run))
-    rec, s, b = res.record, res.score, res.baseline
-    typer.echo("candidates (smoothest first): " + ", ".join(f"{c['channel']}{'+' if c['direction'] > 0 else '-'}"
-                                                            for c in res.candidates))
-    typer.echo(f"channel {res.channel}, scale {res.scale:g}, layers {res.layers[0]}-{res.layers[-1]} (chosen by {rec['select']})")
-    acc = lambda e: " / ".join(f"{v:.3f}" for v in e["accuracy"].values())  # noqa: E731
-    loss = lambda e: f"{e['loss']:.3f}" if e["loss"] is not None else "-"  # noqa: E731
-    typer.echo(f"calibration slots {', '.join(s['accuracy'])}: {acc(s)} (loss {loss(s)})   unmodified: {acc(b)} (loss {loss(b)})")
-    if not rec["beats_unmodified"]:
-        typer.echo("note: no candidate beat the unmodified model on the calibration split", err=True)
+    res = run_search(cfg, run.out, **run_kwargs(run))
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/hidden.json; use it with --methods none,hidden:{run.out}")

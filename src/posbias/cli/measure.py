@@ -7,22 +7,8 @@ from typing import Optional
 
 import typer
 
-from .. import (
-    BACKENDS,
-    JSONL_SCHEMA,
-    ORDER_SCHEMAS,
-    MODELS,
-    TASKS,
-    SweepConfig,
-    export_model,
-    COLLAPSE_MARGIN,
-    format_compare,
-    format_table,
-    run_compare,
-    run_sweep,
-    split_models,
-    split_specs,
-)
+from .. import BACKENDS, MODELS, TASKS, SweepConfig, run_compare, run_sweep
+from ..measure import COLLAPSE_MARGIN, JSONL_SCHEMA, ORDER_SCHEMAS, export_model, split_models, split_specs
 from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, field_option, method_values, model_fields, placements,
                       run_kwargs, task_fields, uses)
 
@@ -39,11 +25,7 @@ def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positi
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = run_sweep(cfg, run.out, **run_kwargs(run))
-    typer.echo(f"{task.task} on {model.model}: {cfg.n} examples x {len(res.per_position)} positions, "
-               f"engine {res.config['engine']}")
-    typer.echo(format_table(res.per_position, res.summary))
-    if res.config.get("scoring_note"):
-        typer.echo(f"note: {res.config['scoring_note']}")
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/sweep.json, examples.jsonl, curve.png")
 
 
@@ -62,10 +44,7 @@ def compare(model: Args, task: Args, split: Args, scoring: Args, run: Args, posi
     cfg = SweepConfig(**fields, **task_fields(task), **vars(split), **vars(scoring), positions=placements(task, positions))
     res = run_compare(cfg, split_specs(methods), run.out, models=model_list, collapse_margin=collapse_margin,
                       **run_kwargs(run))
-    typer.echo(format_compare(res))
-    for e in res.entries:
-        if e.get("scoring_note"):
-            typer.echo(f"note: {e['scoring_note']}")
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/compare.json, compare.png and one sweep directory per method")
 
 

@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from .. import DistillConfig, SearchConfig, format_length_gain, run_distill, run_length_gain, run_search
+from ..distill import DistillConfig, run_distill
+from ..lpes import SearchConfig, run_gain, run_search
 from .options import (FIELD, MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, cli_option, default, field_option, floats,
                       ints, model_fields, run_kwargs, task_fields, uses)
 
@@ -68,15 +69,7 @@ def search(
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = run_search(cfg, run.out, **run_kwargs(run))
-    acc, base = res.accuracy, res.baseline["accuracy"]
-    typer.echo(f"best fitness {res.fitness:.3f} (unmodified {res.baseline['fitness']:.3f}) after {res.evaluations} evaluations;"
-               f" reached at generation {res.record['converged_at']} of {len(res.record['history']) - 1}")
-    typer.echo("search split accuracy  begin/middle/end: " + " / ".join(f"{acc[k]:.3f}" for k in acc)
-               + "   unmodified: " + " / ".join(f"{base[k]:.3f}" for k in base))
-    typer.echo("per-layer factors: " + " ".join(f"{f:.3f}" for f in res.factors))
-    if not res.record["beats_unmodified"]:
-        typer.echo(f"note: no individual beat the unmodified model on the search split ({res.fitness:.3f} <= "
-                   f"{res.baseline['fitness']:.3f}); these factors are expected to cost accuracy (see docs/lpes.md)", err=True)
+    typer.echo(res.format())
     typer.echo(f"wrote {run.out}/factors.json and factors.png; use it with --method lpes:{run.out}/factors.json")
 
 
@@ -87,8 +80,8 @@ def gain(
     overwrite: bool = cli_option("overwrite", False, "--overwrite"),
 ) -> None:
     """Gain of each method over the unmodified model (paired 95% CI) against prompt length -> OUT/gain.png."""
-    rec = run_length_gain(dirs, out, overwrite=overwrite)
-    typer.echo(format_length_gain(rec))
+    res = run_gain(dirs, out, overwrite=overwrite)
+    typer.echo(res.format())
     typer.echo(f"wrote {out}/gain.json and gain.png")
 
 
@@ -116,15 +109,7 @@ def _distill(stage: str, model: Args, task: Args, split: Args, train: Args, run:
     if not run.quiet:
         typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
     res = run_distill(cfg, run.out, **run_kwargs(run))
-    d, t = res.data, res.train
-    anchor = res.record["config"]["anchor"]
-    typer.echo(f"{d['questions']} questions (anchor {anchor} accuracy {d['anchor_accuracy']:.3f} on {d['looked_at']} "
-               f"looked at), {t['steps']} steps of {t['sequences_per_step']} sequences")
-    if "selftrain" in d:
-        s = d["selftrain"]
-        typer.echo(f"self-training rows: {s['kept']} of {s['rows']} answered correctly at their own placement")
-    if t["first_loss"] is not None:
-        typer.echo(f"loss {t['first_loss']:.4f} -> {t['last_loss']:.4f}")
+    typer.echo(res.format())
     typer.echo(f"wrote {res.model_dir}; evaluate it with: posbias sweep --model {res.model_dir} --task {task.task}")
 
 

@@ -30,7 +30,8 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from .. import ENGINES, METHODS, TASKS, PosbiasError, SweepConfig, field_docs
+from .. import METHODS, TASKS, PosbiasError, SweepConfig
+from ..measure import ENGINES, field_docs
 
 Args = SimpleNamespace  # what a command receives for each group
 FIELD: Any = "<the config field's>"  # an Opt's default or a field_option's: the config field's own (compared by `is`)

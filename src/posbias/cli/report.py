@@ -19,4 +19,4 @@ def report(
     """One static, self-contained HTML page (figures embedded, no network, no script) from finished run folders:
     curves with CI, tables with paired differences, heatmaps, factor and training curves, provenance."""
     res = build_report(runs, out, title)
-    typer.echo(f"wrote {res.out} ({res.sections} sections, {res.images} figures)")
+    typer.echo(res.format())

@@ -41,16 +41,14 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import PosbiasError
-from .ga_space import (  # noqa: F401  (re-exported: the public GA API lives here)
-    CurveSpace,
-    GAConfig,
-    Individual,
-    LayerSpace,
-    Space,
-    YGrid,
-    crossover,
-    select_parents,
-)
+from .ga_space import CurveSpace as CurveSpace  # these eight: re-exported, the public GA API lives here
+from .ga_space import GAConfig as GAConfig
+from .ga_space import Individual as Individual
+from .ga_space import LayerSpace as LayerSpace
+from .ga_space import Space as Space
+from .ga_space import YGrid as YGrid
+from .ga_space import crossover as crossover
+from .ga_space import select_parents as select_parents
 
 Evaluate = Callable[[list[Individual]], Sequence[float]]
 STATE_VERSION = 1
@@ -189,7 +187,9 @@ class _Search:
     def load_state_dict(self, state: dict) -> None:
         """Continue from a ``state_dict()`` taken from a search with the same kind, space and config; only the
         number of generations may differ (a longer run continues a shorter one exactly: nothing else reads it)."""
-        budget_free = lambda d: {k: v for k, v in d.items() if k != "generations"}  # noqa: E731
+        def budget_free(d: dict) -> dict:
+            return {k: v for k, v in d.items() if k != "generations"}
+
         for key, saved, mine in (("version", state.get("version"), STATE_VERSION), ("kind", state.get("kind"), self.kind),
                                  ("space", state.get("space"), self.space.spec()),
                                  ("config", budget_free(state.get("config") or {}), budget_free(self.cfg.to_dict()))):

@@ -35,14 +35,19 @@ ORDER_COLUMNS = {"consistency": "consistency", "conflict_rate": "conflict rate",
 
 @dataclass
 class CompareResult:
+    """A comparison: `record` is compare.json; `rows` has one flat dict per model x method x example x placement (a
+    sweep row with its entry's model, method and label); `format()` is what `posbias compare` prints."""
+
     entries: list[dict]  # per (model, method): model, method, label, dir, method_config, per_position, summary, vs_first
     config: dict
     record: dict = field(repr=False)  # the content of compare.json
     rows: list[dict] = field(default_factory=list, repr=False)  # every entry's rows, each with its model, method, label
 
     def format(self) -> str:
-        """The printed table: one row per entry (`format_compare`)."""
-        return format_compare(self)
+        """One row per entry (accuracy per placement, average, gap, paired difference from the first entry, collapse
+        flags), then each entry's scoring note."""
+        notes = [f"note: {e['scoring_note']}" for e in self.entries if e.get("scoring_note")]
+        return "\n".join([format_compare(self.record), *notes])
 
 
 def slug(spec: str) -> str:

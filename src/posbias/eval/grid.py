@@ -118,15 +118,22 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
 
 @dataclass
 class GridResult:
+    """A depth x length grid: `record` is grid.json; `rows` has one flat dict per size x depth x example (the size's
+    sweep row at the depth's slot, with `size` and `depth` added); `format()` is what `posbias grid` prints."""
+
     cells: list[dict]  # one per (size, depth): size, depth, position, n, correct, accuracy, ci_low, ci_high, tokens_mean
     sizes: list[dict]  # per size: size, dir, positions, tokens (mean/min/max), summary (the sweep's), merged_depths
     config: dict
     record: dict = field(repr=False)  # the content of grid.json
     out: Path | None = None
+    rows: list[dict] = field(default_factory=list, repr=False)  # one per size x depth x example
 
     def format(self) -> str:
-        """The printed table (`format_grid`)."""
-        return format_grid(self)
+        """A header (task, model, sizes x depths, examples per cell, engine), then accuracy per cell (`format_grid`)."""
+        c, r = self.config, self.record
+        head = (f"{r['task']} on {r['model'].get('name', c['model'])}: {len(self.sizes)} sizes x {len(r['depths'])} depths, "
+                f"{c['n']} examples per cell, engine {c['engine']}")
+        return head + "\n" + format_grid(r)
 
 
 def size_option(task: str | Task) -> tuple[str, tuple[int, ...] | None]:
@@ -204,7 +211,9 @@ def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, lo
         record = grid_record(cfg, option, depths, slots, results, loaded, method)
         if folder.path is not None and is_main_process():  # several processes: rank 0 writes
             _write(folder, record, time.perf_counter() - t0)
-    return GridResult(record["cells"], record["sizes"], record["config"], record, folder.path)
+    rows = [{**row, "size": s, "depth": d} for s, res in results.items() for d, p in zip(depths, slots[s])
+            for row in res.rows if row["position"] == p]
+    return GridResult(record["cells"], record["sizes"], record["config"], record, folder.path, rows)
 
 
 def grid_record(cfg: GridConfig, option: str, depths: list[float], slots: dict[int, list[int]],

@@ -9,11 +9,32 @@ Files in OUT: gain.json (atomic, last) and gain.png (one line per method with CI
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from ..errors import PosbiasError
 from ..runs import RunFolder, folder_kind, kind_name, read_json
+
+
+@dataclass
+class GainResult:
+    """Gain against length: `record` is gain.json; `rows` has one flat dict per comparison x entry (model, method,
+    label, mean prompt tokens, n, average, difference from the comparison's first entry and its paired 95% CI; the
+    task options as task_options.NAME); `format()` is what `posbias lpes gain` prints."""
+
+    record: dict = field(repr=False)  # the content of gain.json
+    out: Path | None = None
+
+    @property
+    def rows(self) -> list[dict]:
+        return [{**{k: v for k, v in p.items() if not isinstance(v, dict)},
+                 **{f"{k}.{o}": x for k, v in p.items() if isinstance(v, dict) for o, x in v.items()}}
+                for p in self.record["points"]]
+
+    def format(self) -> str:
+        """One line per point: method, model, tokens, n, average, difference to the first entry (paired 95% CI)."""
+        return format_length_gain(self.record)
 
 
 def _read_compare(path: Path) -> dict:
@@ -63,7 +84,7 @@ def length_points(dirs: Sequence[str | Path]) -> list[dict]:
     return points
 
 
-def run_length_gain(dirs: Sequence[str | Path], out: str | Path, *, overwrite: bool = False) -> dict:
+def run_length_gain(dirs: Sequence[str | Path], out: str | Path, *, overwrite: bool = False) -> GainResult:
     """gain.json + gain.png in `out` from the comparisons in `dirs` (at least one)."""
     if not dirs:
         raise PosbiasError("no comparison folders given", "pass two or more `posbias compare` output folders")
@@ -80,7 +101,7 @@ def run_length_gain(dirs: Sequence[str | Path], out: str | Path, *, overwrite: b
         plot_gain_vs_length(points, folder.file("gain.png"))
         record = {"points": points}
         folder.finish(record)
-    return record
+    return GainResult(record, folder.path)
 
 
 def format_length_gain(record: dict) -> str:

@@ -73,6 +73,9 @@ class SweepConfig(Scoring, TaskChoice, ModelChoice):
 
 @dataclass
 class SweepResult:
+    """A sweep: `record` is sweep.json; `rows` (examples.jsonl) has one flat dict per example x placement (example_id,
+    position, the prediction, correct and the task's further verdicts); `format()` is what `posbias sweep` prints."""
+
     config: dict  # the resolved configuration (engine, answer length, chat use, positions filled in)
     per_position: list[dict]  # position, n, correct, accuracy, ci_low, ci_high
     summary: dict  # average, best, worst, gap (+ paired-bootstrap CI), std
@@ -81,8 +84,12 @@ class SweepResult:
     out: Path | None = None
 
     def format(self) -> str:
-        """The printed table: accuracy per placement with its CI, then the summary (`format_table`)."""
-        return format_table(self.per_position, self.summary)
+        """A header (task, model, examples x placements, engine), accuracy per placement with its CI, the summary,
+        and the scoring note when the run took another path than asked."""
+        c = self.config
+        head = f"{c['task']} on {c['model']}: {c['n']} examples x {len(self.per_position)} positions, engine {c['engine']}"
+        note = [f"note: {c['scoring_note']}"] if c.get("scoring_note") else []
+        return "\n".join([head, format_table(self.per_position, self.summary), *note])
 
 
 def per_position_stats(rows: list[dict], positions: list[Placement], example_ids: list[str],

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from matplotlib.patches import Rectangle
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
-
-from .plots import save_figure  # noqa: E402
+from .plots import save_figure, subplots
 
 BANDS = ("early", "middle", "late", "all")
 _COLORS = {"early": "tab:blue", "middle": "tab:orange", "late": "tab:green", "all": "k"}
@@ -42,7 +38,7 @@ def _title(record: dict, what: str, scale) -> str:
 def plot_heatmap(record: dict, sc: dict, path: Path) -> None:
     """Fig. 7: mean mass per (gold placement, slot), one panel per band; gold cells outlined."""
     per = sc["per_position"]
-    fig, axes = plt.subplots(1, len(BANDS), figsize=(4.2 * len(BANDS), 0.32 * len(per) + 2.4), dpi=120, squeeze=False)
+    fig, axes = subplots(1, len(BANDS), figsize=(4.2 * len(BANDS), 0.32 * len(per) + 2.4), dpi=120, squeeze=False)
     for ax, band in zip(axes[0], BANDS):
         grid = [p["bands"][band]["items"] for p in per]
         im = ax.imshow(grid, aspect="auto", cmap="viridis", origin="lower")
@@ -62,7 +58,7 @@ def plot_gold(record: dict, sc: dict, path: Path) -> None:
     """Gold mass by placement per band, with the accuracy on a second axis."""
     per = sc["per_position"]
     x = list(range(len(per)))
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
+    fig, ax = subplots(figsize=(6.4, 3.8), dpi=120)
     for band in BANDS:
         ax.plot(x, [p["bands"][band]["gold"] for p in per], marker="o", color=_COLORS[band], label=f"gold mass, {band}")
     ax.set_xticks(x, [_label(p["position"]) for p in per], fontsize=8)
@@ -83,7 +79,7 @@ def plot_gold(record: dict, sc: dict, path: Path) -> None:
 def plot_scales(record: dict, path: Path) -> None:
     """LPES Fig. 5: middle-third share of the item attention against the uniform scale factor."""
     scs = record["per_scale"]
-    fig, ax = plt.subplots(figsize=(5.6, 3.6), dpi=120)
+    fig, ax = subplots(figsize=(5.6, 3.6), dpi=120)
     xs = [s["scale"] for s in scs]
     for band in BANDS:
         ax.plot(xs, [s["middle_share"][band] for s in scs], marker="o", color=_COLORS[band], label=band)
@@ -101,7 +97,7 @@ def plot_rollout(record: dict, sc: dict, path: Path) -> None:
     """The rollout's predicted gold share (last depth) beside the measured accuracy, by placement."""
     per = sc["per_position"]
     x = list(range(len(per)))
-    fig, ax = plt.subplots(figsize=(6.0, 3.6), dpi=120)
+    fig, ax = subplots(figsize=(6.0, 3.6), dpi=120)
     ax.plot(x, [p["accuracy"] for p in per], marker="s", color="tab:red", label="measured accuracy")
     a = record["config"]["residual"]
     ax.plot(x, [p["rollout_gold_share"] for p in per], marker="o", color="tab:purple",

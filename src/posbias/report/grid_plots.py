@@ -10,7 +10,7 @@ def plot_grid_heatmap(record: dict, title: str, path: str | Path) -> None:
     the gold item (0% = first, top), colour = accuracy on a fixed 0..1 scale, the accuracy written in each cell."""
     import numpy as np
 
-    from .plots import plt, save_figure
+    from .plots import save_figure, subplots
 
     sizes, depths, option = record["sizes"], record["depths"], record["size_option"]
     col = {s["size"]: j for j, s in enumerate(sizes)}
@@ -18,7 +18,7 @@ def plot_grid_heatmap(record: dict, title: str, path: str | Path) -> None:
     grid = np.full((len(depths), len(sizes)), np.nan)  # (depths, sizes)
     for c in record["cells"]:
         grid[row[c["depth"]], col[c["size"]]] = c["accuracy"]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.15 * len(sizes), 1.4 + 0.42 * len(depths)), dpi=120)
+    fig, ax = subplots(figsize=(1.6 + 1.15 * len(sizes), 1.4 + 0.42 * len(depths)), dpi=120)
     im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
     for i in range(len(depths)):
         for j in range(len(sizes)):

@@ -53,11 +53,29 @@ footer{color:#5b6470;font-size:12px;margin-top:8px}
 
 @dataclass
 class ReportResult:
+    """A report: the result file is the HTML page `out`, so `record` is what the page holds (title, figures, one entry
+    per section); `rows` has one flat dict per section, in page order: section, kind, run (its folder); `format()` is
+    what `posbias report` prints."""
+
     out: Path  # the HTML file written
     sections: int  # one per run
     images: int  # PNGs embedded (data URIs)
     kinds: list[str] = field(default_factory=list)  # the kind of each section, in page order
     runs: list[str] = field(default_factory=list)  # the folder of each section
+    title: str = "posbias report"
+
+    @property
+    def rows(self) -> list[dict]:
+        return [{"section": i + 1, "kind": k, "run": r} for i, (k, r) in enumerate(zip(self.kinds, self.runs))]
+
+    @property
+    def record(self) -> dict:
+        return {"out": str(self.out), "title": self.title, "images": self.images, "sections": self.rows}
+
+    def format(self) -> str:
+        """The page written, its sections and figures, then one line per section: its kind and run folder."""
+        return "\n".join([f"wrote {self.out} ({self.sections} sections, {self.images} figures)",
+                          *(f"{r['section']:>3}. {r['kind']:<20} {r['run']}" for r in self.rows)])
 
 
 def result_file(kind: str) -> str:
@@ -141,9 +159,10 @@ def build_report(paths: Sequence[str | Path], out: str | Path, title: str | None
     out = Path(out)
     check_out(out)
     runs = [load_run(p) for p in find_runs(paths)]  # every check before anything is written
-    text = page(title or "posbias report", runs)
+    title = title or "posbias report"
+    text = page(title, runs)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, out)
-    return ReportResult(out, len(runs), text.count(PNG_URI), [r.kind for r in runs], [str(r.path) for r in runs])
+    return ReportResult(out, len(runs), text.count(PNG_URI), [r.kind for r in runs], [str(r.path) for r in runs], title)

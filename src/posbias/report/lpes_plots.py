@@ -6,9 +6,9 @@ from pathlib import Path
 
 
 def plot_search(result: dict, path: str | Path) -> None:
-    from .plots import plt, save_figure
+    from .plots import save_figure, subplots
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=120)
+    fig, (a, b) = subplots(1, 2, figsize=(9, 3.4), dpi=120)
     f = result["factors"]
     a.plot(range(len(f)), f, marker="o", ms=3, label=f"per-layer factor s_h ({result['curve']})")
     cp = result.get("control_points")
@@ -37,9 +37,9 @@ def plot_search(result: dict, path: str | Path) -> None:
 
 def plot_gain_vs_length(points: list[dict], path: str | Path) -> None:
     """Average minus the unmodified model's (paired 95% CI) against prompt length, one line per (model, method)."""
-    from .plots import plt, save_figure
+    from .plots import save_figure, subplots
 
-    fig, ax = plt.subplots(figsize=(9, 3.8), dpi=120)
+    fig, ax = subplots(figsize=(9, 3.8), dpi=120)
     lines: dict[tuple, list[dict]] = {}
     for p in points:
         if not p.get("reference"):  # the first entry of each comparison is what the others are measured against

@@ -1,13 +1,17 @@
-"""Figures (matplotlib, Agg backend: no display needed)."""
+"""Figures (matplotlib, drawn for files outside pyplot: no display needed, and the session's backend is left alone,
+so a notebook's inline plots stay as they were after a run draws its figures)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize=None, dpi=None, layout=None, **kw):
+    """`plt.subplots` without pyplot: a Figure for a file (never shown, nothing to close) and its axes."""
+    fig = Figure(figsize=figsize, dpi=dpi, layout=layout)
+    return fig, fig.subplots(nrows, ncols, **kw)
 
 
 def save_figure(fig, path: str | Path, dpi: int | None = None, tight: bool = True) -> str:
@@ -17,7 +21,6 @@ def save_figure(fig, path: str | Path, dpi: int | None = None, tight: bool = Tru
     if tight:
         fig.tight_layout()
     fig.savefig(tmp, dpi=dpi)
-    plt.close(fig)
     tmp.replace(path)
     return path.name
 
@@ -36,7 +39,7 @@ def plot_curve(per_position: list[dict], title: str, path: str | Path) -> None:
     y = [r["accuracy"] for r in per_position]
     lo = [r["ci_low"] for r in per_position]
     hi = [r["ci_high"] for r in per_position]
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    fig, ax = subplots(figsize=(6, 3.6), dpi=120)
     ax.fill_between(x, lo, hi, alpha=0.25, label="95% CI (Wilson)")
     ax.plot(x, y, marker="o", label="accuracy")
     _position_axes(ax, x, title, legend_size=8, labels=labels)
@@ -65,7 +68,7 @@ def plot_shifting(summary: dict, title: str, path: str | Path) -> None:
     per = [p for p in summary["per_position"] if p["ppl_anchor"] and p["ppl_gold"]]
     labels = _placement_labels(per)
     x = list(range(len(per)))
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * len(per) + 2), 3.6), dpi=120)
+    fig, ax = subplots(figsize=(max(5.0, 0.45 * len(per) + 2), 3.6), dpi=120)
     ax.bar([i - 0.2 for i in x], [p["ppl_anchor"]["median"] for p in per], width=0.4,
            label=f"advantageous response (anchor {summary['anchor_placement']})")
     ax.bar([i + 0.2 for i in x], [p["ppl_gold"]["median"] for p in per], width=0.4, label="gold answer")
@@ -90,7 +93,7 @@ def plot_divergence(summary: dict, rows: list[dict], title: str, path: str | Pat
     tokens at the first divergence of the first error (Fig. 8), the anchor's token marked."""
     per = summary["per_position"]
     x = list(range(len(per)))
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8), dpi=120, gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, bx) = subplots(1, 2, figsize=(11, 3.8), dpi=120, gridspec_kw={"width_ratios": [3, 2]})
     for key, name, style in (("accuracy", "accuracy", "o-"), ("diverged", "response leaves the anchor's", "s--"),
                              ("errors_single_token", "errors: single-token shift", "^-"),
                              ("errors_anchor_in_top10", "errors: anchor token in top 10", "v:")):
@@ -128,7 +131,7 @@ def plot_pair_heatmap(per_position: list[dict], n_slots: int, title: str, path: 
         i, j = r["position"]
         grid[i, j] = r["accuracy"]
     size = min(9.0, 2.5 + 0.3 * n_slots)
-    fig, ax = plt.subplots(figsize=(size + 1, size), dpi=120)
+    fig, ax = subplots(figsize=(size + 1, size), dpi=120)
     im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", origin="upper")
     if n_slots <= 24:
         for r in per_position:
@@ -144,7 +147,7 @@ def plot_pair_heatmap(per_position: list[dict], n_slots: int, title: str, path: 
 
 def plot_compare(results: list[dict], title: str, path: str | Path) -> None:
     """Accuracy against gold position, one line per method (CI bands light)."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
+    fig, ax = subplots(figsize=(6.4, 3.8), dpi=120)
     for r in results:
         per = r["per_position"]
         x, labels = _xs(per)
@@ -159,7 +162,7 @@ def plot_order(summary: dict, title: str, path: str | Path) -> None:
     PriDe prior when a run estimated one, and the consistency / fairness figures with their CIs in the legend."""
     o, dec = summary["order"], summary.get("decision") or {}
     k = len(o["choice_share"])
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    fig, ax = subplots(figsize=(6.4, 4.2), dpi=120)
     width = 0.4 if "prior" in dec else 0.7
     ax.bar([s - (width / 2 if "prior" in dec else 0) for s in range(k)], o["choice_share"], width, label="chosen")
     if "prior" in dec:
@@ -181,7 +184,7 @@ def plot_order(summary: dict, title: str, path: str | Path) -> None:
 def plot_prior(record: dict, title: str, path: str | Path) -> None:
     """The positional attention prior (a content-free item's attention at each slot) per layer band, relative to its
     mean, beside the unmodified model's accuracy with the gold at that slot."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)
+    fig, ax = subplots(figsize=(6.4, 3.8), dpi=120)
     slots = list(range(len(record["prior"])))
     for band, values in [("all layers", record["prior"]), *record["bands"].items()]:
         mean = sum(values) / len(values) or 1.0

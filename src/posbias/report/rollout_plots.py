@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .plots import save_figure  # noqa: E402
+from .plots import save_figure, subplots
 
 _STYLE = {"first": "k", "begin": "tab:blue", "middle": "tab:orange", "end": "tab:green", "gold": "tab:red",
           "other": "tab:gray"}
@@ -18,7 +13,7 @@ _STYLE = {"first": "k", "begin": "tab:blue", "middle": "tab:orange", "end": "tab
 def plot_mass_by_depth(result: dict, position: str, path: Path) -> None:
     """Mass of the last token's rollout row on each segment against depth, one panel per residual."""
     keys = [k for k in result if k.startswith("residual=")]
-    fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 3.8), dpi=120, squeeze=False)
+    fig, axes = subplots(1, len(keys), figsize=(5.2 * len(keys), 3.8), dpi=120, squeeze=False)
     for ax, key in zip(axes[0], keys):
         m = result[key][position]
         depth = range(1, len(m["first"]) + 1)
@@ -45,7 +40,7 @@ def plot_gold_by_position(result: dict, path: Path) -> None:
     n_layers = len(result[keys[0]][positions[0]]["gold"])
     depths = sorted({0, n_layers // 4, n_layers // 2, n_layers - 1})
     n_facts = result["meta"]["facts"]
-    fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 3.6), dpi=120, squeeze=False)
+    fig, axes = subplots(1, len(keys), figsize=(5.2 * len(keys), 3.6), dpi=120, squeeze=False)
     for ax, key in zip(axes[0], keys):
         for t in depths:
             ax.plot([int(p) for p in positions], [gold_share(result[key][p], t) for p in positions], marker="o",

@@ -192,13 +192,10 @@ def training_curve(log: list[dict]) -> bytes | None:
     rows = [h for h in log if isinstance(h, dict) and "loss" in h and "step" in h]
     if not rows:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plots import subplots
 
     keys = [k for k in rows[0] if k not in ("step", "epoch", "learning_rate", "grad_norm") and isinstance(rows[0][k], (int, float))]
-    fig, ax = plt.subplots(figsize=(6, 3.4), dpi=110)
+    fig, ax = subplots(figsize=(6, 3.4), dpi=110)
     for k in keys:
         ax.plot([h["step"] for h in rows if k in h], [h[k] for h in rows if k in h], marker=".", label=k)
     ax.set_xlabel("step")
@@ -209,7 +206,6 @@ def training_curve(log: list[dict]) -> bytes | None:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    plt.close(fig)
     return buf.getvalue()
 
 
@@ -277,7 +273,10 @@ def theory(run: Run) -> str:
 def _synth_row(c: dict) -> list:
     """One grid configuration: factors, the three swap gaps (mean ± std), accuracies, the in-context verdict."""
     f, s = c.get("factors", {}), c.get("summary", {})
-    pm = lambda k: f"{s[k]['mean']:+.3f} ± {s[k]['std']:.3f}" if k in s else None  # noqa: E731
+
+    def pm(k: str) -> str | None:
+        return f"{s[k]['mean']:+.3f} ± {s[k]['std']:.3f}" if k in s else None
+
     lr = s.get("learned")
     return [f.get("depth"), f.get("mask"), f.get("pe"), f.get("residual"), f.get("bias"), len(c.get("seeds", [])),
             pm("gap/first_vs_middle"), pm("gap/first_vs_last"), pm("gap/middle_vs_last"),
@@ -311,7 +310,10 @@ def shifting(run: Run) -> str:
     if not per or "ppl_anchor" not in per[0]:  # an older record (perplexities only)
         return "".join([key_values({k: v for k, v in r.items() if k not in ("per_position", "config", "model", "versions")},
                                    "summary"), rows_table(per, "per placement"), figures(run.path, ("shifting.png",))])
-    med = lambda d: d["median"] if d else None  # noqa: E731
+
+    def med(d: dict | None) -> float | None:
+        return d["median"] if d else None
+
     rows = [[pos_label(p["position"]) if p is not r["all"] else "all", p["n"], p["accuracy"], p["diverged"],
              p.get("diverged_single_token"), p.get("diverged_anchor_in_top10"), p["errors"],
              p["errors_single_token"], p["errors_anchor_in_top10"], p["errors_anchor_rank_median"], med(p["ppl_anchor"]),

@@ -6,13 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from .plots import save_figure  # noqa: E402
+from .plots import save_figure, subplots
 
 PAIR_LABELS = {"first_vs_middle": "first vs middle", "first_vs_last": "first vs last",
                "middle_vs_last": "middle vs last"}
@@ -60,7 +56,7 @@ def _gap_bars(ax, series: list[tuple[str, dict | None]]) -> None:
 
 def _panels(n_rows: int, n_cols: int, height: float):
     """A grid of panels sharing the y axis: (fig, axes[row][col])."""
-    return plt.subplots(n_rows, n_cols, figsize=(3.3 * n_cols, height * n_rows), dpi=110, squeeze=False, sharey=True)
+    return subplots(n_rows, n_cols, figsize=(3.3 * n_cols, height * n_rows), dpi=110, squeeze=False, sharey=True)
 
 
 def _grid_figure(configs, rows: tuple[str, list], cols: tuple[str, list], series: tuple[str, list], fmt, title):
@@ -114,7 +110,7 @@ def plot_sinks(configs, path: Path) -> str:
         m = c["factors"]["mask"]
         families["window" if m.startswith("window") else "prefix" if m.startswith("prefix") else "causal"].append(c)
     fams = [(k, v) for k, v in families.items() if v]
-    fig, axes = plt.subplots(1, len(fams), figsize=(4.2 * len(fams), 2.8), dpi=110, squeeze=False, sharey=True)
+    fig, axes = subplots(1, len(fams), figsize=(4.2 * len(fams), 2.8), dpi=110, squeeze=False, sharey=True)
     for ax, (name, cs) in zip(axes[0], fams):
         width = 0.8 / len(cs)
         for k, c in enumerate(cs):
@@ -132,7 +128,7 @@ def plot_sinks(configs, path: Path) -> str:
 
 
 def plot_curves(configs, path: Path) -> str:
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), dpi=110)
+    fig, axes = subplots(1, 2, figsize=(10, 3.4), dpi=110)
     styles = ["-", "--", ":", "-."]  # colours cycle every 10 lines; the line style changes with them
     for i, c in enumerate(configs):
         cur = c["summary"].get("curve")

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.colors import LogNorm
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import LogNorm  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-
-from .plots import save_figure  # noqa: E402
+from .plots import save_figure, subplots
 
 DPI = 120
 HEAT_VMIN = 1e-8  # heatmap colour floor: smaller positive mass is drawn at the floor colour
@@ -31,11 +28,11 @@ FIGURES = {  # file name -> what it shows
 
 
 def _depth_colors(n: int):
-    return plt.get_cmap("viridis")(np.linspace(0.0, 0.85, n))
+    return colormaps["viridis"](np.linspace(0.0, 0.85, n))
 
 
 def _mask_colors(n: int):
-    return plt.get_cmap("tab10")(np.arange(n) % 10)
+    return colormaps["tab10"](np.arange(n) % 10)
 
 
 # ---------------------------------------------------------------- (a) rollout heatmaps
@@ -44,9 +41,9 @@ def _mask_colors(n: int):
 def plot_rollout_heatmaps(rollouts: dict, masks: list[dict], path: Path) -> None:
     """Grid: one row per mask, one column per depth t; log colour, exact zeros (off the walk support) grey."""
     depths, n_rows = rollouts["depths"], len(masks)
-    fig, axes = plt.subplots(n_rows, len(depths), figsize=(2.3 * len(depths) + 1.2, 2.2 * n_rows + 0.8),
+    fig, axes = subplots(n_rows, len(depths), figsize=(2.3 * len(depths) + 1.2, 2.2 * n_rows + 0.8),
                              squeeze=False, layout="constrained")
-    cmap = plt.get_cmap("magma").with_extremes(bad="#d9d9d9")
+    cmap = colormaps["magma"].with_extremes(bad="#d9d9d9")
     norm = LogNorm(vmin=HEAT_VMIN, vmax=1.0)
     im = None
     for r, m in enumerate(masks):
@@ -78,7 +75,7 @@ def plot_first_token_mass(first_token: dict, masks: list[dict], prefix: dict, pa
     """Left: min_i (solid) and mean_i (dashed) P^(t)[i, 0]; right: 1 - min_i P^(t)[i, 0] on a log scale.
     The prefix mask's total prefix mass (dotted black) is drawn beside its first-token mass."""
     t = first_token["t"]
-    fig, (ax, ax_log) = plt.subplots(1, 2, figsize=(12, 5.0), layout="constrained")
+    fig, (ax, ax_log) = subplots(1, 2, figsize=(12, 5.0), layout="constrained")
     for m, color in zip(masks, _mask_colors(len(masks))):
         lo, mean = first_token["min"][m["name"]], first_token["mean"][m["name"]]
         ax.plot(t, lo, "-o", ms=3, color=color)
@@ -101,7 +98,7 @@ def plot_prefix_mass(prefix: dict, path: Path) -> None:
     k = prefix["k"]
     t = list(range(len(prefix["mass_min"])))
     tok_mean, tok_min, share = (np.asarray(prefix[key]) for key in ("token_mean", "token_min", "share_mean"))
-    fig, (ax, ax_share) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+    fig, (ax, ax_share) = subplots(1, 2, figsize=(11, 4.2), layout="constrained")
     ax.plot(t, prefix["mass_min"], "-o", ms=3, color="black", label="total prefix mass, min_i")
     ax.plot(t, prefix["mass_mean"], "--", color="black", label="total prefix mass, mean_i")
     for j, color in zip(range(k), _mask_colors(k)):
@@ -161,7 +158,7 @@ def plot_distance_profiles(rows: list[dict], param: str, path: Path, title: str)
     """One panel per value of `param` ("m" for the decay mask, "theta1" for RoPE): the last query
     row's P^(t)(z_{N-1} = N-1-x) against distance x, a curve per depth t; x = N-1 is the first token."""
     values = list(dict.fromkeys(r[param] for r in rows))
-    fig, axes = plt.subplots(1, len(values), figsize=(5.2 * len(values), 4.6), squeeze=False, layout="constrained")
+    fig, axes = subplots(1, len(values), figsize=(5.2 * len(values), 4.6), squeeze=False, layout="constrained")
     for ax, v in zip(axes[0], values):
         panel = [r for r in rows if r[param] == v]
         _profile_panel(ax, panel)

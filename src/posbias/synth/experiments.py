@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from ..runs import progress as progress_bar
 from .data import DataConfig
 from .evaluate import EvalConfig
 from .model import ModelConfig
+from .results import GridResult, RunResult, run_rows
 from .train import Run, RunConfig, TrainConfig, versions
 
 GRIDS = ("depth", "bias", "sinks")
@@ -65,20 +66,6 @@ FACTORS = {  # grid -> default factor lists (overridable); depths come from the 
     "sinks": {"pes": ["none"], "residuals": [False], "biases": ["none"], "depths": [2],
               "masks": ["causal", "window5", "window9", "window13", "prefix2", "prefix4", "prefix6"]},
 }
-
-
-@dataclass
-class GridResult:
-    configs: list[dict]  # per configuration: factors, seeds, run names, summary (mean and std over seeds)
-    figures: list[str]  # PNG names in the output folder
-    record: dict = field(repr=False)  # the content of GRID.json
-
-
-@dataclass
-class RunResult:
-    metrics: dict  # swap-test gaps, novel-class and training accuracy, accuracy by position, sinks
-    history: list[dict]  # the learning curve
-    record: dict = field(repr=False)  # the run's JSON (config, metrics, history, seconds, versions)
 
 
 def parse_mask(spec: str) -> dict:
@@ -205,7 +192,7 @@ def run_grid(grid: str, runs: list[Run], out: str | Path, workers: int = 1, prog
 
         result["figures"] = plot_grid(grid, result, folder.path)
         folder.finish(result, indent=1)  # last: its presence means "complete"
-    return GridResult(result["configs"], result["figures"], result)
+    return GridResult(result["configs"], result["figures"], result, run_rows(runs, records))
 
 
 def run_single(cfg: RunConfig, out: str | Path, progress: bool = True, device: str = "cpu") -> RunResult:
@@ -283,25 +270,6 @@ def aggregate(grid: str, runs: list[Run], records: dict[str, dict]) -> dict:
             "versions": versions()}
 
 
-def format_summary(result: dict | GridResult) -> str:
-    """One line per configuration: the three gaps and novel accuracy, mean +- std over seeds."""
-    result = result.record if isinstance(result, GridResult) else result
-    lines = []
-    for c in result["configs"]:
-        f, s = c["factors"], c["summary"]
-        gaps = "  ".join(f"{k[4:]} {s[k]['mean']:+.3f}±{s[k]['std']:.3f}" for k in s if k.startswith("gap/"))
-        lines.append(f"L{f['depth']} {f['mask']:>8} {f['pe']:>5} {'res' if f['residual'] else 'nores':>5} "
-                     f"{f['bias']:>10} | {gaps} | novel {s['novel_accuracy']['mean']:.3f}{_learned_text(s)}")
-    return "\n".join(lines)
-
-
-def _learned_text(s: dict) -> str:
-    if "learned" not in s:
-        return ""
-    lr = s["learned"]
-    return f" | in-context {s['icl_accuracy']['mean']:.3f}, learned {lr['seeds']}/{lr['of']}"
-
-
 def one_run_config(*, mask: str = "causal", seed: int = 0, iters: int = 4000, lr: float = 1e-3, eval_seqs: int = 5000,
                    data: dict | None = None, **model) -> RunConfig:
     """One configuration (`posbias synth train`): the paper's data (DataConfig fields in `data`), model
@@ -315,23 +283,6 @@ def one_run_config(*, mask: str = "causal", seed: int = 0, iters: int = 4000, lr
 def one_run_path(out: str | Path, cfg: RunConfig) -> Path:
     """Where `posbias synth train` keeps a configuration's result in OUT (a rerun resumes or returns it)."""
     return Path(out) / f"{cfg.model.label}-{cfg.data.bias}-seed{cfg.seed}-{cfg.key()}.json"
-
-
-def format_run(rec: dict | RunResult) -> str:
-    """The metrics of one run as text lines."""
-    rec = rec.record if isinstance(rec, RunResult) else rec
-    cfg, m = rec["config"], rec["metrics"]
-    lines = [f"{ModelConfig(**cfg['model']).label} bias={cfg['data']['bias']} seed={cfg['seed']} "
-             f"iters={cfg['train']['iters']}: train {rec['seconds']['train']:.0f}s",
-             f"novel-class accuracy {m['novel_accuracy']:.3f} | training-distribution accuracy {m['train_accuracy']:.3f}"]
-    if "icl_accuracy" in m:
-        lines.append(f"in-context accuracy {m['icl_accuracy']:.3f} (novel classes, training answer positions): "
-                     f"{'learned' if m['learned'] else 'NOT learned'} in context (threshold {m['icl_threshold']})")
-    lines += [f"{k:16s} acc[a,b] {v['acc_ab']:.3f}  acc[b,a] {v['acc_ba']:.3f}  gap {v['gap']:+.3f}"
-              for k, v in m["swap"].items()]
-    lines.append("accuracy by answer item: " + " ".join(f"{a:.3f}" for a in m["accuracy_by_position"]))
-    lines.append("sink metric per token:   " + " ".join(f"{a:.2f}" for a in m["sinks"]["per_token"]))
-    return "\n".join(lines)
 
 
 def with_overrides(cfg: RunConfig, **kw) -> RunConfig:

@@ -7,7 +7,6 @@ from .kv_lookup import KVLookup
 from .kv_uuid import KVUUID
 from .order import ORDER_SCHEMAS, OrderItem, OrderTask
 from .placement import MODES, Placement, as_json, label, mode_of, mode_summary, positions_spec, resolve_pairs, resolve_positions
-from .order import ORDER_SCHEMAS, OrderItem, OrderTask
 from .placement import key as placement_key
 from .registry import TASKS, TaskEntry, get_task, register_task, split_task
 from .twohop import PROMPTS, KV2Hop, TwoHop, TwoHopQA, move2, musique_task

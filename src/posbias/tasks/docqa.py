@@ -169,7 +169,10 @@ def _check_distinct(where: str, docs: tuple, golds: tuple[int, ...]) -> None:
 
 def _gold(where: str, gold, n_docs: int) -> int | tuple[int, int]:
     """An index in range, or two distinct indices [first hop, second hop]."""
-    is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
+
+    def is_int(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
     if isinstance(gold, list):
         if len(gold) != 2 or not all(map(is_int, gold)) or gold[0] == gold[1]:
             raise _bad(where, f"a two-hop 'gold' must be two different document indices [first, second], got {gold!r}")

@@ -42,6 +42,11 @@ BATCH = 4  # random-text sequences per forward
 
 @dataclass
 class HiddenSearchResult:
+    """A hidden-channel search: `record` is hidden.json; `rows` has one flat dict per setting scored on the calibration
+    split (the unmodified model first, with channel and scale None; then each candidate channel x scale): channel,
+    scale, mean_accuracy, loss, and accuracy_SLOT per calibration slot; `format()` is what `posbias hidden search`
+    prints."""
+
     channel: int
     scale: float
     layers: list[int]  # use them with the method hidden:OUT
@@ -49,6 +54,34 @@ class HiddenSearchResult:
     baseline: dict  # the unmodified model on the same split
     candidates: list[dict]
     record: dict = field(repr=False)  # the content of hidden.json
+
+    @property
+    def rows(self) -> list[dict]:
+        return [{"channel": e["channel"], "scale": e["scale"], "mean_accuracy": e["mean_accuracy"], "loss": e["loss"],
+                 **{f"accuracy_{k}": v for k, v in e["accuracy"].items()}}
+                for e in [self.baseline, *self.record["evaluations"]]]
+
+    def format(self) -> str:
+        """The candidate channels, the chosen channel, scale and layers, its calibration accuracy and loss against
+        the unmodified model's, and a note when no candidate beat it."""
+        rec, s, b = self.record, self.score, self.baseline
+        lines = ["candidates (smoothest first): " + ", ".join(f"{c['channel']}{'+' if c['direction'] > 0 else '-'}"
+                                                                for c in self.candidates),
+                 f"channel {self.channel}, scale {self.scale:g}, layers {self.layers[0]}-{self.layers[-1]} "
+                 f"(chosen by {rec['select']})",
+                 f"calibration slots {', '.join(s['accuracy'])}: {_accuracies(s)} (loss {_loss(s)})   "
+                 f"unmodified: {_accuracies(b)} (loss {_loss(b)})"]
+        if not rec["beats_unmodified"]:
+            lines.append("note: no candidate beat the unmodified model on the calibration split")
+        return "\n".join(lines)
+
+
+def _accuracies(ev: dict) -> str:
+    return " / ".join(f"{v:.3f}" for v in ev["accuracy"].values())
+
+
+def _loss(ev: dict) -> str:
+    return f"{ev['loss']:.3f}" if ev["loss"] is not None else "-"
 
 
 def calibration_positions(cfg: HiddenSearchConfig, task: Task) -> list[int]:

@@ -36,12 +36,37 @@ STATE = "search.state.json"
 
 @dataclass
 class LPESResult:
+    """An LPES search: `record` is factors.json; `rows` has one flat dict per generation (random search: per batch):
+    generation, best and mean fitness, evaluations and cache hits so far, seconds; `format()` is what
+    `posbias lpes search` prints."""
+
     factors: list[float]  # one per layer: use them with the method lpes:OUT/factors.json
     fitness: float
     accuracy: dict  # begin / middle / end on the search split
     baseline: dict  # the unmodified model on the same split: factors, accuracy, fitness
     evaluations: int
     record: dict = field(repr=False)  # the content of factors.json
+
+    @property
+    def rows(self) -> list[dict]:
+        return [{k: v for k, v in h.items() if not isinstance(v, (list, dict))} for h in self.record["history"]]
+
+    def format(self) -> str:
+        """Best fitness against the unmodified model's, accuracy per region on the search split, the per-layer factors,
+        and a note when nothing beat the unmodified model."""
+        rec, base = self.record, self.baseline
+        lines = [f"best fitness {self.fitness:.3f} (unmodified {base['fitness']:.3f}) after {self.evaluations} evaluations;"
+                 f" reached at generation {rec['converged_at']} of {len(rec['history']) - 1}",
+                 f"search split accuracy  begin/middle/end: {_slash(self.accuracy)}   unmodified: {_slash(base['accuracy'])}",
+                 "per-layer factors: " + " ".join(f"{f:.3f}" for f in self.factors)]
+        if not rec["beats_unmodified"]:
+            lines.append(f"note: no individual beat the unmodified model on the search split ({self.fitness:.3f} <= "
+                         f"{base['fitness']:.3f}); these factors are expected to cost accuracy (see docs/lpes.md)")
+        return "\n".join(lines)
+
+
+def _slash(values: dict) -> str:
+    return " / ".join(f"{v:.3f}" for v in values.values())
 
 
 def make_space(cfg: SearchConfig, n_layers: int):

@@ -46,9 +46,23 @@ LOG = "train_log.jsonl"
 
 @dataclass
 class MoICEResult:
+    """MoICE router training: `record` is moice.json; `rows` (the same as `losses`) has one flat dict per optimizer
+    step: step, loss, ce, aux, seconds; `format()` is what `posbias moice train` prints."""
+
     routers: Routers  # the trained routers (apply them with the method moice:OUT)
     losses: list[dict]  # one row per step: step, loss, ce, aux, seconds
     record: dict = field(repr=False)  # the content of moice.json
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.losses
+
+    def format(self) -> str:
+        """Steps, minutes, the loss and its cross-entropy part from first to last step, the bases and top-k."""
+        rec, first, last = self.record, self.losses[0], self.losses[-1]
+        return (f"{rec['steps']} steps of {rec['config']['batch']} examples, {rec['seconds'] / 60:.1f} min; "
+                f"loss {rec['first_loss']:.4f} -> {rec['last_loss']:.4f} (ce {first['ce']:.4f} -> {last['ce']:.4f})\n"
+                f"bases {', '.join(f'{b:g}' for b in rec['bases'])}; top-k {rec['top_k']}")
 
 
 def gold_slots(n: int, n_slots: int, seed: int) -> list[int]:

@@ -1,7 +1,7 @@
 """Pos2Distill-R1 (Wang et al. 2025, Sec. 4.2) and its SFT / SeqKD baselines, by training.
 
     import posbias
-    res = posbias.run_distill(posbias.DistillConfig.from_preset("paper", task="kv-lookup"), "runs/p2d")
+    res = posbias.distill.run_distill(posbias.distill.DistillConfig.from_preset("paper", task="kv-lookup"), "runs/p2d")
     # then: posbias.run_sweep(posbias.SweepConfig(model=res.model_dir), ...) or posbias sweep --model runs/p2d/model
 
 Pipeline (files in OUT):

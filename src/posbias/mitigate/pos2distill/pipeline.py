@@ -34,14 +34,37 @@ _DATA_KEYS = ("model", "task", "task_options", "data_dir", "n", "k", "anchor", "
 
 @dataclass
 class DistillResult:
+    """A distillation: `record` is distill.json; `rows` has one flat dict per logged training step (train_log.json:
+    step, epoch, loss, its parts, learning rate, gradient norm); `format()` is what `posbias distill r1 | r2` prints."""
+
     model_dir: str  # a plain Hugging Face model directory: load it with load_model / --model
     data: dict  # questions, anchor accuracy, the training split
     train: dict  # steps, epochs, losses, seconds
     record: dict = field(repr=False)  # the content of distill.json
+    rows: list[dict] = field(default_factory=list, repr=False)  # one per logged training step
 
     @classmethod
-    def of(cls, record: dict) -> "DistillResult":
-        return cls(record["model_dir"], record["data"], record["train"], record)
+    def of(cls, record: dict, log: list[dict] | None = None) -> "DistillResult":
+        rows = [h for h in log or [] if "loss" in h]
+        return cls(record["model_dir"], record["data"], record["train"], record, rows)
+
+    def format(self) -> str:
+        """The training data (questions, anchor accuracy), the steps, self-training rows kept, and the loss."""
+        d, t = self.data, self.train
+        lines = [f"{d['questions']} questions (anchor {self.record['config']['anchor']} accuracy {d['anchor_accuracy']:.3f} "
+                 f"on {d['looked_at']} looked at), {t['steps']} steps of {t['sequences_per_step']} sequences"]
+        if "selftrain" in d:
+            lines.append(f"self-training rows: {d['selftrain']['kept']} of {d['selftrain']['rows']} answered correctly "
+                         "at their own placement")
+        if t["first_loss"] is not None:
+            lines.append(f"loss {t['first_loss']:.4f} -> {t['last_loss']:.4f}")
+        return "\n".join(lines)
+
+
+def _training_log(folder: RunFolder) -> list[dict]:
+    """train_log.json of a finished run (the Trainer's log history), or nothing."""
+    path = folder.file("train_log.json")
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
 
 
 def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distill", *, loaded: Loaded | None = None,
@@ -68,7 +91,7 @@ def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distil
         chat = read_json(folder.file(MARKER), "run marker").get("fingerprint", {}).get("config", {}).get("chat_used")
         name = loaded.info.get("name") if loaded is not None else cfg.model
         with folder.open(_fingerprint(cfg, task, anchor, chat, name), resume, overwrite):
-            return DistillResult.of(folder.read_result())
+            return DistillResult.of(folder.read_result(), _training_log(folder))
     caller_owned = loaded is not None
     loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     fingerprint = _fingerprint(cfg, task, anchor, use_chat(loaded, cfg.chat), loaded.info.get("name"))
@@ -85,7 +108,7 @@ def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distil
             _save_model(trainer, cfg.lora, loaded.tokenizer, folder.path, record)
             write_json_atomic(folder.file("train_log.json"), trainer.state.log_history, indent=1)
         folder.finish(record)  # last: its presence means "complete"
-    return DistillResult.of(record)
+    return DistillResult.of(record, trainer.state.log_history)
 
 
 def _fingerprint(cfg: DistillConfig, task, anchor: int, chat: bool, model_name: str) -> dict:

@@ -1,0 +1,31 @@
+"""The measuring core below `run_sweep`: the names a script or the command line needs beside the top level.
+
+- `Scorer` scores prompts on a model (what a sweep runs per batch), `ENGINES` the scoring protocols it can use;
+- `parse_spec` / `ModelSpec` / `split_models`: model specs (`openai:model=NAME,base_url=URL,tokenizer=DIR`) and comma
+  lists of them; `split_specs`: a comma list of method specs; `Backend`: what runs a model (docs/backends.md);
+- `resolve_positions(spec, n_slots)`: a positions spec ("all", "0,5,9", "0%,50%,100%") as a sorted slot list;
+- `JSONL_SCHEMA` / `ORDER_SCHEMAS`: the formats of your own data (`task="jsonl:PATH"`, `judge:PATH`, `mc:PATH`);
+- `COLLAPSE_MARGIN`: `run_compare`'s default collapse guard;
+- `export_model`: a model posbias loads, written as a plain Hugging Face directory an engine serves;
+- `field_docs(Config)`: each field's meaning, as the config's docstring states it (the CLI's option help);
+- `set_threads` (honours POSBIAS_THREADS) and `is_main_process` (rank 0 under `accelerate launch`).
+"""
+
+from .backends import Backend as Backend
+from .backends import ModelSpec as ModelSpec
+from .backends import parse_spec as parse_spec
+from .backends import split_models as split_models
+from .eval.compare import COLLAPSE_MARGIN as COLLAPSE_MARGIN
+from .eval.config import field_docs as field_docs
+from .eval.engines import ENGINES as ENGINES
+from .eval.scorer import Scorer as Scorer
+from .methods import split_specs as split_specs
+from .models.load import export_model as export_model
+from .models.load import set_threads as set_threads
+from .runs import is_main_process as is_main_process
+from .tasks import JSONL_SCHEMA as JSONL_SCHEMA
+from .tasks import ORDER_SCHEMAS as ORDER_SCHEMAS
+from .tasks import resolve_positions as resolve_positions
+
+__all__ = ["Backend", "COLLAPSE_MARGIN", "ENGINES", "JSONL_SCHEMA", "ModelSpec", "ORDER_SCHEMAS", "Scorer", "export_model", "field_docs",
+           "is_main_process", "parse_spec", "resolve_positions", "set_threads", "split_models", "split_specs"]
