@@ -6,17 +6,16 @@ import json
 
 import pytest
 import torch
-from conftest import position_sensitive, random_seqs, tiny_loaded
 
 import posbias
+from conftest import position_sensitive, random_seqs, tiny_loaded
 from posbias import PosbiasError
-from posbias.explain import AttentionConfig, run_attention
 from posbias.eval.encode import encode, left_pad
 from posbias.eval.spans import item_spans
+from posbias.explain import AttentionConfig, run_attention
 from posbias.methods import get_method
 from posbias.models.attention import span_attention
 from posbias.tasks import Prompt, get_task
-
 
 # ----------------------------------------------------------------------------- spans
 

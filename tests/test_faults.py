@@ -17,8 +17,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from posbias import PosbiasError, SweepConfig, load_model, run_compare, run_sweep
 from conftest import dies_after
+from posbias import PosbiasError, SweepConfig, load_model, run_compare, run_sweep
 from posbias.distill import DistillConfig, run_distill
 from posbias.eval import engines
 from posbias.lpes import GAConfig, SearchConfig, run_search

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from conftest import dies_after
 from posbias import GridConfig, PosbiasError, SweepConfig, run_grid, run_sweep
 from posbias.cli import main
-from conftest import dies_after
 from posbias.eval import engines
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -20,11 +20,12 @@ import json
 import pytest
 import torch
 
-from conftest import char_tokenizer, position_sensitive, prime_calibration as _prime, random_seqs, tiny_model
+from conftest import char_tokenizer, position_sensitive, random_seqs, tiny_model
+from conftest import prime_calibration as _prime
 from posbias import METHODS, Active, Loaded, PosbiasError, get_method
+from posbias.eval.encode import left_pad
 from posbias.measure import split_specs
 from posbias.methods import DecisionRule
-from posbias.eval.encode import left_pad
 from posbias.models.compat import cache_key, output_cache
 from posbias.models.moice import PAPER_BASES, Routers
 

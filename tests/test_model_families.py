@@ -21,12 +21,12 @@ import json
 import pytest
 import torch
 
-from conftest import prime_calibration, char_tokenizer, random_seqs
+from conftest import char_tokenizer, prime_calibration, random_seqs
 from posbias import METHODS, Loaded, PosbiasError, get_method, get_task
-from posbias.measure import Scorer
 from posbias.eval.encode import Encoded, left_pad
 from posbias.eval.generate import generate_greedy
 from posbias.eval.teacher_forced import score_teacher_forced
+from posbias.measure import Scorer
 from posbias.models.compat import cache_key, output_cache
 from posbias.models.moice import Routers
 

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from conftest import char_tokenizer, tiny_model
 import posbias
+from conftest import char_tokenizer, tiny_model
 from posbias import PosbiasError, SweepConfig, run_compare, run_sweep, wrap_model
 
 CFG = dict(task="kv-lookup", task_options={"facts": 4, "digits": 3}, n=3, max_batch=4)

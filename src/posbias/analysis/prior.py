@@ -20,9 +20,10 @@ import torch
 from ..errors import PosbiasError
 from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict, plain
 from ..eval.relevance import item_attention
-from ..eval.scorer import Scorer
+from ..eval.scorer import BATCH_TOKENS, MAX_BATCH, Scorer
 from ..models.load import Loaded, load_model
-from ..runs import JsonlLog, RunFolder, progress as bar, versions
+from ..runs import JsonlLog, RunFolder, versions
+from ..runs import progress as bar
 from ..tasks import Task, get_task
 from ..tasks.arrange import with_dummy
 
@@ -48,8 +49,8 @@ class PriorConfig(TaskChoice, ModelChoice):
     n: int = 20
     seed: int = 0
     skip: int = 1000
-    batch_tokens: int = 16384
-    max_batch: int = 32
+    batch_tokens: int = BATCH_TOKENS
+    max_batch: int = MAX_BATCH
 
     def validate(self) -> "PriorConfig":
         self._validate_task()

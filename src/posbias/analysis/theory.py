@@ -42,7 +42,7 @@ from ..core.rollout import (
     sliding_window_mask,
 )
 from ..errors import PosbiasError
-from ..models.load import Loaded, load_model
+from ..models.load import DEFAULT_MODEL, Loaded, load_model
 from ..runs import RunFolder
 from .checks import check_all, check_kwargs, format_summary, summarize_checks
 from .theorems import rollouts
@@ -241,7 +241,7 @@ class RealRollout:
     device: cpu | cuda | auto (cuda if visible).
     """
 
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     facts: int = 10
     n: int = 8
     dtype: str = "bf16"

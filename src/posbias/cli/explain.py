@@ -8,10 +8,35 @@ from typing import Optional
 import typer
 
 from .. import PosbiasError, synth
-from ..explain import (AttentionConfig, PriorConfig, RealRollout, ShiftingConfig, TheoryConfig, run_attention, run_prior,
-                       run_shifting, run_theory)
-from .options import (MODEL, RUN, SPLIT, TASK, Args, cli_option, field_option, floats, ints, method_values, model_fields,
-                      placements, run_kwargs, task_fields, uses, words)
+from ..explain import (
+    AttentionConfig,
+    PriorConfig,
+    RealRollout,
+    ShiftingConfig,
+    TheoryConfig,
+    run_attention,
+    run_prior,
+    run_shifting,
+    run_theory,
+)
+from .options import (
+    MODEL,
+    RUN,
+    SPLIT,
+    TASK,
+    Args,
+    cli_option,
+    field_option,
+    floats,
+    ints,
+    method_values,
+    model_fields,
+    placements,
+    run_kwargs,
+    task_fields,
+    uses,
+    words,
+)
 
 analyze_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
 synth_app = typer.Typer(no_args_is_help=True, help="Controlled synthetic experiments (Wu et al. 2025, Sec. 5).")

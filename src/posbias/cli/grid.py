@@ -7,8 +7,20 @@ from pathlib import Path
 import typer
 
 from .. import GridConfig, run_grid
-from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, field_option, method_values, model_fields, run_kwargs,
-                      task_fields, uses)
+from .options import (
+    MODEL,
+    RUN,
+    SCORING,
+    SPLIT,
+    TASK,
+    Args,
+    field_option,
+    method_values,
+    model_fields,
+    run_kwargs,
+    task_fields,
+    uses,
+)
 
 
 @uses(GridConfig, MODEL, TASK, SPLIT, SCORING, RUN.defaults(out=Path("runs/grid")))

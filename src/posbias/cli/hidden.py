@@ -8,8 +8,21 @@ from typing import Optional
 import typer
 
 from ..hidden import SearchConfig, run_search
-from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, field_option, floats, ints, model_fields, run_kwargs,
-                      task_fields, uses)
+from .options import (
+    MODEL,
+    RUN,
+    SCORING,
+    SPLIT,
+    TASK,
+    Args,
+    field_option,
+    floats,
+    ints,
+    model_fields,
+    run_kwargs,
+    task_fields,
+    uses,
+)
 
 hidden_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
 

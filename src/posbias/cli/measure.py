@@ -9,8 +9,21 @@ import typer
 
 from .. import BACKENDS, MODELS, TASKS, SweepConfig, run_compare, run_sweep
 from ..measure import COLLAPSE_MARGIN, JSONL_SCHEMA, ORDER_SCHEMAS, export_model, split_models, split_specs
-from .options import (MODEL, RUN, SCORING, SPLIT, TASK, Args, field_option, method_values, model_fields, placements,
-                      run_kwargs, task_fields, uses)
+from .options import (
+    MODEL,
+    RUN,
+    SCORING,
+    SPLIT,
+    TASK,
+    Args,
+    field_option,
+    method_values,
+    model_fields,
+    placements,
+    run_kwargs,
+    task_fields,
+    uses,
+)
 
 POSITIONS = field_option(SweepConfig, "positions")
 

@@ -10,8 +10,26 @@ import typer
 
 from ..distill import DistillConfig, run_distill
 from ..lpes import SearchConfig, run_gain, run_search
-from .options import (FIELD, MODEL, RUN, SCORING, SPLIT, TASK, Args, Group, Opt, cli_option, default, field_option, floats,
-                      ints, model_fields, run_kwargs, task_fields, uses)
+from .options import (
+    FIELD,
+    MODEL,
+    RUN,
+    SCORING,
+    SPLIT,
+    TASK,
+    Args,
+    Group,
+    Opt,
+    cli_option,
+    default,
+    field_option,
+    floats,
+    ints,
+    model_fields,
+    run_kwargs,
+    task_fields,
+    uses,
+)
 
 lpes_app = typer.Typer(no_args_is_help=True, help="LPES: search per-layer RoPE scaling factors (training-free).")
 distill_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring

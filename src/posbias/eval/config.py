@@ -12,10 +12,10 @@ from typing import Any
 from ..backends import parse_spec
 from ..errors import PosbiasError
 from ..methods import Method
-from ..models.load import DEVICES, DTYPES, check_device_map
+from ..models.load import DEFAULT_MODEL, DEVICES, DTYPES, check_device_map
 from ..tasks import Task, split_task
 from .engines import ENGINES
-from .scorer import CHAT_MODES
+from .scorer import BATCH_TOKENS, CHAT_MODES, MAX_BATCH
 
 
 @dataclass
@@ -33,7 +33,7 @@ class ModelChoice:
         device is then not used); None: all on device.
     """
 
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     dtype: str = "bf16"
     device: str = "cpu"
     chat: str = "auto"
@@ -105,8 +105,8 @@ class Scoring:
 
     engine: str | None = None
     max_new_tokens: int | None = None
-    batch_tokens: int = 16384
-    max_batch: int = 32
+    batch_tokens: int = BATCH_TOKENS
+    max_batch: int = MAX_BATCH
     prefix_sharing: bool = True
 
     def _validate_scoring(self) -> None:

