@@ -213,3 +213,32 @@ def test_bad_input_is_one_line_and_exit_2(tiny_dir, tmp_path, monkeypatch, capsy
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert e.value.code == 2 and len(err) == 1 and message in err[0], err
     assert not out.exists() or not any(p.is_file() for p in out.rglob("*")), list(out.rglob("*"))
+
+
+def test_the_prior_records_how_often_attention_and_relevance_find_the_gold():
+    from posbias.analysis.prior import _signal
+
+    n = 4
+    curve = torch.tensor([4.0, 1.0, 1.0, 2.0])  # a positional curve every item gets, whatever it holds
+    items = curve.expand(2, n, n).clone()  # [example, gold slot, item slot]
+    items[:, torch.arange(n), torch.arange(n)] += 0.5  # the gold gets a little more than its slot's share
+    out = _signal(items, prior=curve)
+    assert out["recall_attention"] == [1.0, 0.0, 0.0, 0.0]  # the raw argmax is slot 0 wherever the gold is
+    assert out["recall_relevance"] == [1.0] * n  # subtracting the right prior recovers the gold everywhere
+    assert out["items"][0] > out["items"][1] and out["gold_attention"][1] > out["items"][1]
+    wrong = _signal(items, prior=torch.tensor([0.0, 3.0, 3.0, 2.0]))  # a prior of the wrong shape (recency-like)
+    assert wrong["recall_relevance"] == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_the_prior_run_records_the_real_items_attention_and_reads_rows_without_it(tmp_path, tiny_dir):
+    from posbias.analysis.prior import summarize
+    from posbias.explain import PriorConfig, run_prior
+
+    res = run_prior(PriorConfig(model=tiny_dir, task_options={"facts": 4}, n=2, dtype="fp32"), tmp_path / "p",
+                    progress=False)
+    rec = res.record
+    assert len(rec["items"]) == len(rec["gold_attention"]) == len(rec["recall_relevance"]) == 4
+    assert abs(sum(rec["items"]) / 4 - 1.0) < 1e-5  # relative to each prompt's mean
+    assert "top=gold" in res.format()
+    old = [{k: v for k, v in r.items() if k != "items"} for r in map(json.loads, (tmp_path / "p" / "rows.jsonl").open())]
+    assert "items" not in summarize(old) and summarize(old)["prior"] == rec["prior"]  # an older posbias's rows

@@ -1,10 +1,14 @@
 """The positional attention prior (Found-in-the-Middle, Hsieh et al. 2024, Sec. 3.2): a content-free item put in each
 slot in turn, and the attention it receives from the last prompt token (per token, eval/relevance.py), per slot and
 layer. Whatever that attention varies with is position alone: the model's positional prior, the curve the paper
-subtracts to calibrate. Beside it, the unmodified model's accuracy with the gold at each slot on the same examples.
+subtracts to calibrate. Beside it, on the same examples with the gold at each slot in turn: the unmodified model's
+accuracy, the attention real items receive at each slot (is the content-free item's curve the positional part of
+it?), the gold item's own attention, and how often the most attended item is the gold, before and after the prior
+is subtracted (recall@1 of the relevance signal calibration and attention sorting rely on).
 
 The examples are `n` from offset `skip` (disjoint from an evaluation that starts at 0); example i has its gold at slot
-i mod n_slots and the dummy, in turn, at every slot (n x n_slots capture forwards). Resumable: one line per example in
+i mod n_slots and the dummy, in turn, at every slot, and the gold in turn at every slot (2 x n x n_slots capture
+forwards). Resumable: one line per example in
 rows.jsonl. Files: prior.json (the record `calib:DIR` reads: model, task, chat, the prior per slot and per layer, the
 examples it used), rows.jsonl, prior.png.
 """
@@ -84,7 +88,8 @@ def tidy(rows: list[dict]) -> list[dict]:
 
 
 def _one(scorer: Scorer, task: Task, ex, gold: int) -> dict:
-    """One example: the dummy's attention at every slot per layer, and the accuracy with the gold at every slot."""
+    """One example: the dummy's attention at every slot per layer; with the gold at every slot in turn, the accuracy
+    and every item's attention (items[g][k]: item k's, all layers, the gold at g)."""
     n = task.n_slots
     base = task.prompt(ex, gold)
     if not base.items:
@@ -92,8 +97,11 @@ def _one(scorer: Scorer, task: Task, ex, gold: int) -> dict:
     dummies = [with_dummy(base, k, task.slot_label, task.dummy) for k in range(n)]
     by_layer = item_attention(scorer.loaded, dummies, scorer.chat, scorer.batch_tokens, scorer.max_batch, by_layer=True)
     dummy = by_layer.diagonal(dim1=0, dim2=2)  # [L, n]: the dummy's own attention at its slot, per layer
-    acc = scorer.accuracy(scorer.rows([ex], list(range(n))))
-    return {"example_id": base.example_id, "gold": gold, "dummy": dummy.tolist(), "correct": [acc[s] for s in range(n)]}
+    rows = scorer.rows([ex], list(range(n)))
+    acc = scorer.accuracy(rows)
+    items = item_attention(scorer.loaded, [r.prompt for r in rows], scorer.chat, scorer.batch_tokens, scorer.max_batch)
+    return {"example_id": base.example_id, "gold": gold, "dummy": dummy.tolist(), "correct": [acc[s] for s in range(n)],
+            "items": items}
 
 
 def run_prior(cfg: PriorConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | None = None,
@@ -141,18 +149,41 @@ def summarize(rows: list[dict]) -> dict:
     n_layers = dummy.shape[0]
     thirds = [range(i * n_layers // 3, (i + 1) * n_layers // 3) for i in range(3)]
     accuracy = torch.tensor([r["correct"] for r in rows], dtype=torch.float).mean(0)
-    return {"prior": dummy.mean(0).tolist(), "by_layer": dummy.tolist(),
-            "bands": {b: dummy[list(t)].mean(0).tolist() for b, t in zip(BANDS, thirds)},
-            "accuracy": accuracy.tolist(), "examples": len(rows)}
+    out = {"prior": dummy.mean(0).tolist(), "by_layer": dummy.tolist(),
+           "bands": {b: dummy[list(t)].mean(0).tolist() for b, t in zip(BANDS, thirds)},
+           "accuracy": accuracy.tolist(), "examples": len(rows)}
+    with_items = [r["items"] for r in rows if "items" in r]  # rows of an older posbias lack them
+    return {**out, **(_signal(torch.tensor(with_items), dummy.mean(0)) if with_items else {})}
+
+
+def _signal(items: torch.Tensor, prior: torch.Tensor) -> dict:
+    """items [E, gold slot, item slot]: real items' attention per slot relative to the prompt's mean (averaged over
+    examples and gold slots), the gold's own attention at each slot (relative), and per gold slot how often the most
+    attended item is the gold, on attention alone and on attention - prior (Eq. 3's relevance)."""
+    n = items.shape[-1]
+    rel = items / items.mean(-1, keepdim=True)
+    gold = torch.arange(n)
+    return {"items": rel.mean((0, 1)).tolist(), "gold_attention": rel[:, gold, gold].mean(0).tolist(),
+            "recall_attention": (items.argmax(-1) == gold).float().mean(0).tolist(),
+            "recall_relevance": ((items - prior).argmax(-1) == gold).float().mean(0).tolist()}
 
 
 def format_prior(res: PriorResult) -> str:
     """One line per slot: the prior (all layers, relative to its mean) per band, and the accuracy."""
     r = res.record
     mean = sum(r["prior"]) / len(r["prior"])
+    signal = "items" in r
     head = f"{'slot':>4} {'prior':>10} {'/ mean':>7} " + " ".join(f"{b:>13}" for b in BANDS) + f" {'accuracy':>9}"
+    head += f" {'items/mean':>10} {'gold/mean':>9} {'top=gold':>8} {'rel top=gold':>12}" if signal else ""
     lines = [head]
     for k, p in enumerate(r["prior"]):
         bands = " ".join(f"{r['bands'][b][k]:>13.2e}" for b in BANDS)
-        lines.append(f"{k:>4} {p:>10.2e} {p / mean:>7.2f} {bands} {r['accuracy'][k]:>9.3f}")
+        line = f"{k:>4} {p:>10.2e} {p / mean:>7.2f} {bands} {r['accuracy'][k]:>9.3f}"
+        if signal:
+            line += (f" {r['items'][k]:>10.2f} {r['gold_attention'][k]:>9.2f} {r['recall_attention'][k]:>8.2f}"
+                     f" {r['recall_relevance'][k]:>12.2f}")
+        lines.append(line)
+    if signal:
+        lines.append("items/mean: real items' attention at the slot; gold/mean: the gold's, at the slot; top=gold: the most "
+                     "attended item is the gold (rel: after subtracting the prior), with the gold at the slot")
     return "\n".join(lines)

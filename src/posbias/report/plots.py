@@ -190,6 +190,9 @@ def plot_prior(record: dict, title: str, path: str | Path) -> None:
         mean = sum(values) / len(values) or 1.0
         ax.plot(slots, [v / mean for v in values], marker="o", linewidth=2 if band == "all layers" else 1,
                 label=f"prior, {band}")
+    if "items" in record:  # the attention real items get at each slot, and the gold's own (relative to the prompt's mean)
+        ax.plot(slots, record["items"], color="gray", linewidth=3, alpha=0.6, label="real items (any gold slot)")
+        ax.plot(slots, record["gold_attention"], color="gray", linestyle=":", marker="x", label="the gold item")
     ax.set_xlabel("slot of the content-free item (0 = first)")
     ax.set_ylabel("attention per token / its mean")
     acc = ax.twinx()
