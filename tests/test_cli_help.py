@@ -19,11 +19,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-import typer.main
 
 import posbias
-from posbias.cli import _FLAGS, app
+from posbias.cli import _FLAGS
 from posbias.eval.config import doc_entries
+from test_cli_defaults import commands
 
 CLI = Path(__file__).resolve().parents[1] / "src" / "posbias" / "cli"
 SYNTH = posbias.synth.RunConfig()
@@ -35,7 +35,8 @@ CONFIGS = {
     "sweep": [posbias.SweepConfig], "compare": [posbias.SweepConfig], "grid": [posbias.GridConfig],
     "export": [posbias.SweepConfig],
     "lpes search": [posbias.lpes.SearchConfig, posbias.lpes.GAConfig], "hidden search": [posbias.hidden.SearchConfig],
-    "distill r1": [posbias.distill.DistillConfig], "distill r2": [posbias.distill.DistillConfig], "moice train": [posbias.moice.TrainConfig],
+    "distill r1": [posbias.distill.DistillConfig], "distill r2": [posbias.distill.DistillConfig],
+    "moice train": [posbias.moice.TrainConfig],
     "analyze attention": [posbias.explain.AttentionConfig], "analyze shifting": [posbias.explain.ShiftingConfig],
     "analyze prior": [posbias.explain.PriorConfig], "theory": [posbias.explain.TheoryConfig, posbias.explain.RealRollout],
     "synth train": [posbias.synth.RunConfig, *SYNTH_PARTS],
@@ -52,22 +53,14 @@ NOT_THE_FIELD = {
 FROM_REGISTRY = ("task", "method", "engine")  # the field's doc, then the registry's values
 
 
-def commands(group=None, path=()):
-    group = group or typer.main.get_command(app)
-    for name, cmd in group.commands.items():
-        if hasattr(cmd, "commands"):
-            yield from commands(cmd, path + (name,))
-        else:
-            yield " ".join(path + (name,)), cmd
-
-
 def field_doc(configs: list[type], option: str) -> str | None:
     name = RENAMED.get(option, option)
     return next((posbias.measure.field_docs(c)[name] for c in configs if name in posbias.measure.field_docs(c)), None)
 
 
 def public_configs() -> list[type]:
-    """Every config the public API and its sub-namespaces name (a dataclass with `validate`), its dataclass bases and nested configs."""
+    """Every config the public API and its sub-namespaces name (a dataclass with `validate`), its dataclass bases and
+    nested configs."""
     spaces = [posbias, *(getattr(posbias, n) for n in posbias.__all__ if isinstance(getattr(posbias, n), ModuleType))]
     todo = [o for ns in spaces for o in (getattr(ns, n) for n in ns.__all__)
             if isinstance(o, type) and dataclasses.is_dataclass(o) and hasattr(o, "validate")]
