@@ -3,6 +3,7 @@
 - layers import one way: a module imports its own package and packages of lower layers, never a
   higher layer nor a sibling package of its own layer (function-level imports count too);
 - the CLI imports only the public API (`posbias/__init__.py` and its sub-namespaces) and itself;
+- no import cycles between modules (a module never imports itself round a loop);
 - transformers internals only in models/ (elsewhere only `from transformers import Name`);
 - nothing from torch or transformers in the modules that need neither;
 - no module over 400 lines, no function over 60.
@@ -106,6 +107,23 @@ def dependency_violations(sources: dict[str, str]) -> list[str]:
     return bad
 
 
+def cycle_violations(sources: dict[str, str]) -> list[str]:
+    """Modules that import each other, directly or round a longer loop (function-level imports count too)."""
+    graph = {n: {t for t, _, _ in imports(n, src, sources) if t in sources and t != n} for n, src in sources.items()}
+    bad = []
+    for start in sorted(graph):
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m == start:
+                bad.append(f"{start} imports itself round a loop of modules")
+                break
+            if m not in seen:
+                seen.add(m)
+                todo += graph[m]
+    return bad
+
+
 def size_violations(sources: dict[str, str]) -> list[str]:
     bad = []
     for name, src in sources.items():
@@ -124,7 +142,8 @@ def test_every_unit_has_a_layer():
     assert {unit(n) for n in load_sources()} <= set(LAYER), "add the new package to LAYERS and docs/architecture.md"
 
 
-@pytest.mark.parametrize("rule", [layer_violations, dependency_violations, size_violations], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("rule", [layer_violations, dependency_violations, cycle_violations, size_violations],
+                         ids=lambda f: f.__name__)
 def test_the_tree_follows_the_rule(rule):
     assert rule(load_sources()) == []
 
@@ -141,6 +160,7 @@ def test_the_tree_follows_the_rule(rule):
     ("posbias.eval.bad", "import transformers\n", dependency_violations, "transformers internals"),
     ("posbias.core.metrics", "import torch\n", dependency_violations, "must not need"),
     ("posbias.tasks.bad", "from torch import nn\n", dependency_violations, "must not need"),
+    ("posbias.eval.scorer", "from .sweep import run_sweep\n", cycle_violations, "round a loop"),  # sweep imports it
     ("posbias.core.bad", "x = 1\n" * 401, size_violations, "401 lines"),
     ("posbias.core.bad", "def f():\n" + "    x = 1\n" * 60, size_violations, "f: 61 lines"),
 ])

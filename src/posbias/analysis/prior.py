@@ -23,8 +23,9 @@ import torch
 
 from ..errors import PosbiasError
 from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict, plain
+from ..eval.encode import BATCH_TOKENS, MAX_BATCH
 from ..eval.relevance import item_attention
-from ..eval.scorer import BATCH_TOKENS, MAX_BATCH, Scorer
+from ..eval.scorer import Scorer
 from ..models.load import Loaded, load_model
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as bar

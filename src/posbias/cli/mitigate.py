@@ -21,7 +21,7 @@ from .options import (
     Group,
     Opt,
     cli_option,
-    default,
+    field_default,
     field_option,
     floats,
     ints,
@@ -56,7 +56,7 @@ def search(
                                            "docs/lpes.md) | paper (Sec. 4.1, Table 12: 200 examples, 20 generations, "
                                            "factors 1.0-2.0 step 0.1)"),
     positions: Optional[str] = field_option(SearchConfig, "positions"),
-    weights: str = field_option(SearchConfig, "weights", default=",".join(map(str, default("weights", SearchConfig)))),
+    weights: str = field_option(SearchConfig, "weights", default=",".join(map(str, field_default(SearchConfig, "weights")))),
     space: str = field_option(SearchConfig, "space"),
     budget: Optional[int] = field_option(SearchConfig, "budget"),
     curve: str = _ga("curve"),

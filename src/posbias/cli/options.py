@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from .. import METHODS, TASKS, PosbiasError, SweepConfig
+from .. import METHODS, TASKS, PosbiasError
 from ..measure import ENGINES, field_docs
 
 Args = SimpleNamespace  # what a command receives for each group
@@ -147,11 +147,6 @@ def field_option(config: type, name: str, *flags: str, default: Any = FIELD,
     its help, the field's default its default unless `default` is given (None: the preset's or the task's)."""
     value = field_default(config, name) if default is FIELD else default
     return typer.Option(value, *flags, help=field_help(config, name, values), **kw)
-
-
-def default(name: str, config: type = SweepConfig) -> Any:
-    """A config field's default (`field_default` with the arguments the other way round)."""
-    return field_default(config, name)
 
 
 def method_values() -> str:

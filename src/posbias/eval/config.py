@@ -14,8 +14,9 @@ from ..errors import PosbiasError
 from ..methods import Method
 from ..models.load import DEFAULT_MODEL, DEVICES, DTYPES, check_device_map
 from ..tasks import Task, split_task
+from .encode import BATCH_TOKENS, MAX_BATCH
 from .engines import ENGINES
-from .scorer import BATCH_TOKENS, CHAT_MODES, MAX_BATCH
+from .scorer import CHAT_MODES
 
 
 @dataclass

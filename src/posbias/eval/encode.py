@@ -9,6 +9,8 @@ import torch
 from ..errors import PosbiasError
 from ..tasks.base import Prompt
 
+BATCH_TOKENS, MAX_BATCH = 16384, 32  # the default batch: padded tokens, and rows at most
+
 
 @dataclass
 class Encoded:

@@ -13,8 +13,7 @@ import torch
 from ..models.attention import span_attention
 from ..models.load import Loaded
 from ..tasks import Prompt
-from .encode import left_pad, plan_batches
-from .scorer import BATCH_TOKENS, MAX_BATCH
+from .encode import BATCH_TOKENS, MAX_BATCH, left_pad, plan_batches
 from .spans import item_spans
 
 

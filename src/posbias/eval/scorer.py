@@ -21,9 +21,11 @@ from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..tasks import Placement, Prompt, Task, as_json, placement_key
-from .encode import Encoded, encode, plan_batches
+from .encode import BATCH_TOKENS, MAX_BATCH, Encoded, encode, plan_batches
 from .engines import get_engine
 from .prefix import MIN_TOKENS, plan_shared
+from .relevance import item_attention
+from .spans import item_spans
 from .teacher_forced import token_details
 
 CHAT_MODES = ("auto", "on", "off")
@@ -43,8 +45,6 @@ def use_chat(loaded: Loaded | Backend, chat: str | bool) -> bool:
         raise PosbiasError("`chat=on`, but this model's tokenizer has no chat template", "use `chat=auto` or `chat=off`")
     return has if chat == "auto" else chat == "on"
 
-
-BATCH_TOKENS, MAX_BATCH = 16384, 32  # the default batch: padded tokens, and rows at most
 
 
 class Scorer:
@@ -178,14 +178,10 @@ class Scorer:
 
     def item_attention(self, prompts: list[Prompt]) -> list[list[float]]:
         """Each item's attention from the last prompt token (eval/relevance.py), on the model as it is."""
-        from .relevance import item_attention
-
         return item_attention(self.loaded, prompts, self.chat, self.batch_tokens, self.max_batch)
 
     def item_spans(self, prompt: Prompt):
         """Which prompt tokens belong to each item (eval/spans.py), as this scorer encodes the prompt."""
-        from .spans import item_spans
-
         return item_spans(self.backend.tokenizer, prompt, list(prompt.items), self.chat)
 
     def rearranged(self, rows: list[Encoded], method: Method) -> list[Encoded]:

@@ -8,15 +8,12 @@ parameters unless the class declares its own `from_params`.
 
 from __future__ import annotations
 
-import re
-
 from ..errors import PosbiasError
 from ..specs import bind, is_pairs, split_pairs
 from .base import Baseline, Method
 
 METHODS: dict[str, type[Method]] = {}
 ALIASES = {"baseline": "none", "": "none"}
-_PAIR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def register_method(cls: type[Method]) -> type[Method]:
@@ -70,7 +67,7 @@ def _continues(spec: str, part: str) -> bool:
     head = part.partition(":")[0]
     if not colon or head in METHODS or head in ALIASES:
         return False
-    return part[:1] in tuple("0123456789.+-") or (_PAIR.match(part) is not None and is_pairs(arg))
+    return part[:1] in tuple("0123456789.+-") or (is_pairs(part) and is_pairs(arg))
 
 
 register_method(Baseline)
