@@ -187,9 +187,10 @@ def _no_hub(monkeypatch):
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
-# The served-backend tests (test_served.py) need a real vLLM server, whose start takes minutes on these CPUs: it
-# is launched (export included) as soon as collection shows those tests will run, so it starts while earlier
-# modules run; the `vllm_server` fixture waits for it and stops it at the end of the session.
+# The served-backend tests (test_served.py) need a real vLLM server, whose start takes about a minute on these CPUs
+# (eager mode, see served.server_cmd): it is launched (export included) as soon as collection shows those tests will
+# run, so it starts while earlier modules run; the `vllm_server` fixture waits for it and stops it at the end of the
+# session.
 _SERVER: dict = {}
 
 
@@ -237,7 +238,7 @@ def pytest_collection_finish(session):
         from pathlib import Path
 
         root = Path(tempfile.mkdtemp(prefix="posbias-served-"))
-        proc, url = launch(root / "smollm2", root / "vllm.log", export=True)
+        proc, url = launch(root / "smollm2", root / "vllm.log", export=True, eager=True)
         _SERVER.update(proc=proc, url=url, root=root)
 
 

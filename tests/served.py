@@ -31,19 +31,25 @@ def vllm_missing() -> str | None:
     return None
 
 
-def server_cmd(model_dir: Path, port: int) -> list[str]:
+def server_cmd(model_dir: Path, port: int, eager: bool = False) -> list[str]:
+    """eager: vLLM's --enforce-eager, no compilation warm-up: the engine answers after about 35 s instead of 180 s
+    and 35 s of CPU instead of 155 s (measured 2026-11-24, idle), which the suite's other tests would otherwise wait
+    out on the same two cores. The tests check posbias's requests and replies, not vLLM's kernels; the speed
+    benchmark (benchmarks/backend_speed.py) keeps the compiled default."""
     return [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--dtype", "bfloat16",
-            "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", NAME]
+            "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", NAME,
+            *(["--enforce-eager"] if eager else [])]
 
 
-def launch(model_dir: Path, log: Path, port: int | None = None, export: bool = False) -> tuple[subprocess.Popen, str]:
+def launch(model_dir: Path, log: Path, port: int | None = None, export: bool = False,
+           eager: bool = False) -> tuple[subprocess.Popen, str]:
     """Start the server without waiting (export=True: `posbias export` the default model to model_dir first, in the
     same child), -> (process, base_url); `ready` waits for it."""
     port = port or free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
-    cmd = server_cmd(model_dir, port)
+    cmd = server_cmd(model_dir, port, eager)
     if export:
-        cmd = [sys.executable, __file__, "--export-and-serve", str(model_dir), str(port)]
+        cmd = [sys.executable, __file__, "--export-and-serve", str(model_dir), str(port), *(["--eager"] if eager else [])]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}/v1"
 
@@ -174,7 +180,7 @@ if __name__ == "__main__":
         from posbias.measure import export_model
 
         export_model("smollm2-135m", sys.argv[2])
-        os.execv(str(VLLM_PY), server_cmd(Path(sys.argv[2]), int(sys.argv[3])))
+        os.execv(str(VLLM_PY), server_cmd(Path(sys.argv[2]), int(sys.argv[3]), eager="--eager" in sys.argv[4:]))
     p, u = start_server(Path(sys.argv[1]), Path("/tmp/vllm.log"))  # python tests/served.py DIR: a server by hand
     print(u)
     p.wait()

@@ -37,10 +37,23 @@ def test_smollm2_nq_generate(smollm2):
     assert len(out) == 2 and all(r["prediction"].strip() and "\n" not in r["prediction"] for r in out)
 
 
-def test_gemma3_second_architecture(tmp_path):
+@pytest.fixture(scope="module")
+def fp32():
+    """The real models in fp32, each loaded once for this module (Gemma-3 is loaded here only)."""
     from posbias import load_model
 
-    lo = load_model("gemma3-270m", "bf16", "cpu")
+    models: dict = {}
+
+    def get(name: str):
+        if name not in models:
+            models[name] = load_model(name, "fp32", "cpu", False)
+        return models[name]
+
+    return get
+
+
+def test_gemma3_second_architecture(fp32, tmp_path):
+    lo = fp32("gemma3-270m")
     assert lo.info["model_type"].startswith("gemma3") and lo.info["context_window"] == 32768
     assert not lo.info["chat_template"]  # base model: plain prompts
     assert set(lo.model.config.layer_types) == {"sliding_attention", "full_attention"}
@@ -85,16 +98,16 @@ def test_smollm2_token_shifting_keeps_the_right_token_near_the_top(smollm2, tmp_
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
-def test_hidden_scaling_is_exact_and_cache_consistent_on_real_models(name):
+def test_hidden_scaling_is_exact_and_cache_consistent_on_real_models(fp32, name):
     """Llama and Gemma-3 (sliding and global layers), fp32: bit-identical after exit, prefill + one decode step equal
     to one full forward told where the prompt ends (measured 5e-5 / 7e-5), a left-padded row equal to itself alone."""
     import torch
 
-    from posbias import get_method, load_model
+    from posbias import get_method
     from posbias.eval.encode import left_pad
     from posbias.models.compat import cache_key, output_cache
 
-    lo = load_model(name, "fp32", "cpu", False)
+    lo = fp32(name)
     method = get_method(f"hidden:{lo.model.config.hidden_size // 3}:0")
     ids = torch.randint(200, 20000, (1, 120), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():

@@ -6,10 +6,12 @@ This module (with the rest of `models/`) is the only place that knows transforme
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import io
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -196,11 +198,22 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str = "bf16", device: str = "cp
     check_device_map(device_map)
     dev = resolve_device(device)
     src, gguf, kind, kw = _source(name)
+    cached = gguf_cache_dir(src, gguf, dtype) if gguf else None
+    placement = {"device_map": device_map} if device_map else {}
+    hit = cached is not None and (cached / READY).exists()  # what an earlier load of this file de-quantized
     try:
         with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
-            tok = AutoTokenizer.from_pretrained(src, **kw)
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **kw,
-                                                         **({"device_map": device_map} if device_map else {}))
+            if hit:
+                try:
+                    tok = AutoTokenizer.from_pretrained(cached)
+                    model = AutoModelForCausalLM.from_pretrained(cached, dtype=DTYPES[dtype], **placement)
+                    model.config._name_or_path = src  # as the GGUF path names it
+                except Exception:  # a damaged cache (a file deleted by hand): dropped, and the GGUF file read again
+                    shutil.rmtree(cached, ignore_errors=True)
+                    hit = False
+            if not hit:
+                tok = AutoTokenizer.from_pretrained(src, **kw)
+                model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **kw, **placement)
     except Exception as e:  # corrupt or incomplete files, an architecture transformers does not know, ...
         raise PosbiasError(f"could not load model '{name}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
                            "check that the model files are complete (or pass another `model`)") from e
@@ -211,6 +224,8 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str = "bf16", device: str = "cp
         quantizer = getattr(model, "hf_quantizer", None)
         if quantizer is not None:
             quantizer.remove_quantization_config(model)
+        if cached is not None and not hit and not device_map:
+            _write_cache(cached, model, tok)
     if device_map:  # placed by the loader (accelerate's hooks move activations between devices)
         dev = next(model.parameters()).device
     else:
@@ -225,10 +240,11 @@ def load_tokenizer(name: str, progress: bool = True):
     """Only the tokenizer of a model `load_model` would load (a served model's, for token-id prompts)."""
     from transformers import AutoTokenizer
 
-    src, _, _, kw = _source(name)
+    src, gguf, _, kw = _source(name)
+    ready = [d for d in (gguf_cache_dir(src, gguf, t) for t in DTYPES) if gguf and d and (d / READY).exists()]
     try:
         with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
-            tok = AutoTokenizer.from_pretrained(src, **kw)
+            tok = AutoTokenizer.from_pretrained(ready[0]) if ready else AutoTokenizer.from_pretrained(src, **kw)
     except Exception as e:
         raise PosbiasError(f"could not load the tokenizer of '{name}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
                            "pass the served model's directory (or its registered name) as tokenizer=... in the model spec") from e
@@ -258,6 +274,58 @@ def wrap_model(model, tokenizer, name: str = "model") -> Loaded:
     dtype = next((k for k, v in DTYPES.items() if v == param.dtype), str(param.dtype).removeprefix("torch."))
     info = _info(name, "wrapped", name, None, model, tokenizer, dtype, param.device)
     return Loaded(model=model, tokenizer=tokenizer, info=info)
+
+
+# -- the de-quantized GGUF cache ----------------------------------------------------------
+# transformers reads a GGUF file's metadata three times (config, tokenizer, weights) and de-quantizes every tensor in
+# numpy: 20-26 s for SmolLM2-135M and about 40 s for Gemma-3-270M on these CPUs, on every load. The first load of a
+# file in a dtype writes what it produced (save_pretrained: the same tensors, config, generation config and
+# tokenizer) to a cache; later loads read that directory in 1-2 s. The key is the file (path, size, mtime), the dtype
+# and the transformers release, so a new file or a new converter never reads a stale copy; tests/test_models_cache.py
+# shows a cached load gives the same tensors, logits, tokenizer and run record as the GGUF path.
+
+READY = "posbias-cache-ready"  # written last: a directory without it is incomplete and is not read
+CACHE_FORMAT = 1
+
+
+def cache_root() -> Path | None:
+    """Where posbias keeps de-quantized GGUF models: $POSBIAS_CACHE_DIR, else ~/.cache/posbias (or
+    $XDG_CACHE_HOME/posbias); None when POSBIAS_NO_CACHE=1 (every load reads the GGUF file)."""
+    if os.environ.get("POSBIAS_NO_CACHE", "") not in ("", "0"):
+        return None
+    if os.environ.get("POSBIAS_CACHE_DIR"):
+        return Path(os.environ["POSBIAS_CACHE_DIR"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "posbias"
+
+
+def gguf_cache_dir(src: str, gguf: str | None, dtype: str) -> Path | None:
+    """The cache directory of one GGUF file in one dtype (None: caching off)."""
+    root = cache_root()
+    if root is None or not gguf:
+        return None
+    import transformers
+
+    f = (Path(src) / gguf).resolve()
+    st = f.stat()
+    key = f"{f}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}|{CACHE_FORMAT}"
+    return root / "gguf" / f"{f.stem}-{dtype}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _write_cache(d: Path, model, tok) -> None:
+    """Save into a private folder, then rename it into place (two processes converting at once both succeed, one
+    copy stays). A cache that cannot be written (full disk, read-only home) is skipped: the load already succeeded."""
+    tmp = d.with_name(f"{d.name}.tmp-{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        with library_bars(False):
+            model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / READY).write_text(f"{CACHE_FORMAT}\n")
+        os.rename(tmp, d)
+    except OSError as e:
+        logging.getLogger("posbias").info("de-quantized model not cached in %s: %s", d, e)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def export_model(name: str, out: str | Path, dtype: str = "bf16") -> Path:

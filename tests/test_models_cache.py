@@ -1,0 +1,78 @@
+"""The de-quantized GGUF cache (models/load.py): where it lives, what its key covers, and that a load from it is the
+GGUF load, bit for bit (weights, logits, tokenizer, generation config, the run record's model block)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posbias.models.load import READY, cache_root, gguf_cache_dir, load_model
+
+
+def test_the_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("POSBIAS_NO_CACHE", raising=False)
+    monkeypatch.setenv("POSBIAS_CACHE_DIR", str(tmp_path / "c"))
+    assert cache_root() == tmp_path / "c"
+    monkeypatch.delenv("POSBIAS_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert cache_root() == tmp_path / "x" / "posbias"
+    monkeypatch.setenv("POSBIAS_NO_CACHE", "1")
+    assert cache_root() is None and gguf_cache_dir(str(tmp_path), "m.gguf", "bf16") is None
+
+
+def test_the_key_changes_with_the_file_the_dtype_and_the_converter(monkeypatch, tmp_path):
+    import transformers
+
+    monkeypatch.delenv("POSBIAS_NO_CACHE", raising=False)
+    monkeypatch.setenv("POSBIAS_CACHE_DIR", str(tmp_path / "c"))
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF1")
+    key = gguf_cache_dir(str(tmp_path), "m.gguf", "bf16")
+    assert key.parent == tmp_path / "c" / "gguf" and key == gguf_cache_dir(str(tmp_path), "m.gguf", "bf16")
+    assert gguf_cache_dir(str(tmp_path), "m.gguf", "fp32") != key
+    monkeypatch.setattr(transformers, "__version__", "0.0.1")
+    assert gguf_cache_dir(str(tmp_path), "m.gguf", "bf16") != key
+    monkeypatch.undo()
+    monkeypatch.setenv("POSBIAS_CACHE_DIR", str(tmp_path / "c"))
+    f.write_bytes(b"GGUF22")  # a new file in the same place
+    assert gguf_cache_dir(str(tmp_path), "m.gguf", "bf16") != key
+
+
+@pytest.mark.real
+def test_a_cached_load_is_the_gguf_load_and_a_damaged_cache_is_rebuilt(monkeypatch, tmp_path):
+    """One GGUF read of SmolLM2: a damaged cache directory (marked ready, config unreadable) is dropped and the GGUF
+    file read; what that read gave is written; the next load comes from the cache alone (reading the GGUF file
+    would fail) and equals it in every tensor, the logits, the tokenizer and the recorded model."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    monkeypatch.delenv("POSBIAS_NO_CACHE", raising=False)
+    monkeypatch.setenv("POSBIAS_CACHE_DIR", str(tmp_path))
+    from posbias.models.load import _source
+
+    src, gguf, _, _ = _source("smollm2-135m")
+    d = gguf_cache_dir(src, gguf, "bf16")
+    d.mkdir(parents=True)
+    (d / READY).write_text("1\n")
+    (d / "config.json").write_text("{ not json")
+    read = load_model("smollm2-135m", "bf16", "cpu", progress=False)
+    assert (d / READY).exists() and (d / "model.safetensors").exists() and not list(tmp_path.glob("gguf/*.tmp-*"))
+
+    def no_gguf(*a, **k):
+        raise AssertionError("the GGUF file was read again")
+
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", no_gguf)
+    cached = load_model("smollm2-135m", "bf16", "cpu", progress=False)
+    a, b = read.model.state_dict(), cached.model.state_dict()
+    assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+    ids = torch.randint(5, 40000, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        assert torch.equal(read.model(input_ids=ids).logits, cached.model(input_ids=ids).logits)
+    msgs = [{"role": "user", "content": "Document [3]: the value of key 8a7f-2b is 1234.\nWhat is the value of 8a7f-2b?"}]
+    assert read.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == \
+        cached.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    text = read.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert read.tokenizer(text).input_ids == cached.tokenizer(text).input_ids
+    assert (read.tokenizer.pad_token_id, read.tokenizer.eos_token_id) == (cached.tokenizer.pad_token_id,
+                                                                          cached.tokenizer.eos_token_id)
+    assert read.model.generation_config.to_dict() == cached.model.generation_config.to_dict()
+    assert read.info == cached.info and read.model.config.to_dict() == cached.model.config.to_dict()
