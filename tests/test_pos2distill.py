@@ -377,12 +377,13 @@ def test_bad_input_gives_errors_with_a_fix(model_dir, tmp_path):
 
 @pytest.mark.real
 def test_real_smollm2_steps_lower_the_training_kl(smollm2, tmp_path):
-    """A few steps on SmolLM2 (3 questions, K = 2, lr 3e-5) lower KL(anchor || trivial) on the batch."""
+    """Two steps on SmolLM2 (2 questions, K = 2, lr 3e-5) lower KL(anchor || trivial) on the batch (measured 0.112 ->
+    0.056; 3 questions and 3 steps, twice the time: 0.086 -> 0.029)."""
     task = get_task("kv-lookup", facts=5)
-    recs, summary = build_records(smollm2, task, n=3, k=2, anchor=0, seed=0, skip=2000, chat=True, correct_only=True,
+    recs, summary = build_records(smollm2, task, n=2, k=2, anchor=0, seed=0, skip=2000, chat=True, correct_only=True,
                                   max_draw=12, max_new_tokens=10)
-    assert summary["questions"] == 3
-    cfg = DistillConfig(batch_size=9, max_steps=3, warmup=0, scheduler="constant", dtype="bf16")
+    assert summary["questions"] == 2
+    cfg = DistillConfig(batch_size=6, max_steps=2, warmup=0, scheduler="constant", dtype="bf16")
     tr, _ = build_trainer(smollm2, cfg, recs, tmp_path, chat=True, lr=3e-5)
     batch = Collator(smollm2.tokenizer.pad_token_id)(list(tr.train_dataset))
     ids, idx, m = batch["s_input_ids"], batch["s_index"], batch["s_mask"]

@@ -38,15 +38,20 @@ def test_smollm2_nq_generate(smollm2):
 
 
 @pytest.fixture(scope="module")
-def fp32():
-    """The real models in fp32, each loaded once for this module (Gemma-3 is loaded here only)."""
-    from posbias import load_model
+def fp32(smollm2):
+    """The real models in fp32, each made once for this module: SmolLM2 as an fp32 copy of the session's bf16 model
+    (what the checks below need is fp32 arithmetic, not the GGUF's last bits; a first GGUF read costs 26 s),
+    Gemma-3 loaded (it is loaded here only)."""
+    import copy
+
+    from posbias import load_model, wrap_model
 
     models: dict = {}
 
     def get(name: str):
         if name not in models:
-            models[name] = load_model(name, "fp32", "cpu", False)
+            models[name] = wrap_model(copy.deepcopy(smollm2.model).float(), smollm2.tokenizer, name) \
+                if name == "smollm2-135m" else load_model(name, "fp32", "cpu", False)
         return models[name]
 
     return get

@@ -140,106 +140,156 @@ def test_a_unit_scored_alone_gives_the_numbers_of_the_whole_run(model_dir, data,
 
 
 # ----------------------------------------------------------------------------- 2 processes against 1
+# One `accelerate launch` runs every two-process job of this module in turn (each process start costs seconds on
+# these CPUs): the CLI commands through `posbias.cli.main` exactly as `posbias ...` runs them, and one API-level job.
+# Each test then checks its job's folder and exit code against the one-process run.
 
-
-@pytest.mark.parametrize("engine", ["teacher-forced", "generate"])
-def test_two_process_sweep_equals_one_process(model_dir, loaded_fp32, data, tmp_path, engine):
-    one = run_sweep(_cfg(model_dir, data, engine=engine), tmp_path / "one", loaded=loaded_fp32, progress=False)
-    assert 0 < sum(p["correct"] for p in one.per_position) < 48, "the data must give mixed verdicts"
-    assert one.config["scoring_path"] == "prefix-shared"
-    p = launch(*_sweep_args(model_dir, data, tmp_path / "two", "--engine", engine))
-    assert p.stdout.count("average ") == 1 and p.stdout.count("wrote ") == 1  # rank 0 alone prints the table
-    assert _record(tmp_path / "two") == _record(tmp_path / "one")  # per_position, summary (bootstrap CI), config, ...
-    _same_rows(_rows(tmp_path / "one"), _rows(tmp_path / "two"))
-    assert len(_rows(tmp_path / "two")) == 48
-
-
-WORKER = """
-import json, sys
+DRIVER = """
+import contextlib, io, json, sys
 import torch
 torch.set_num_threads(1)
 from posbias import SweepConfig, load_model, run_sweep
+from posbias.cli import main
 from posbias.runs import process_index
-model, data, out = sys.argv[1:4]
-lo = load_model(model, "fp32", "cpu", progress=False)
-got = {}
-for shared in (True, False):
-    cfg = SweepConfig(model=model, dtype="fp32", task="jsonl:" + data, n=12, max_batch=4, prefix_sharing=shared)
-    res = run_sweep(cfg, None, loaded=lo, progress=False)
-    got[str(shared)] = [[r["example_id"], r["position"], r["correct"]] for r in res.rows]
-with open(f"{out}/rank{process_index()}.json", "w") as f:
-    json.dump(got, f)
+rank = process_index()
+for job in json.loads(open(sys.argv[1]).read()):
+    if job["argv"] == ["api"]:  # every rank gets every row back, in the one-process order, from run_sweep itself
+        lo = load_model(job["model"], "fp32", "cpu", progress=False)
+        got = {}
+        for shared in (True, False):
+            cfg = SweepConfig(model=job["model"], dtype="fp32", task="jsonl:" + job["data"], n=12, max_batch=4,
+                              prefix_sharing=shared)
+            got[str(shared)] = [[r["example_id"], r["position"], r["correct"]]
+                                for r in run_sweep(cfg, None, loaded=lo, progress=False).rows]
+        print(json.dumps(got), file=open(f"{job['out']}.rank{rank}.json", "w"))
+        continue
+    sys.argv, out, code = ["posbias", *job["argv"]], io.StringIO(), 0
+    with contextlib.redirect_stdout(out):
+        try:
+            main()
+        except SystemExit as e:
+            code = e.code
+    print(json.dumps({"code": code, "stdout": out.getvalue()}), file=open(f"{job['out']}.rank{rank}.json", "w"))
 """
 
+LPES_ARGS = ["--task", "kv-lookup", "--facts", "4", "--digits", "3", "--n", "4", "--skip", "100", "--generations", "2",
+             "--pop-size", "6", "--parents", "2", "--crossovers", "1", "--mutations", "3", "--points", "2", "--y-min", "1",
+             "--y-max", "2", "--y-step", "0.25", "--y-init", "1.25", "--my", "0.5", "--mx", "1", "--quiet"]
 
-def test_every_rank_returns_every_row_in_the_one_process_order(model_dir, loaded_fp32, data, tmp_path):
+
+@pytest.fixture(scope="module")
+def two(model_dir, loaded_fp32, data, tmp_path_factory):
+    """-> (root, rows the killed one-process run had logged): every job's folder is root / name, its exit code and
+    stdout per rank in root / f"{name}.rank{r}.json"."""
+    root = tmp_path_factory.mktemp("two")
+    with pytest.MonkeyPatch.context() as mp:  # the resume job continues a one-process run killed mid-way
+        dies_after(mp, engines, "generate_greedy", 3)
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(_cfg(model_dir, data), root / "cut", loaded=loaded_fp32, progress=False)
+    done = len(_rows(root / "cut"))
+    m = str(model_dir)
+    jobs = {
+        "sweep-teacher-forced": _sweep_args(model_dir, data, root / "sweep-teacher-forced", "--engine", "teacher-forced"),
+        "sweep-generate": _sweep_args(model_dir, data, root / "sweep-generate", "--engine", "generate"),
+        "cut": _sweep_args(model_dir, data, root / "cut", "--resume"),
+        "compare": ["compare", *_sweep_args(model_dir, data, root / "compare")[1:], "--methods", "none,pi:1.5"],
+        "lpes": ["lpes", "search", "--model", m, "--dtype", "fp32", *LPES_ARGS, "--out", str(root / "lpes")],
+        "grid": ["grid", "--model", m, "--dtype", "fp32", "--digits", "2", "--sizes", "3,4", "--depths", "0%,50%,100%",
+                 "--n", "6", "--max-batch", "4", "--out", str(root / "grid"), "--quiet"],
+        "api": ["api"],
+    }
+    spec = root / "jobs.json"
+    spec.write_text(json.dumps([{"argv": a, "out": str(root / k), "model": m, "data": str(data)} for k, a in jobs.items()]))
+    script = root / "driver.py"
+    script.write_text(DRIVER)
+    launch(str(spec), module=str(script))
+    return root, done
+
+
+def _job(root: Path, name: str) -> list[dict]:
+    """The job's exit code and printed text on rank 0 and rank 1; both must have succeeded."""
+    got = [json.loads((root / f"{name}.rank{r}.json").read_text()) for r in (0, 1)]
+    assert [g["code"] for g in got] == [0, 0], got
+    return got
+
+
+@pytest.mark.parametrize("engine", ["teacher-forced", "generate"])
+def test_two_process_sweep_equals_one_process(model_dir, loaded_fp32, data, tmp_path, two, engine):
+    root, _ = two
+    one = run_sweep(_cfg(model_dir, data, engine=engine), tmp_path / "one", loaded=loaded_fp32, progress=False)
+    assert 0 < sum(p["correct"] for p in one.per_position) < 48, "the data must give mixed verdicts"
+    assert one.config["scoring_path"] == "prefix-shared"
+    rank0, rank1 = _job(root, f"sweep-{engine}")
+    assert rank0["stdout"].count("average ") == 1 and rank0["stdout"].count("wrote ") == 1  # rank 0 prints the table
+    assert rank1["stdout"] == ""  # and rank 1 nothing
+    out = root / f"sweep-{engine}"
+    assert _record(out) == _record(tmp_path / "one")  # per_position, summary (bootstrap CI), config, ...
+    _same_rows(_rows(tmp_path / "one"), _rows(out))
+    assert len(_rows(out)) == 48
+
+
+def test_every_rank_returns_every_row_in_the_one_process_order(model_dir, loaded_fp32, data, two):
     """Prefix-shared path (row order) and plain path (longest-batch-first order), API level, no folder."""
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    launch(str(model_dir), str(data), str(tmp_path), module=str(script))
+    root, _ = two
     for shared in (True, False):
         one = run_sweep(_cfg(model_dir, data, prefix_sharing=shared, max_new_tokens=None), None, loaded=loaded_fp32,
                         progress=False)
         want = [[r["example_id"], r["position"], r["correct"]] for r in one.rows]
         for rank in (0, 1):
-            assert json.loads((tmp_path / f"rank{rank}.json").read_text())[str(shared)] == want, (shared, rank)
+            assert json.loads((root / f"api.rank{rank}.json").read_text())[str(shared)] == want, (shared, rank)
 
 
-def test_resume_under_two_processes_after_a_one_process_kill(model_dir, loaded_fp32, data, tmp_path, monkeypatch):
+def test_resume_under_two_processes_after_a_one_process_kill(model_dir, loaded_fp32, data, tmp_path, two):
+    root, done = two
     full = run_sweep(_cfg(model_dir, data), tmp_path / "full", loaded=loaded_fp32, progress=False)
-    restore = dies_after(monkeypatch, engines, "generate_greedy", 3)
-    with pytest.raises(KeyboardInterrupt):
-        run_sweep(_cfg(model_dir, data), tmp_path / "cut", loaded=loaded_fp32, progress=False)
-    restore()
-    done = len(_rows(tmp_path / "cut"))
-    assert 0 < done < 48 and not (tmp_path / "cut" / "sweep.json").exists()
-    launch(*_sweep_args(model_dir, data, tmp_path / "cut", "--resume"))
-    assert _record(tmp_path / "cut") == _record(tmp_path / "full") and full.summary == _record(tmp_path / "cut")["summary"]
-    _same_rows(_rows(tmp_path / "full"), _rows(tmp_path / "cut"))
-    assert json.loads((tmp_path / "cut" / "timing.json").read_text())["rows_this_run"] == 48 - done
+    assert 0 < done < 48
+    _job(root, "cut")
+    cut = root / "cut"
+    assert _record(cut) == _record(tmp_path / "full") and full.summary == _record(cut)["summary"]
+    _same_rows(_rows(tmp_path / "full"), _rows(cut))
+    assert json.loads((cut / "timing.json").read_text())["rows_this_run"] == 48 - done
 
 
-def test_two_process_compare_equals_one_process(model_dir, loaded_fp32, data, tmp_path):
+def test_two_process_compare_equals_one_process(model_dir, loaded_fp32, data, tmp_path, two):
+    root, _ = two
     cfg = _cfg(model_dir, data)
     run_compare(cfg, ["none", "pi:1.5"], tmp_path / "one", loaded=loaded_fp32, progress=False)
-    launch("compare", *_sweep_args(model_dir, data, tmp_path / "two")[1:], "--methods", "none,pi:1.5")
-    one, two = _record(tmp_path / "one", "compare.json"), _record(tmp_path / "two", "compare.json")
-    assert two == one
+    _job(root, "compare")
+    one, two_ = _record(tmp_path / "one", "compare.json"), _record(root / "compare", "compare.json")
+    assert two_ == one
     assert one["methods"][0]["per_position"] != one["methods"][1]["per_position"], "pi:1.5 must change something"
     for d in ("none", "pi-1.5"):
-        _same_rows(_rows(tmp_path / "one" / d), _rows(tmp_path / "two" / d))
-    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
+        _same_rows(_rows(tmp_path / "one" / d), _rows(root / "compare" / d))
+    assert sorted(p.name for p in (root / "compare").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
 
 
-def test_two_process_lpes_search_splits_the_candidates(model_dir, loaded_fp32, tmp_path):
+def test_two_process_lpes_search_splits_the_candidates(model_dir, loaded_fp32, tmp_path, two):
     """LPES fitness under 2 processes (mitigate/lpes/fitness.py): the same factors.json as one process, and each
     candidate scored once (a rank that had not joined the process group scored every candidate: evals.jsonl twice)."""
     from posbias.lpes import GAConfig, SearchConfig, run_search
 
+    root, _ = two
     ga = GAConfig(pop_size=6, n_parents=2, n_crossover=1, n_mutation=3, generations=2, n_points=2, y_min=1.0,
                   y_max=2.0, y_step=0.25, y_init=1.25, my=0.5, mx=1)
     cfg = SearchConfig(model=str(model_dir), task_options={"facts": 4, "digits": 3}, n=4, skip=100, dtype="fp32", ga=ga)
     one = run_search(cfg, tmp_path / "one", loaded=loaded_fp32, progress=False).record
-    launch("lpes", "search", "--model", str(model_dir), "--dtype", "fp32", "--task", "kv-lookup", "--facts", "4",
-           "--digits", "3", "--n", "4", "--skip", "100", "--generations", "2", "--pop-size", "6", "--parents", "2",
-           "--crossovers", "1", "--mutations", "3", "--points", "2", "--y-min", "1", "--y-max", "2", "--y-step", "0.25",
-           "--y-init", "1.25", "--my", "0.5", "--mx", "1", "--out", str(tmp_path / "two"), "--quiet")
-    two = _record(tmp_path / "two", "factors.json")
+    _job(root, "lpes")
+    two_ = _record(root / "lpes", "factors.json")
     drop = ("seconds_this_call", "history", "versions")
-    assert {k: v for k, v in two.items() if k not in drop} == {k: v for k, v in one.items() if k not in drop}
-    lines = [(tmp_path / d / "evals.jsonl").read_text().splitlines() for d in ("one", "two")]
+    assert {k: v for k, v in two_.items() if k not in drop} == {k: v for k, v in one.items() if k not in drop}
+    lines = [(d / "evals.jsonl").read_text().splitlines() for d in (tmp_path / "one", root / "lpes")]
     assert len(lines[1]) == len(lines[0]) == len({json.loads(x)["key"] for x in lines[0]})
 
 
-def test_two_process_grid_equals_one_process(model_dir, loaded_fp32, tmp_path):
+def test_two_process_grid_equals_one_process(model_dir, loaded_fp32, tmp_path, two):
+    root, _ = two
     cfg = GridConfig(model=str(model_dir), dtype="fp32", task_options={"digits": 2}, sizes="3,4", depths="0%,50%,100%",
                      n=6, max_batch=4)
     run_grid(cfg, tmp_path / "one", loaded=loaded_fp32, progress=False)
-    launch("grid", "--model", str(model_dir), "--dtype", "fp32", "--digits", "2", "--sizes", "3,4", "--depths",
-           "0%,50%,100%", "--n", "6", "--max-batch", "4", "--out", str(tmp_path / "two"), "--quiet")
-    assert _record(tmp_path / "two", "grid.json") == _record(tmp_path / "one", "grid.json")
+    _job(root, "grid")
+    assert _record(root / "grid", "grid.json") == _record(tmp_path / "one", "grid.json")
     for size in ("size-3", "size-4"):
-        _same_rows(_rows(tmp_path / "one" / size), _rows(tmp_path / "two" / size))
+        _same_rows(_rows(tmp_path / "one" / size), _rows(root / "grid" / size))
 
 
 # ----------------------------------------------------------------------------- device_map
