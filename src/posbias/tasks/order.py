@@ -15,6 +15,7 @@ consistency, conflict and fairness figures.
 
 from __future__ import annotations
 
+import functools
 import random
 import string
 from dataclasses import dataclass
@@ -140,6 +141,15 @@ def nq_order_task(style: str, k: int, data_dir=None, reference: str = "yes", lab
     if reference not in ("yes", "no"):
         raise PosbiasError(f"reference must be yes or no, got {reference!r}", "use `reference=yes` or `reference=no`")
     path = Path(data_dir or shared_data_dir()) / "nq" / "nq-open-oracle.jsonl.gz"
+    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None  # a missing file: read_jsonl says so
+    return OrderTask(f"{style}-nq", list(_nq_items(path, stamp, k, reference == "yes")), k, style, labels)
+
+
+@functools.lru_cache(maxsize=8)
+def _nq_items(path: Path, stamp: tuple | None, k: int, reference: bool) -> tuple[OrderItem, ...]:
+    """Every question's item, built once per process, file version (stamp: mtime and size), k and reference: 2,655
+    questions whose wrong candidates are checked against every gold answer take 1.5 s, and the judge and
+    multiple-choice tasks, a comparison and the tests build them many times."""
     recs = []
     for lineno, r in read_jsonl(path):
         ctxs, answers = r.get("ctxs"), r.get("answers")
@@ -149,8 +159,7 @@ def nq_order_task(style: str, k: int, data_dir=None, reference: str = "yes", lab
     by_kind: dict[str, list[int]] = {}
     for i, (q, _, _) in enumerate(recs):
         by_kind.setdefault(_kind(q), []).append(i)
-    items = [_nq_item(i, recs, by_kind, k, reference == "yes") for i in range(len(recs))]
-    return OrderTask(f"{style}-nq", items, k, style, labels)
+    return tuple(_nq_item(i, recs, by_kind, k, reference) for i in range(len(recs)))
 
 
 def _nq_item(i: int, recs: list, by_kind: dict, k: int, reference: bool) -> OrderItem:
