@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -97,6 +98,16 @@ def print_prefix_row(r: dict) -> None:
           f"{r['raw'] / r['plain']:8.2f}x {up:7.2f}x {ideal:5.2f}x {up / ideal:7.0%} {r['agree']:6.1%}", flush=True)
 
 
+def cpu_name() -> str:
+    """The CPU model and the bf16 matrix units it has: bf16 throughput, and so every ratio against the per-call
+    overhead of a naive loop, depends on them (AMX-BF16 runs bf16 matmuls several times faster than AVX-512-BF16)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((x.split(":", 1)[1].strip() for x in info.splitlines() if x.startswith("model name")), "cpu")
+    flags = set(next((x.split(":", 1)[1].split() for x in info.splitlines() if x.startswith("flags")), []))
+    units = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name} ({', '.join(units) or 'no bf16 units'})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
@@ -120,7 +131,7 @@ def main() -> None:
 
     loaded = load_model(a.model, a.dtype, a.device)
     dev = next(loaded.model.parameters()).device
-    print(f"device: {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}")
+    print(f"device: {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else cpu_name()}")
     if not a.skip_legacy:
         legacy(a, loaded)
     names = [x for x in a.settings.split(",") if x]

@@ -42,7 +42,7 @@ def plot_rollout_heatmaps(rollouts: dict, masks: list[dict], path: Path) -> None
     """Grid: one row per mask, one column per depth t; log colour, exact zeros (off the walk support) grey."""
     depths, n_rows = rollouts["depths"], len(masks)
     fig, axes = subplots(n_rows, len(depths), figsize=(2.3 * len(depths) + 1.2, 2.2 * n_rows + 0.8),
-                             squeeze=False, layout="constrained")
+                             squeeze=False, layout="constrained", sharex=True, sharey=True)
     cmap = colormaps["magma"].with_extremes(bad="#d9d9d9")
     norm = LogNorm(vmin=HEAT_VMIN, vmax=1.0)
     im = None
@@ -56,6 +56,7 @@ def plot_rollout_heatmaps(rollouts: dict, masks: list[dict], path: Path) -> None
                 ax.set_ylabel("query i", fontsize=8)
             if r == n_rows - 1:
                 ax.set_xlabel("key j", fontsize=8)
+            ax.label_outer()  # one shared scale: tick labels on the outer panels only (and a faster layout)
     fig.colorbar(im, ax=axes, shrink=0.5, extend="min", label="P^(t)[i, j] = P(z_i = j)  (log scale)")
     fig.suptitle("Attention rollout P^(t) = A^(t)...A^(0) on a random bounded SAN (grey: exactly 0)", fontsize=10)
     save_figure(fig, path, dpi=DPI, tight=False)
