@@ -241,7 +241,7 @@ def load_tokenizer(name: str, progress: bool = True):
     from transformers import AutoTokenizer
 
     src, gguf, _, kw = _source(name)
-    ready = [d for d in (gguf_cache_dir(src, gguf, t) for t in DTYPES) if gguf and d and (d / READY).exists()]
+    ready = [d for d in (gguf_cache_dir(src, gguf, t) for t in DTYPES) if d and (d / READY).exists()]
     try:
         with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
             tok = AutoTokenizer.from_pretrained(ready[0]) if ready else AutoTokenizer.from_pretrained(src, **kw)

@@ -177,6 +177,15 @@ def move(items: list, gold_index: int, position: int) -> list:
     return rest[:position] + [items[gold_index]] + rest[position:]
 
 
+def file_stamp(path: Path) -> tuple[int, int] | None:
+    """(mtime, size) of a data file, the version a per-process cache of its parsed records is keyed by; None for a
+    missing file (read_jsonl then says so in one line)."""
+    if not path.is_file():
+        return None
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
+
+
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line number, record) for a .jsonl or .jsonl.gz file (UTF-8); a clear error on bad lines, text that is
     not UTF-8, and a .gz file that is not gzip or is cut short."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PosbiasError
-from .base import Doc, Prompt, RecordsTask, move, read_jsonl, shared_data_dir
+from .base import Doc, Prompt, RecordsTask, file_stamp, move, read_jsonl, shared_data_dir
 from .twohop import HopExample, TwoHopQA
 
 # The study's qa.prompt, verbatim.
@@ -79,8 +79,7 @@ def nq_task(docs: int = 10, data_dir: str | Path | None = None, answers: str = "
     if docs not in (10, 20):
         raise PosbiasError(f"nq has 10 or 20 documents, not {docs}", "use `docs=10` or `docs=20`")
     path = Path(data_dir or shared_data_dir()) / "nq" / "nq-open-20docs-gold_at_0.jsonl.gz"
-    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None  # a missing file: read_jsonl says so
-    return DocQA("nq", list(_nq_records(path, docs, stamp)), docs, answers)
+    return DocQA("nq", list(_nq_records(path, docs, file_stamp(path))), docs, answers)
 
 
 @functools.lru_cache(maxsize=4)

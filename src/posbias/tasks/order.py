@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..core.metrics import best_subspan_em, normalize_answer
 from ..errors import PosbiasError
-from .base import Prompt, Task, read_jsonl, shared_data_dir
+from .base import Prompt, Task, file_stamp, read_jsonl, shared_data_dir
 
 LABELS = {"letters": tuple(string.ascii_uppercase[:10]), "digits": tuple("123456789")}
 STYLES = ("judge", "mc")
@@ -141,8 +141,7 @@ def nq_order_task(style: str, k: int, data_dir=None, reference: str = "yes", lab
     if reference not in ("yes", "no"):
         raise PosbiasError(f"reference must be yes or no, got {reference!r}", "use `reference=yes` or `reference=no`")
     path = Path(data_dir or shared_data_dir()) / "nq" / "nq-open-oracle.jsonl.gz"
-    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None  # a missing file: read_jsonl says so
-    return OrderTask(f"{style}-nq", list(_nq_items(path, stamp, k, reference == "yes")), k, style, labels)
+    return OrderTask(f"{style}-nq", list(_nq_items(path, file_stamp(path), k, reference == "yes")), k, style, labels)
 
 
 @functools.lru_cache(maxsize=8)
