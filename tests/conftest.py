@@ -215,8 +215,8 @@ SLOW = (
 
 def pytest_collection_modifyitems(config, items):
     """The markers `make test-fast` deselects, set from what a test uses, so a new test cannot forget them: the
-    real model (the `smollm2` fixture), the browser (`chromium`), the vLLM server (tests/test_served.py); and
-    `slow` on the tests listed in SLOW."""
+    real model (the `smollm2` fixture), the browser (`chromium`), the vLLM server (tests/test_served.py and every
+    test that uses the `vllm_server` fixture); and `slow` on the tests listed in SLOW."""
     for item in items:
         if item.nodeid.removeprefix("tests/").startswith(SLOW):
             item.add_marker(pytest.mark.slow)
@@ -225,15 +225,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real)
         if "chromium" in used:
             item.add_marker(pytest.mark.browser)
-        if item.module.__name__ == "test_served":
+        if item.module.__name__ == "test_served" or "vllm_server" in used:
             item.add_marker(pytest.mark.served)
+            item.add_marker(pytest.mark.real)
 
 
 def pytest_collection_finish(session):
     from served import launch, vllm_missing
 
-    modules = {getattr(getattr(item, "module", None), "__name__", "") for item in session.items}
-    if vllm_missing() is None and "test_served" in modules:
+    if vllm_missing() is None and any(item.get_closest_marker("served") for item in session.items):
         import tempfile
         from pathlib import Path
 
@@ -258,6 +258,27 @@ def vllm_server():
         pytest.skip("the vLLM server was not launched (no vLLM environment)")
     ready(_SERVER["proc"], _SERVER["url"], _SERVER["root"] / "vllm.log")
     return {"url": _SERVER["url"], "dir": str(_SERVER["root"] / "smollm2"), "root": _SERVER["root"]}
+
+
+def method_examples(tmp_path, layers: int = 4) -> dict[str, str]:
+    """An example spec of every registered method (and of Ms-PoE's per-query-head mode, `mspoe-query`) that runs on
+    the tiny models of `layers` layers (4 query heads of 16 dimensions): the factors and MoICE routers it reads are
+    written into tmp_path. The method conformance suite and the conformance matrix (test_conformance.py) take their
+    methods from here, so a method registered without an example fails both."""
+    import json
+
+    from posbias.models.moice import PAPER_BASES, Routers
+
+    factors = tmp_path / "factors.json"
+    factors.write_text(json.dumps({"factors": [1.0, 1.5, 2.0, 1.5, 1.0, 1.5][:layers]}))
+    routers = tmp_path / "moice"  # seeded (untrained) routers: MoICE's plumbing does not depend on their values
+    routers.mkdir(exist_ok=True)
+    Routers(layers, 4, 16, PAPER_BASES, top_k=3, seed=0).save(routers / "routers.safetensors")
+    return {"none": "none", "pi": "pi:1.5", "layers": "layers:" + ",".join(["1", "2"] * layers)[: 2 * layers - 1],
+            "lpes": f"lpes:{factors}", "mspoe": "mspoe:1.2-1.8", "mspoe-query": "mspoe:1.2-1.8:query",
+            "buckets": "buckets:10000,30000", "moice": f"moice:{routers}", "calib": "calib:prompt",
+            "hidden": "hidden:5:-1:1-2", "swap": "swap", "pride": "pride:1", "reorder": "reorder:oracle:first",
+            "attnsort": "attnsort"}
 
 
 def prime_calibration(active, seqs: list[list[int]], end=None) -> None:

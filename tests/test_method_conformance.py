@@ -21,13 +21,13 @@ import pytest
 import torch
 
 from conftest import char_tokenizer, position_sensitive, random_seqs, tiny_model
+from conftest import method_examples
 from conftest import prime_calibration as _prime
 from posbias import METHODS, Active, Loaded, PosbiasError, get_method
 from posbias.eval.encode import left_pad
 from posbias.measure import split_specs
 from posbias.methods import DecisionRule
 from posbias.models.compat import cache_key, output_cache
-from posbias.models.moice import PAPER_BASES, Routers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,14 +40,8 @@ ARCHS = ("llama", "qwen2")
 
 
 def _examples(tmp_path) -> dict[str, str]:
-    factors = tmp_path / "factors.json"
-    factors.write_text(json.dumps({"factors": [1.0, 1.5, 2.0, 1.5]}))
-    routers = tmp_path / "moice"  # seeded (untrained) routers: MoICE's plumbing does not depend on their values
-    routers.mkdir(exist_ok=True)
-    Routers(LAYERS, 4, 16, PAPER_BASES, top_k=3, seed=0).save(routers / "routers.safetensors")
-    return {"none": "none", "pi": "pi:1.5", "layers": "layers:1,2,1,2", "lpes": f"lpes:{factors}",
-            "mspoe": "mspoe:1.2-1.8", "mspoe-query": "mspoe:1.2-1.8:query", "buckets": "buckets:10000,30000",
-            "moice": f"moice:{routers}", "calib": "calib:prompt", "hidden": "hidden:5:-1:1-2"}
+    """An example spec of every registered method that changes the model, and of each EXTRA mode."""
+    return {k: v for k, v in method_examples(tmp_path, LAYERS).items() if k not in DECISIONS}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -96,8 +90,7 @@ def pairs_spec(method) -> str:
 @pytest.mark.parametrize("name", sorted({*METHODS, *EXTRA}))
 def test_every_method_rebuilds_from_a_key_value_spec_of_its_config(name, tmp_path):
     """The generic form reaches every registered method, decision rules and reordering included."""
-    decisions = {"swap": "swap", "pride": "pride:20", "reorder": "reorder:oracle:first", "attnsort": "attnsort:2"}
-    method = get_method({**_examples(tmp_path), **decisions}[name])
+    method = get_method({**method_examples(tmp_path, LAYERS), "pride": "pride:20", "attnsort": "attnsort:2"}[name])
     spec = pairs_spec(method)
     again = get_method(spec)
     assert ("=" in spec) == bool(type(method).spec_params()), spec

@@ -127,9 +127,9 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     method = method.for_task(task)  # a task-dependent default resolved once: the fingerprint records what runs
     positions = task.placements(cfg.positions)
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
+    method.check_task(task, positions, cfg.engine or task.default_engine)
     calibration = []  # an order decision's calibration items: the next ones in the seeded order, never evaluated
     if isinstance(method, DecisionRule):
-        method.check_run(task, positions, cfg.engine or task.default_engine)
         c = method.calibration(cfg.n)
         calibration = task.examples(c, cfg.seed, cfg.skip + cfg.n) if c else []
     folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)

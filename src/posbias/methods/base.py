@@ -102,6 +102,12 @@ class Method(ABC):
         """Raise PosbiasError if the method cannot be applied to this model (called before a run writes anything)."""
         return  # any model
 
+    def check_task(self, task: Task, positions: list, engine: str) -> None:
+        """Raise PosbiasError, in one line, if the method cannot run on this task, these placements and this scoring
+        engine (called before any model loads; the conformance matrix, tests/test_conformance.py, expects every
+        other combination to run)."""
+        return  # any task
+
     def rearrange(self, prompts: list[Prompt], task: Task, attention: Callable | None) -> list[Prompt]:
         """The prompts as this method presents them to the model (a reordering method moves their items); each keeps
         its example id and position. attention(prompts) -> per prompt, the attention each item receives (the

@@ -47,7 +47,7 @@ class DecisionRule(Method):
             return self.calibration_items
         return max(1, math.ceil(self.calibration_share * n)) if self.calibration_share else 0
 
-    def check_run(self, task, positions: list, engine: str) -> None:
+    def check_task(self, task, positions: list, engine: str) -> None:
         """Refuse, in one line, a run this rule cannot decide (before any model loads)."""
         if not getattr(task, "order", False):
             raise PosbiasError(f"method {self.key} decides between the orders of an order task, and {task.name} is not one",
@@ -119,8 +119,8 @@ class PriDe(DecisionRule):
         return {"name": "pride", "calibration_share": None if self.calibration_items else self.calibration_share,
                 "calibration_items": self.calibration_items}
 
-    def check_run(self, task, positions: list, engine: str) -> None:
-        super().check_run(task, positions, engine)
+    def check_task(self, task, positions: list, engine: str) -> None:
+        super().check_task(task, positions, engine)
         if engine != "teacher-forced":
             raise PosbiasError("pride estimates its prior from the option labels' log-probabilities, which generation "
                                "does not give", "use `engine=teacher-forced`, or the swap method with generate")

@@ -118,6 +118,14 @@ class Reorder(Method):
     def check(self, loaded: Loaded) -> None:
         return  # any model; the items are checked when the prompts are rearranged
 
+    def check_task(self, task: Task, positions: list, engine: str) -> None:
+        if getattr(task, "order", False):  # the candidates' order is what an order task measures, slot by slot
+            raise PosbiasError(f"{self.label} moves items between slots, and {task.name} already shows every order of "
+                               "its candidates", "use swap or pride on an order task")
+        if self.signal == "oracle" and task.n_gold != 1:
+            raise PosbiasError("the oracle signal ranks one gold item; a two-hop placement has two",
+                               "use reorder:bm25 or reorder:attention on a two-hop task")
+
     def rearrange(self, prompts: list[Prompt], task: Task, attention: Callable | None) -> list[Prompt]:
         if self.signal == "attention" and attention is None:
             raise PosbiasError(f"{self.label} reads the model's attention, which this backend does not give",

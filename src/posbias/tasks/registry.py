@@ -93,6 +93,16 @@ for _style, _k, _what in (("judge", 2, "pairwise judge: which of two candidate a
                   "below; option: labels)", {"labels": str}, arg="PATH")
 
 
+# The formats of users' own files, by name -> (the registered task that reads them, what a line holds). A new format
+# joins the conformance matrix (tests/test_conformance.py), which refuses to run until it has an example file for it.
+FILE_SCHEMAS: dict[str, tuple[str, str]] = {
+    "jsonl-one-gold": ("jsonl", "multi-document QA, one gold document: \"gold\": i (JSONL_SCHEMA)"),
+    "jsonl-two-hop": ("jsonl", "two-hop reasoning, the two hops: \"gold\": [i, j] (JSONL_SCHEMA)"),
+    "judge": ("judge", "a pairwise judge's items, two answers each (ORDER_SCHEMAS)"),
+    "mc": ("mc", "multiple-choice items, 2 to 10 options each (ORDER_SCHEMAS)"),
+}
+
+
 def split_task(spec: str, options: dict | None = None) -> tuple[str, dict]:
     """(the task as a run records it, `name` or `name:PATH`; its options) of a spec with key=value options, merged
     with `options`: a key given both ways with different values is refused, and the options come back in the order
