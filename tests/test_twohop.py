@@ -181,6 +181,18 @@ def test_r2_trains_on_the_anchor_response_at_k_other_pairs(model_dir, tmp_path):
     assert [e["label"] for e in cmp.entries] == [str(model_dir), "p"]
 
 
+def test_r2_distils_a_two_hop_file(model_dir, tmp_path):
+    """The two-hop JSONL class (musique's too): R2 builds its data and trains (it crashed on the prompt lookup)."""
+    p = tmp_path / "hops.jsonl"
+    p.write_text("".join(json.dumps({"id": f"h{i}", "question": f"Where is the key of box {i}?", "answers": [f"drawer {i}"],
+                                     "documents": [f"Box {i} opens with key {i}.", f"Key {i} is in drawer {i}.",
+                                                   f"Box {i + 9} is empty.", f"Drawer {i + 9} is shut."],
+                                     "gold": [0, 1]}) + "\n" for i in range(6)))
+    cfg = _r2(model_dir, task=f"jsonl:{p}", task_options={}, max_steps=1)
+    res = run_distill(cfg, tmp_path / "r2", loaded=load_model(str(model_dir), "fp32"), progress=False)
+    assert res.data["questions"] == 3 and (tmp_path / "r2" / "model").is_dir()
+
+
 def test_selftrain_keeps_own_correct_responses_at_the_same_placements(model_dir, tmp_path, monkeypatch):
     """A random model is never right; so a stand-in engine says which own answers are correct (every pair
     whose first hop is even), and the self-training records must be exactly those rows."""

@@ -91,10 +91,12 @@ class TwoHopQA(TwoHop, RecordsTask):
     documents = True
 
     def __init__(self, name: str, records: list[HopExample], n_docs: int, prompt: str = "reasoning"):
-        self.name, self._records, self._n_slots, self.prompt = name, records, n_docs, _check_prompt(prompt)
+        # the instruction's name is `style`: `prompt` is the Task method that builds a row's Prompt (a `self.prompt`
+        # attribute hid it, and every sweep of this class crashed)
+        self.name, self._records, self._n_slots, self.style = name, records, n_docs, _check_prompt(prompt)
 
     def config(self) -> dict:
-        return {**super().config(), "docs": self._n_slots, "prompt": self.prompt}
+        return {**super().config(), "docs": self._n_slots, "prompt": self.style}
 
     def gold_target(self, prompt: Prompt) -> str:
         return f"The answer is: {prompt.answers[0]}"
@@ -105,7 +107,7 @@ class TwoHopQA(TwoHop, RecordsTask):
 
     def build(self, ex: HopExample, position: tuple[int, int]) -> Prompt:
         listing = "\n".join(self.items(ex, position))
-        user = f"{PROMPTS[self.prompt]}\n\n{listing}\n\nQuestion: {ex.question}\nAnswer:"
+        user = f"{PROMPTS[self.style]}\n\n{listing}\n\nQuestion: {ex.question}\nAnswer:"
         return Prompt(ex.id, tuple(position), user, "", ex.answers)
 
 
