@@ -187,6 +187,8 @@ def _check_entry(out: Path, entry: dict, rows: list[dict], cfg: SweepConfig, tas
         at = [r for r in mine if json.dumps(r["position"]) == json.dumps(p["position"])]
         assert p["n"] == len(at) == cfg.n and p["correct"] == sum(bool(r["correct"]) for r in at)
     assert record["config"]["scoring_path"].startswith(path), record["config"]["scoring_path"]
+    assert record["summary"]["chance"] == pytest.approx(task.chance) and ("order" in record["summary"]) == \
+        getattr(task, "order", False)
     if cfg.engine == "generate":
         assert all(isinstance(r["prediction"], str) for r in mine)
     return {_key(r): {k: r.get(k) for k in ("correct", "prediction", "choice")} for r in mine}

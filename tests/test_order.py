@@ -50,6 +50,38 @@ def test_conflicts_over_pairs_of_orders_for_k_options():
     assert "preference_fairness" not in f and candidate(0, 1, 3) == 2
 
 
+def _authors_prior(probs: np.ndarray) -> np.ndarray:
+    """PriDe's global prior as the authors' code computes it (chujiezheng/LLM-MCQ-Bias, code/debias_utils.py `simple`
+    and code/debias_pride.py), rewritten here: per item, the rows (cyclic orders) normalised, the softmax of the mean
+    log-probability per label; then the plain mean of the items' priors."""
+    priors = []
+    for observed in probs:
+        observed = observed / (observed.sum(axis=1, keepdims=True) + 1e-10)
+        e = np.exp(np.log(observed + 1e-10).mean(axis=0))
+        priors.append(e / e.sum())
+    return np.mean(priors, axis=0)
+
+
+def test_pride_prior_is_the_authors_mean_of_item_priors():
+    rng = np.random.default_rng(0)
+    changed = 0
+    for _ in range(2000):
+        logits = rng.normal(size=(3, 4, 4)) * 2  # 3 calibration items, 4 cyclic orders, 4 labels
+        prior = pride_prior(logits)
+        assert np.exp(prior) == pytest.approx(_authors_prior(np.exp(logits)), abs=1e-6)
+        geometric = np.log(np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)).mean(axis=1)  # the old rule
+        geometric = geometric - np.log(np.exp(geometric).sum(-1, keepdims=True))
+        geometric = geometric.mean(axis=0) - np.log(np.exp(geometric.mean(axis=0)).sum())
+        row = rng.normal(size=4) * 2
+        changed += pride_choice(row, prior) != pride_choice(row, geometric)
+    assert changed == 91  # decisions the geometric mean (posbias before 2026-11) took differently
+
+
+def test_pride_calibrates_on_the_authors_share_rounded_down():
+    assert [get_method("pride").calibration(n) for n in (10, 50, 60, 100, 1000)] == [1, 2, 3, 5, 50]
+    assert get_method("pride:7").calibration(50) == 7
+
+
 def test_pride_prior_and_debiasing():
     # one item, two orders: label A gets 0.7 then 0.6 -> geometric means 0.648 : 0.346 -> prior 0.652 : 0.348
     lp = np.log([[[0.7, 0.3], [0.6, 0.4]]])
@@ -194,7 +226,7 @@ def test_users_files_both_schemas(tmp_path):
 
 @pytest.mark.parametrize("style, recs, message", [
     ("judge", [{"question": "q", "answers": ["only one"]}], "list of 2 to 2 non-empty strings"),
-    ("mc", [{"question": "q", "options": ["a", "A ", "b"], "gold": 0}], "twice"),
+    ("mc", [{"question": "q", "options": ["a", " a ", "b"], "gold": 0}], "twice"),
     ("mc", [{"question": "q", "options": ["a", "b"], "gold": 2}], "gold=2 but there are 2 options"),
     ("mc", [{"question": "q", "options": ["a", "b"], "gold": 0, "labels": ["A", "A"]}], "'labels' lists 'A' twice"),
     ("mc", [{"question": "q", "options": ["a", "b"], "gold": 0}, {"question": "q", "options": ["a", "b", "c"], "gold": 0}],
@@ -207,3 +239,86 @@ def test_bad_files_are_refused_in_one_line(tmp_path, style, recs, message):
     with pytest.raises(PosbiasError, match=message) as e:
         get_task(f"{style}:{path}")
     assert "\n" not in str(e.value)
+
+
+def test_options_that_differ_only_in_case_are_different_options(tmp_path):
+    """ARC's genetics item: R, rr, Rr, RR are four options (the check used to fold case and refuse 'Rr')."""
+    path = _write(tmp_path / "arc.jsonl", [{"question": "Which genotype is heterozygous?", "options": ["R", "rr", "Rr", "RR"],
+                                           "gold": 2}])
+    item = get_task(f"mc:{path}").examples(1)[0]
+    assert item.candidates == ("Rr", "R", "rr", "RR")
+
+
+def test_a_file_mixing_label_sets_is_refused_and_its_own_labels_are_recorded(tmp_path):
+    one = {"question": "q", "options": ["a", "b", "c", "d"], "gold": 0}
+    mixed = _write(tmp_path / "mixed.jsonl", [{**one, "labels": ["1", "2", "3", "4"]}, {**one, "id": "x", "labels": list("ABCD")}])
+    with pytest.raises(PosbiasError, match="labels A,B,C,D, but earlier lines have 1,2,3,4") as e:
+        get_task(f"mc:{mixed}")
+    assert "labels=letters" in e.value.fix
+    relabelled = get_task(f"mc:{mixed}", labels="letters")  # the flag replaces every line's own labels
+    assert relabelled.config()["labels"] == "letters" and relabelled.build(relabelled.examples(1)[0], 0).options == tuple("ABCD")
+    own = _write(tmp_path / "own.jsonl", [{**one, "labels": ["1", "2", "3", "4"]}])
+    assert get_task(f"mc:{own}").config()["labels"] == ["1", "2", "3", "4"]  # was recorded as "letters"
+    half = _write(tmp_path / "half.jsonl", [one, {**one, "id": "x", "labels": list("WXYZ")}])
+    with pytest.raises(PosbiasError, match="labels W,X,Y,Z, but earlier lines have none"):
+        get_task(f"mc:{half}")
+
+
+def test_labels_letters_replaces_multi_token_labels_as_the_refusal_advises(loaded, tmp_path):
+    """'(A)' is several tokens; the refusal says `labels=letters`, which must then work (the lines' own labels used
+    to override the flag)."""
+    path = _write(tmp_path / "paren.jsonl", [{"question": f"q{i}", "options": ["x", "y", "z"], "gold": 1,
+                                              "labels": ["(A)", "(B)", "(C)"]} for i in range(2)])
+    with pytest.raises(PosbiasError, match="several tokens") as e:
+        run_sweep(SweepConfig(task=f"mc:{path}", n=2), loaded=loaded, progress=False)
+    assert "labels=letters" in e.value.fix
+    res = run_sweep(SweepConfig(task=f"mc:{path}", task_options={"labels": "letters"}, n=2), loaded=loaded, progress=False)
+    assert len(res.rows) == 6 and res.record["task"]["labels"] == "letters"
+
+
+@pytest.mark.parametrize("tie", [None, "tie", "Tie"])
+def test_a_tie_is_refused_saying_how_to_keep_it_out_or_dropped_and_counted(tmp_path, tie):
+    lines = [{"question": "q", "answers": ["a", "b"], "preferred": 1}, {"id": "t", "question": "r", "answers": ["c", "d"],
+                                                                       "preferred": tie}]
+    path = _write(tmp_path / "ties.jsonl", lines)
+    with pytest.raises(PosbiasError, match=":2: 'preferred' is .*a tie") as e:
+        get_task(f"judge:{path}")
+    assert "None" not in str(e.value) and "ties=drop" in e.value.fix
+    task = get_task(f"judge:{path}", ties="drop")
+    assert task.pool_size == 1 and task.config()["dropped_ties"] == 1
+
+
+def test_the_judge_question_is_an_option_recorded_in_the_config(tmp_path):
+    path = _write(tmp_path / "pref.jsonl", [{"question": "Write a haiku.", "answers": ["one", "two"], "preferred": 0}])
+    task = get_task(f"judge:{path}")  # a preference file: which answer is better, MT-Bench style (the default)
+    assert task.config()["ask"] == "preference"
+    assert "Which answer is better?" in task.build(task.examples(1)[0], 0).user
+    correct = get_task(f"judge:{path}", ask="correct")
+    assert correct.config()["ask"] == "correct" and "Which answer is correct?" in correct.build(correct.examples(1)[0], 0).user
+    assert get_task("judge-kv").config()["ask"] == "correct"
+    with pytest.raises(PosbiasError, match="ask=.*preference"):
+        get_task("judge-kv", ask="nicer")
+    with pytest.raises(PosbiasError, match="does not take `ask`"):
+        get_task("mc-kv", ask="correct")
+
+
+def test_without_preferred_the_curve_is_named_for_what_it_is(loaded, tmp_path):
+    path = _write(tmp_path / "nopref.jsonl", [{"id": f"p{i}", "question": f"q{i}", "answers": ["a", "b"]} for i in range(2)])
+    res = run_sweep(SweepConfig(task=f"judge:{path}", n=2), loaded=loaded, progress=False)
+    assert res.summary["measure"] == "picks answers[0]" and res.summary["chance"] == 0.5
+    text = res.format()
+    assert "picks answers[0]" in text.splitlines()[1] and "(chance 0.500)" in text and "not accuracy" in text
+
+
+def test_a_calibration_shortage_is_refused_before_anything_runs(loaded, tmp_path):
+    """It used to surface after the whole `none` sweep, naming `--skip 10, --n 5`, which the user never passed."""
+    path = _write(tmp_path / "mc.jsonl", [{"id": f"m{i}", "question": f"q{i}", "options": ["a", "b"], "gold": 0}
+                                          for i in range(10)])
+    cfg = SweepConfig(task=f"mc:{path}", n=10)
+    with pytest.raises(PosbiasError, match=r"pride calibrates on 1 item after the 10 evaluated ones, and mc:.* holds 10") as e:
+        run_compare(cfg, ["none", "pride"], tmp_path / "cmp", loaded=loaded, progress=False)
+    assert e.value.fix.startswith("use `n=9` or fewer") and "skip" not in str(e.value)
+    assert not (tmp_path / "cmp").exists()
+    with pytest.raises(PosbiasError, match="after skipping 2"):
+        run_sweep(SweepConfig(task=f"mc:{path}", n=8, skip=2, method="pride"), tmp_path / "s", loaded=loaded, progress=False)
+    assert not (tmp_path / "s").exists()

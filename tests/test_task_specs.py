@@ -28,9 +28,9 @@ def _options(tmp_path) -> dict[str, tuple[str, dict]]:
             "jsonl+hops": (f"jsonl:{hops}", {"prompt": "coc"}),
             "musique": ("musique", {"docs": 10, "prompt": "coc"}),
             "kv-2hop": ("kv-2hop", {"facts": 6, "digits": 3, "style": "cot"}),
-            "judge-nq": ("judge-nq", {**order, "reference": "no"}), "mc-nq": ("mc-nq", {**order, "reference": "no"}),
-            "judge-kv": ("judge-kv", {**order, "facts": 4, "digits": 5}), "mc-kv": ("mc-kv", {**order, "facts": 4, "digits": 4}),
-            "judge": (f"judge:{judge}", {"labels": "digits"}), "mc": (f"mc:{mc}", {"labels": "digits"})}
+            "judge-nq": ("judge-nq", {**order, "reference": "no", "ask": "preference"}), "mc-nq": ("mc-nq", {**order, "reference": "no"}),
+            "judge-kv": ("judge-kv", {**order, "facts": 4, "digits": 5, "ask": "preference"}), "mc-kv": ("mc-kv", {**order, "facts": 4, "digits": 4}),
+            "judge": (f"judge:{judge}", {"labels": "digits", "ask": "correct", "ties": "drop"}), "mc": (f"mc:{mc}", {"labels": "digits"})}
 
 
 EXTRA = ("jsonl+hops",)  # a further example of a registered task (a two-hop file takes `prompt`)

@@ -200,7 +200,12 @@ TASK = Group(
     prompt=Opt(None, "musique/two-hop jsonl: reasoning (the paper's template; default) | coc (Chain-of-Citation)",
                Optional[str]),
     options=Opt(None, "order tasks: candidates per item (judge default 2, mc default 4; 2..10)", Optional[int]),
-    labels=Opt(None, "order tasks: option labels, letters (A, B, ...; default) | digits (1, 2, ...)", Optional[str]),
+    labels=Opt(None, "order tasks: option labels, letters (A, B, ...; default) | digits (1, 2, ...); on mc:PATH they "
+                     "replace the file's own", Optional[str]),
+    ask=Opt(None, "judge tasks: the judge's question, correct (which answer is correct; judge-nq/judge-kv default) | "
+                  "preference (which is better, MT-Bench style; judge:PATH default)", Optional[str]),
+    ties=Opt(None, "judge:PATH: lines whose 'preferred' is null or \"tie\", refuse (default) | drop (left out, counted)",
+             Optional[str]),
     reference=Opt(None, "judge-nq/mc-nq: show the gold passage, yes (default) | no (closed book)", Optional[str]),
     data_dir=Opt(type=Optional[Path]),
 )
@@ -228,7 +233,7 @@ RUN = Group(
 def task_fields(a: Args) -> dict:
     """TaskChoice fields of a library config from the TASK group (--pairs only where it is the kv-uuid count)."""
     opts = {k: getattr(a, k) for k in ("facts", "digits", "docs", "answers", "style", "prompt", "options", "labels",
-                                       "reference")}
+                                       "ask", "ties", "reference")}
     if a.pairs is not None and "pairs" in getattr(TASKS.get(a.task.partition(":")[0]), "options", ()):
         try:
             opts["pairs"] = int(a.pairs)

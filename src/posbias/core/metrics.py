@@ -99,10 +99,11 @@ class CurveSummary:
     gap: float
     std: float
     gap_ci: tuple[float, float]
+    average_ci: tuple[float, float] = (float("nan"), float("nan"))  # the average's, from the same bootstrap
 
     def as_dict(self) -> dict:
         d = self.__dict__.copy()
-        d["gap_ci"] = list(self.gap_ci)
+        d["gap_ci"], d["average_ci"] = list(self.gap_ci), list(self.average_ci)
         return d
 
 
@@ -114,7 +115,8 @@ def summarize_curve(
     correct: bool array [n_examples, n_positions]; column j is position positions[j].
     std is the population std of the per-position accuracies. gap_ci is a paired
     bootstrap (resampling examples, keeping their row across positions) 95% interval
-    of best - worst, re-selecting best and worst in each resample.
+    of best - worst, re-selecting best and worst in each resample; average_ci the same
+    bootstrap's interval of the average (what the chance-aware collapse rule reads).
     """
     correct = np.asarray(correct, dtype=float)
     acc = correct.mean(axis=0)
@@ -125,6 +127,7 @@ def summarize_curve(
     boot = correct[idx].mean(axis=1)  # [n_boot, n_positions]
     gaps = boot.max(axis=1) - boot.min(axis=1)
     lo, hi = np.quantile(gaps, [0.025, 0.975])
+    avg_lo, avg_hi = np.quantile(boot.mean(axis=1), [0.025, 0.975])
     return CurveSummary(
         average=float(acc.mean()),
         best=float(acc[b]),
@@ -134,6 +137,7 @@ def summarize_curve(
         gap=float(acc[b] - acc[w]),
         std=float(acc.std()),
         gap_ci=(float(lo), float(hi)),
+        average_ci=(float(avg_lo), float(avg_hi)),
     )
 
 

@@ -25,7 +25,7 @@ from ..runs import RunFolder, is_main_process
 from ..tasks import label, placement_key
 from .config import plain
 from .scaleout import start_processes
-from .sweep import SweepConfig, run_sweep
+from .sweep import SweepConfig, preflight, run_sweep
 
 PATH_KEYS = ("scoring_path", "scoring_note")
 COLLAPSE_MARGIN = 0.10  # the collapse guard: a larger loss at any one position flags an entry
@@ -93,8 +93,10 @@ def _check_entries(cfg: SweepConfig, methods: list[Method], models: list) -> Non
     names = [model_name(m) for m in models]
     if not names or len(set(names)) != len(names):
         raise PosbiasError(f"`models` must list distinct models, got {','.join(names)}", "list each model once")
+    task = _task(cfg)
     for m in methods:  # never report a method on the examples it was fitted on
         refuse_overlap(cfg, m.fitted_on, f"{m.key} was searched")
+        preflight(cfg, m.for_task(task), task, task.placements(cfg.positions))  # before the first entry runs
     for mo in models:  # nor a distilled model on its training examples
         refuse_overlap(cfg, (distill_record(mo) or {}).get("train_split"), f"{model_name(mo)} was trained")
 
@@ -109,8 +111,9 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
     loaded models) = every model with every method, entries named by model.
     loaded: a model already in memory (`load_model`, `wrap_model`) used instead of cfg.model; the run records its
     name, dtype and device (a non-default cfg.dtype / cfg.device it contradicts is refused).
-    collapse_margin: an entry that loses more than this at any position against the first entry, or whose
-    average is at or below the task's chance level, is flagged as collapsed (`collapse` in each entry)."""
+    collapse_margin: on a free-answer task, an entry that loses more than this at any position against the first
+    entry is flagged as collapsed; on every task, one whose average falls to the task's chance level while the first
+    entry's is above it (`collapse` in each entry; `_flag_collapse`)."""
     cfg = (cfg or SweepConfig()).validate()
     if not 0 < collapse_margin <= 1:
         raise PosbiasError(f"`collapse_margin` must be in (0, 1], got {collapse_margin}", "pass `collapse_margin=0.1`")
@@ -146,7 +149,8 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
             del lo
             first = None  # one model in memory at a time
         _add_paired_differences(results)
-        _flag_collapse(results, collapse_margin, _chance(cfg))
+        task = _task(cfg)
+        _flag_collapse(results, collapse_margin, task.chance, getattr(task, "order", False))
         shared = {k: v for k, v in res.config.items() if k not in PATH_KEYS}  # the path is per entry
         record = {"config": {**shared, "method": None, "model": None if named else model_name(model_list[0])},
                   "model": None if named else infos[model_name(model_list[0])], "models": infos,
@@ -201,26 +205,51 @@ def _add_paired_differences(results: list[dict]) -> None:
         r["vs_first"] = paired_difference(a, _correct_matrix(r["rows"], examples, positions))
 
 
-def _chance(cfg: SweepConfig) -> float:
-    """The task's chance accuracy (an order task: one over its options; a free answer: 0)."""
+def _task(cfg: SweepConfig):
     from ..tasks import get_task
 
-    return get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options).chance
+    return get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
 
 
-def _flag_collapse(results: list[dict], margin: float, chance: float) -> None:
-    """The collapse guard: against the first entry, the position that loses most; flagged when that loss is above
-    `margin`, or when the average is at or below chance (a method that destroys the model, like Ms-PoE's paper
-    ratios on SmolLM2, must not pass as a row of numbers)."""
+def _at_chance(summary: dict, chance: float) -> bool:
+    """Whether an average cannot be told from chance or lies below it: the low end of its 95% CI at or below chance."""
+    lo = (summary.get("average_ci") or [summary["average"]])[0]
+    return lo <= chance + 1e-9
+
+
+def _flag_collapse(results: list[dict], margin: float, chance: float, order: bool = False) -> None:
+    """The collapse guard, chance-aware. The first entry is the reference: never flagged (at chance it is a floor, noted
+    as `at_chance`). Another entry is flagged when
+      - its average falls to chance (the low end of its 95% CI at or below it) while the first entry's is above chance,
+        or its whole CI lies below chance: a method that destroys what the model could do;
+      - on a free-answer task, it loses more than `margin` at any one position against the first entry (Ms-PoE's paper
+        ratios on SmolLM2). Not on an order task: a decision rule that gives up the favourite slot's inflated score for
+        balance (swap, PriDe) trades accuracy between slots by design, and only falling to chance is a collapse there."""
     base = {label(p["position"]): p["accuracy"] for p in results[0]["per_position"]}
-    for r in results:
+    first_above = not _at_chance(results[0]["summary"], chance)
+    for i, r in enumerate(results):
+        s = r["summary"]
         drops = {label(p["position"]): base[label(p["position"])] - p["accuracy"] for p in r["per_position"]}
         worst = max(drops, key=drops.get)
-        reasons = ([f"position {worst} loses {drops[worst]:.3f} (> {margin:g})"] if drops[worst] > margin + 1e-9 else [])
-        reasons += [f"average {r['summary']['average']:.3f} is at or below chance ({chance:.3f})"] \
-            if r["summary"]["average"] <= chance + 1e-9 else []
+        at, below = _at_chance(s, chance), (s.get("average_ci") or [s["average"]] * 2)[1] < chance - 1e-9
+        reasons = []
+        if i and not order and drops[worst] > margin + 1e-9:
+            reasons.append(f"position {worst} loses {drops[worst]:.3f} (> {margin:g})")
+        if i and (below or at and first_above):
+            reasons.append(f"average {s['average']:.3f} is {'below' if below else 'at'} chance ({chance:.3f})"
+                           f"{'' if below else ', where ' + results[0]['label'] + ' is above it'}")
         r["collapse"] = {"flagged": bool(reasons), "worst_position": worst, "worst_drop": round(drops[worst], 6),
-                         "margin": margin, "chance": chance, "reasons": reasons}
+                         "margin": None if order else margin, "chance": chance, "at_chance": at, "reasons": reasons}
+
+
+def _measure_line(first: dict) -> list[str]:
+    """What the numbers are, and the chance level beside them (an order task: one over its options)."""
+    s, chance = first["summary"], (first.get("collapse") or {}).get("chance", first["summary"].get("chance"))
+    measure = s.get("measure", "accuracy")
+    if not chance and measure == "accuracy":
+        return []
+    at = f"; 'at chance': the average's 95% CI reaches down to {chance:.3f} or below" if chance else ""
+    return [f"values: {measure}; chance {chance:.3f}{at}" if chance is not None else f"values: {measure}"]
 
 
 def format_compare(record: dict | CompareResult) -> str:
@@ -242,10 +271,12 @@ def format_compare(record: dict | CompareResult) -> str:
         vs = f"{v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" if v else ""
         if v and v.get("mde80"):  # older compare.json files have no power figure
             vs += f"  {v['mde80']:.3f}"
-        flag = "  COLLAPSED" if (r.get("collapse") or {}).get("flagged") else ""
+        c = r.get("collapse") or {}
+        flag = "  COLLAPSED" if c.get("flagged") else "  at chance" if c.get("at_chance") else ""
         lines.append(f"{r['label']:<{w}} {accs} {s['average']:>6.3f} {s['gap']:>6.3f}  {ci:<16}  {vs}{flag}")
     flagged = [r for r in rows if (r.get("collapse") or {}).get("flagged")]
     lines += [f"COLLAPSED {r['label']}: {'; '.join(r['collapse']['reasons'])}" for r in flagged]
+    lines += _measure_line(rows[0])
     if "order" in rows[0]["summary"]:  # order tasks: consistency, conflict, fairness, RStd (95% CIs) per entry
         lines += ["", f"{what:<{w}} " + "  ".join(f"{t:>22}" for t in ORDER_COLUMNS.values()) + "  forward passes per verdict"]
         for r in rows:

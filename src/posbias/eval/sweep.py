@@ -22,6 +22,7 @@ import numpy as np
 from ..backends import Backend, as_backend, check_method, open_backend, parse_spec
 from ..core.metrics import summarize_curve, wilson_ci
 from ..core.order import order_figures
+from ..errors import PosbiasError
 from ..methods import DecisionRule, Method, get_method
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, versions
@@ -127,11 +128,7 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     method = method.for_task(task)  # a task-dependent default resolved once: the fingerprint records what runs
     positions = task.placements(cfg.positions)
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
-    method.check_task(task, positions, cfg.engine or task.default_engine)
-    calibration = []  # an order decision's calibration items: the next ones in the seeded order, never evaluated
-    if isinstance(method, DecisionRule):
-        c = method.calibration(cfg.n)
-        calibration = task.examples(c, cfg.seed, cfg.skip + cfg.n) if c else []
+    calibration = preflight(cfg, method, task, positions)
     folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)
     folder.check(resume, overwrite)
     if resume and out is not None and is_main_process():  # a row log a resume cannot read: refused before the model loads
@@ -151,6 +148,21 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     finally:
         if loaded is None:
             backend.close()
+
+
+def preflight(cfg: SweepConfig, method: Method, task, positions: list) -> list:
+    """Refuse, before any model loads, a method that cannot run on this task, placements and engine, and a decision
+    rule whose calibration items the task does not hold; -> the calibration items (the next ones after the evaluated
+    ones in the seeded order, never evaluated; none for other methods)."""
+    method.check_task(task, positions, cfg.engine or task.default_engine)
+    c = method.calibration(cfg.n) if isinstance(method, DecisionRule) else 0
+    pool = task.pool_size
+    if c and pool is not None and cfg.skip + cfg.n + c > pool:
+        room, skipped = pool - cfg.skip - c, f" after skipping {cfg.skip}" if cfg.skip else ""
+        fix = f"use `n={room}` or fewer" if room >= 1 else "use a larger file"
+        raise PosbiasError(f"{method.key} calibrates on {c} item{'s' * (c != 1)} after the {cfg.n} evaluated ones{skipped}, and "
+                           f"{task.name} holds {pool}", f"{fix}, or calibrate on fewer items ({method.name}:ITEMS)")
+    return task.examples(c, cfg.seed, cfg.skip + cfg.n) if c else []
 
 
 def _run(cfg, out, backend, task, method, positions, examples, calibration, folder, resume, overwrite,
@@ -178,6 +190,8 @@ def _run(cfg, out, backend, task, method, positions, examples, calibration, fold
         all_rows, decision = _decide(method, done_rows + new_rows, {e.id for e in examples}, task.n_slots)
         ids = [e.id for e in examples]
         per, summary = per_position_stats(all_rows, positions, ids, task.also)
+        # what the curve measures, and what guessing scores (an order task: one over its options)
+        summary.update(chance=task.chance, measure=getattr(task, "score_name", "accuracy"))
         if getattr(task, "order", False):  # the order of candidates: consistency, fairness, RStd, choice shares
             summary["order"] = order_summary(all_rows, positions, ids, task.n_slots)
         if decision:
@@ -242,19 +256,24 @@ def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg:
 def format_table(per: list[dict], summary: dict) -> str:
     """Accuracy per placement with its CI (and the further metrics), then the summary (and per-mode averages)."""
     extra = [k for k in per[0] if k not in ("position", "n", "correct", "accuracy", "ci_low", "ci_high", "mode")]
-    lines = [f"{'position':>8}  {'accuracy':>8}  {'95% CI':>15}  {'n':>5}" + "".join(f"  {k:>8}" for k in extra)
+    measure = summary.get("measure", "accuracy")  # a judge file without "preferred": how often answers[0] is picked
+    lines = [f"{'position':>8}  {measure:>8}  {'95% CI':>15}  {'n':>5}" + "".join(f"  {k:>8}" for k in extra)
              + ("  mode" if "mode" in per[0] else "")]
     for r in per:
         lines.append(f"{label(r['position']):>8}  {r['accuracy']:>8.3f}  [{r['ci_low']:.3f}, {r['ci_high']:.3f}]  {r['n']:>5}"
                      + "".join(f"  {r[k]:>8.3f}" for k in extra) + (f"  {r['mode']}" if "mode" in r else ""))
     s = summary
+    avg_ci = f" [{s['average_ci'][0]:.3f}, {s['average_ci'][1]:.3f}]" if "average_ci" in s else ""
+    chance = f" (chance {s['chance']:.3f})" if s.get("chance") else ""
     lines.append(
-        f"average {s['average']:.3f} | best {s['best']:.3f} (pos {s['best_position']}) | worst {s['worst']:.3f} "
+        f"average {s['average']:.3f}{avg_ci}{chance} | best {s['best']:.3f} (pos {s['best_position']}) | worst {s['worst']:.3f} "
         f"(pos {s['worst_position']}) | gap {s['gap']:.3f} [{s['gap_ci'][0]:.3f}, {s['gap_ci'][1]:.3f}] | std {s['std']:.3f}"
     )
     if "modes" in s:
         modes = " | ".join(f"{m} {v:.3f}" for m, v in s["modes"].items())
         lines.append(f"modes: {modes} | gap between modes {s['mode_gap']:.3f}")
+    if measure != "accuracy":
+        lines.append(f"values: {measure} (the file names no preferred answer), not accuracy")
     if "order" in s:
         lines += format_order(s["order"], s.get("decision"))
     return "\n".join(lines)

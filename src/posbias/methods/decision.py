@@ -16,7 +16,6 @@ order of each item and calls `decide` on the rows (core/order.py holds the maths
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -42,10 +41,13 @@ class DecisionRule(Method):
         yield Active()
 
     def calibration(self, n: int) -> int:
-        """How many calibration items a run of n evaluated items takes (0: none)."""
+        """How many calibration items a run of n evaluated items takes (0: none): a fixed number, or the share of n
+        rounded down as the authors' PriDe code does (`int(0.05 * N)`), and at least 1. The authors' N is their whole
+        set and the calibration items are among the items they score; here they are held out after the n evaluated
+        ones (no verdict is scored on an item that shaped the prior), so n = 50 calibrates on 2 items."""
         if self.calibration_items is not None:
             return self.calibration_items
-        return max(1, math.ceil(self.calibration_share * n)) if self.calibration_share else 0
+        return max(1, int(self.calibration_share * n + 1e-9)) if self.calibration_share else 0
 
     def check_task(self, task, positions: list, engine: str) -> None:
         """Refuse, in one line, a run this rule cannot decide (before any model loads)."""

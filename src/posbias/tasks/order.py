@@ -16,9 +16,10 @@ consistency, conflict and fairness figures.
 from __future__ import annotations
 
 import functools
+import json
 import random
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.metrics import best_subspan_em, normalize_answer
@@ -34,14 +35,27 @@ Pairwise judge file (judge:PATH), one JSON object per line:
    "question": "...",
    "answers": ["first answer", "second answer"],   (exactly two, different)
    "preferred": 0,                     (optional: the better one; without it, on every line, the curve is the
-                                         rate of choosing answers[0] and the consistency figures still hold)
+                                         rate of choosing answers[0] and the consistency figures still hold;
+                                         a tie is null or "tie": refused, or left out with the option ties=drop)
    "context": "..."}                   (optional reference text shown before the question)
 Multiple-choice file (mc:PATH):
   {"id": "q1", "question": "...", "options": ["...", "...", ...],   (2 to 10, all different)
    "gold": 2,                          (0-based index of the correct option)
    "context": "...",                   (optional)
-   "labels": ["A", "B", ...]}          (optional, one per option, all different; default A, B, C ...)
-Every line must have the same number of options."""
+   "labels": ["A", "B", ...]}          (optional, one per option, all different, the same on every line; default
+                                         A, B, C ...; the option labels=letters|digits replaces them)
+Every line must have the same number of options.
+Options: labels = letters | digits; a judge's ask = correct ("Which answer is correct?") | preference ("Which
+answer is better?", MT-Bench style; the default for judge:PATH) and ties = refuse | drop."""
+
+ASKS = {  # what a judge is asked: its instruction and its question (the order of the answers must not matter)
+    "correct": ("You are a fair judge. Decide which candidate answer to the question is correct{ref}. The order of the "
+                "answers does not matter.", "Which answer is correct?"),
+    "preference": ("You are an impartial judge. Compare the two answers to the user's question{ref} and decide which "
+                   "one answers it better: more helpful, relevant, accurate and detailed. Neither the order in which "
+                   "the answers are shown nor their length may influence your decision.", "Which answer is better?"),
+}
+TIES = ("refuse", "drop")
 
 
 @dataclass(frozen=True)
@@ -64,16 +78,21 @@ class OrderTask(Task):
     order = True  # sweeps add the order figures (core/order.py) and accept the order decisions (swap, pride)
 
     def __init__(self, name: str, items: list[OrderItem] | None, k: int, style: str = "mc", labels: str = "letters",
-                 make=None, has_gold: bool = True):
+                 make=None, has_gold: bool = True, ask: str = "correct", dropped_ties: int = 0):
         if style not in STYLES:
             raise PosbiasError(f"unknown order style {style!r}", "use `style=judge` or `style=mc`")
+        if ask not in ASKS:
+            raise PosbiasError(f"unknown judge question ask={ask!r}", "use `ask=correct` or `ask=preference`")
         if labels not in LABELS:
             raise PosbiasError(f"unknown labels {labels!r}", f"use `labels={'` or `labels='.join(LABELS)}`")
         if not 2 <= k <= len(LABELS[labels]):
             raise PosbiasError(f"{name}: {k} options cannot be labelled with {labels} (2..{len(LABELS[labels])})",
                                "use `options` between 2 and 9" if labels == "digits" else "use `options` between 2 and 10")
         self.name, self._items, self.k, self.style, self.label_set = name, items, k, style, labels
-        self._make, self.has_gold = make, has_gold
+        self._make, self.has_gold, self.ask, self.dropped_ties = make, has_gold, ask, dropped_ties
+        # what the curve measures: whether the verdict is right, or (a judge file without "preferred") how often the
+        # model picks the file's first answer
+        self.score_name = "accuracy" if has_gold else "picks answers[0]"
 
     @property
     def n_slots(self) -> int:
@@ -88,7 +107,12 @@ class OrderTask(Task):
         return None if self._items is None else len(self._items)
 
     def config(self) -> dict:
-        return {**super().config(), "style": self.style, "labels": self.label_set, "has_gold": self.has_gold}
+        own = self._items[0].labels if self._items else None  # a file's own labels (the same on every line)
+        out = {**super().config(), "style": self.style, "labels": list(own) if own else self.label_set,
+               "has_gold": self.has_gold}
+        if self.style == "judge":
+            out["ask"] = self.ask
+        return {**out, **({"dropped_ties": self.dropped_ties} if self.dropped_ties else {})}
 
     def _example(self, index: int) -> OrderItem:
         return self._make(index) if self._items is None else self._items[index]
@@ -110,11 +134,11 @@ class OrderTask(Task):
         labels = self.labels_of(item)
         ref = f"Reference:\n{item.context}\n\n" if item.context else ""
         if self.style == "judge":
-            ask = " or ".join(labels) if self.k == 2 else ", ".join(labels)
-            user = (f"You are a fair judge. Decide which candidate answer to the question is correct"
-                    f"{', using the reference' if item.context else ''}. The order of the answers does not matter.\n\n"
+            reply = " or ".join(labels) if self.k == 2 else ", ".join(labels)
+            instruction, question = ASKS[self.ask]
+            user = (instruction.format(ref=", using the reference" if item.context else "") + "\n\n"
                     f"{ref}Question: {item.question}\n\n" + "\n\n".join(self.items(item, position))
-                    + f"\n\nWhich answer is correct? Reply with {ask} only.")
+                    + f"\n\n{question} Reply with {reply} only.")
             prefix = "Verdict:"
         else:
             what = "letter" if labels == LABELS["letters"][: self.k] else "label"
@@ -135,13 +159,21 @@ def _kind(question: str) -> str:
     return words[0] if words[0] in ("who", "when", "where", "what", "which", "why") else "other"
 
 
-def nq_order_task(style: str, k: int, data_dir=None, reference: str = "yes", labels: str = "letters") -> OrderTask:
+def nq_order_task(style: str, k: int, data_dir=None, reference: str = "yes", labels: str = "letters",
+                  ask: str | None = None) -> OrderTask:
     """NQ-open questions from the shared oracle file; `reference=yes` shows the gold passage (a reference-guided
     judge), `no` asks closed-book."""
     if reference not in ("yes", "no"):
         raise PosbiasError(f"reference must be yes or no, got {reference!r}", "use `reference=yes` or `reference=no`")
     path = Path(data_dir or shared_data_dir()) / "nq" / "nq-open-oracle.jsonl.gz"
-    return OrderTask(f"{style}-nq", list(_nq_items(path, file_stamp(path), k, reference == "yes")), k, style, labels)
+    _judge_only(style, ask)
+    return OrderTask(f"{style}-nq", list(_nq_items(path, file_stamp(path), k, reference == "yes")), k, style, labels,
+                     ask=ask or "correct")
+
+
+def _judge_only(style: str, ask: str | None) -> None:
+    if style != "judge" and ask is not None:
+        raise PosbiasError("`ask` sets a judge's question, and multiple choice has none", "drop `ask`")
 
 
 @functools.lru_cache(maxsize=8)
@@ -184,7 +216,9 @@ def _nq_item(i: int, recs: list, by_kind: dict, k: int, reference: bool) -> Orde
 
 # --- kv: generated facts, wrong candidates one digit away ----------------------------------------------------------
 
-def kv_order_task(style: str, k: int, facts: int = 6, digits: int = 6, labels: str = "letters") -> OrderTask:
+def kv_order_task(style: str, k: int, facts: int = 6, digits: int = 6, labels: str = "letters",
+                  ask: str | None = None) -> OrderTask:
+    _judge_only(style, ask)
     if facts < 1 or not 3 <= digits <= 12:
         raise PosbiasError(f"kv order tasks need facts >= 1 and digits 3..12, got {facts} and {digits}",
                            "use `facts=6` and `digits=6`")
@@ -208,7 +242,7 @@ def kv_order_task(style: str, k: int, facts: int = 6, digits: int = 6, labels: s
         context = "\n".join(f"The code for {a} is {b}." for a, b in pairs)
         return OrderItem(f"kv{index}", f"What is the code for {key}?", (value, *near), context)
 
-    return OrderTask(f"{style}-kv", None, k, style, labels, make=make)
+    return OrderTask(f"{style}-kv", None, k, style, labels, make=make, ask=ask or "correct")
 
 
 # --- users' files ---------------------------------------------------------------------------------------------------
@@ -220,11 +254,16 @@ def _bad(where: str, what: str) -> PosbiasError:
 def _strings(where: str, field: str, value, lo: int, hi: int) -> list[str]:
     if not isinstance(value, list) or not lo <= len(value) <= hi or not all(isinstance(x, str) and x.strip() for x in value):
         raise _bad(where, f"{field!r} must be a list of {lo} to {hi} non-empty strings, got {value!r}"[:160])
-    norm = [" ".join(x.split()).lower() for x in value]
+    # the same text up to white space cannot be told apart; case can (ARC's genetics options R, rr, Rr, RR)
+    norm = [" ".join(x.split()) for x in value]
     dup = next((x for j, x in enumerate(value) if norm[j] in norm[:j]), None)
     if dup is not None:
         raise _bad(where, f"{field!r} lists {dup!r} twice: the sweep could not tell the two apart")
     return value
+
+
+def _is_tie(value) -> bool:
+    return value is None or isinstance(value, str) and value.strip().lower() == "tie"
 
 
 def _order_record(where: str, r: dict, style: str, default_id: str) -> tuple[OrderItem, bool]:
@@ -239,7 +278,7 @@ def _order_record(where: str, r: dict, style: str, default_id: str) -> tuple[Ord
     key = "preferred" if style == "judge" else "gold"
     gold = r.get(key, 0)
     if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(cands):
-        raise PosbiasError(f"{where}: {key}={gold!r} but there are {len(cands)} {field}",
+        raise PosbiasError(f"{where}: {key}={json.dumps(gold)} but there are {len(cands)} {field}",
                            f"{key} is a 0-based index below {len(cands)}")
     context = r.get("context", "")
     if not isinstance(context, str):
@@ -256,22 +295,56 @@ def _order_record(where: str, r: dict, style: str, default_id: str) -> tuple[Ord
     return OrderItem(str(rid), r["question"], ordered, context, labels), key in r
 
 
-def order_file_task(style: str, path: str | Path, labels: str = "letters") -> OrderTask:
-    """A user's pairwise (style judge) or multiple-choice (mc) file in ORDER_SCHEMAS, checked line by line."""
-    items, named = [], []
+def order_file_task(style: str, path: str | Path, labels: str | None = None, ask: str | None = None,
+                    ties: str = "refuse") -> OrderTask:
+    """A user's pairwise (style judge) or multiple-choice (mc) file in ORDER_SCHEMAS, checked line by line.
+
+    labels: None keeps the file's own labels (one set on every line) or A, B, C ...; letters | digits replace them.
+    ask: a judge's question (default preference: a judge file's "preferred" names the better answer, MT-Bench style).
+    ties: a judge line whose "preferred" is null or "tie" names no better answer, so no slot is right: refused, or
+    with ties=drop left out (their count recorded in the task's config)."""
+    if ties not in TIES:
+        raise PosbiasError(f"unknown ties={ties!r}", "use `ties=refuse` or `ties=drop`")
+    _judge_only(style, ask)
+    items, named, dropped = [], [], 0
     for lineno, r in read_jsonl(path):
-        item, has = _order_record(f"{path}:{lineno}", r, style, f"line{lineno}")
-        if items and len(item.candidates) != len(items[0].candidates):
-            raise PosbiasError(f"{path}:{lineno}: {len(item.candidates)} options, but earlier lines have "
-                               f"{len(items[0].candidates)}", "give every line the same number of options")
+        where = f"{path}:{lineno}"
+        if style == "judge" and "preferred" in r and _is_tie(r["preferred"]):
+            if ties == "drop":
+                dropped += 1
+                continue
+            raise PosbiasError(f"{where}: 'preferred' is {json.dumps(r['preferred'])}, a tie: no answer is the better "
+                               "one, so no slot can be scored right", "leave ties out with `ties=drop` (their count is "
+                               "recorded), or remove 'preferred' from every line to measure consistency alone")
+        item, has = _order_record(where, r, style, f"line{lineno}")
+        _same_shape(where, item, items[0] if items else None, labels is None)
         items.append(item)
         named.append(has)
     if not items:
-        raise PosbiasError(f"{path} holds no items", "add one JSON object per line")
+        raise PosbiasError(f"{path} holds no items" + (f" ({dropped} ties left out)" if dropped else ""),
+                           "add one JSON object per line")
     if len(set(named)) > 1:
         raise PosbiasError(f"{path}: some lines name the preferred answer and some do not",
                            "give 'preferred' on every line, or on none")
     ids = [it.id for it in items]
     if len(set(ids)) != len(ids):
         raise PosbiasError(f"{path}: duplicate ids", "give every line a unique 'id'")
-    return OrderTask(f"{style}:{path}", items, len(items[0].candidates), style, labels, has_gold=named[0] or style == "mc")
+    if labels is not None:  # the flag replaces the lines' own labels
+        items = [replace(it, labels=None) for it in items]
+    return OrderTask(f"{style}:{path}", items, len(items[0].candidates), style, labels or "letters",
+                     has_gold=named[0] or style == "mc", ask=ask or "preference", dropped_ties=dropped)
+
+
+def _same_shape(where: str, item: OrderItem, first: OrderItem | None, own_labels: bool) -> None:
+    """Every line of a file: the same number of options and (keeping the file's own labels) the same label set, so
+    one curve describes every item."""
+    if first is None:
+        return
+    if len(item.candidates) != len(first.candidates):
+        raise PosbiasError(f"{where}: {len(item.candidates)} options, but earlier lines have {len(first.candidates)}",
+                           "give every line the same number of options")
+    if own_labels and item.labels != first.labels:
+        show = lambda lb: ",".join(lb) if lb else "none (A, B, ...)"  # noqa: E731 - two uses in one message
+        raise PosbiasError(f"{where}: labels {show(item.labels)}, but earlier lines have {show(first.labels)}: one "
+                           "curve would pool slots labelled differently", "give every line the same labels, split "
+                           "the file, or relabel every line with `labels=letters`")

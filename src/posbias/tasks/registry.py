@@ -80,17 +80,20 @@ register_task("kv-2hop", lambda arg, data_dir, **o: KV2Hop(**o),
 
 for _style, _k, _what in (("judge", 2, "pairwise judge: which of two candidate answers is correct"),
                           ("mc", 4, "multiple choice")):
+    _ask = {"ask": str} if _style == "judge" else {}  # the judge's question: correct | preference
     register_task(f"{_style}-nq",
                   lambda arg, data_dir, options=_k, _s=_style, **o: nq_order_task(_s, int(options), data_dir, **o),
                   f"order bias, {_what} (default {_k} options), NQ-open questions, wrong candidates answers to other "
-                  "questions of the same kind (options: options, reference = yes | no, labels = letters | digits)",
-                  {"options": int, "labels": str, "reference": str})
+                  "questions of the same kind (options: options, reference = yes | no, labels = letters | digits"
+                  f"{', ask = correct | preference' if _ask else ''})", {"options": int, "labels": str, "reference": str, **_ask})
     register_task(f"{_style}-kv", lambda arg, data_dir, options=_k, _s=_style, **o: kv_order_task(_s, int(options), **o),
                   f"order bias, {_what} (default {_k} options), generated facts, wrong candidates one digit off "
-                  "(options: options, facts, digits, labels)", {"facts": int, "digits": int, "options": int, "labels": str})
+                  f"(options: options, facts, digits, labels{', ask' if _ask else ''})",
+                  {"facts": int, "digits": int, "options": int, "labels": str, **_ask})
     register_task(_style, lambda arg, data_dir, _s=_style, **o: order_file_task(_s, arg, **o),
                   f"order bias on your own {'pairwise judge' if _style == 'judge' else 'multiple-choice'} file (schemas "
-                  "below; option: labels)", {"labels": str}, arg="PATH")
+                  f"below; options: labels{', ask = preference | correct, ties = refuse | drop' if _ask else ''})",
+                  {"labels": str, **({"ask": str, "ties": str} if _ask else {})}, arg="PATH")
 
 
 # The formats of users' own files, by name -> (the registered task that reads them, what a line holds). A new format
