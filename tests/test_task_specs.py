@@ -24,7 +24,8 @@ def _options(tmp_path) -> dict[str, tuple[str, dict]]:
     hops.write_text(json.dumps({"question": "q", "answers": ["a"], "documents": ["x", "y", "z"], "gold": [0, 2]}) + "\n")
     order = {"options": 3, "labels": "digits"}
     return {"kv-lookup": ("kv-lookup", {"facts": 7, "digits": 4}), "kv-uuid": ("kv-uuid", {"pairs": 12}),
-            "nq": ("nq", {"docs": 20, "answers": "first"}), "jsonl": (f"jsonl:{qa}", {"answers": "first"}),
+            "nq": ("nq", {"docs": 20, "answers": "first", "question": "both"}),
+            "jsonl": (f"jsonl:{qa}", {"answers": "first", "question": "both"}),
             "jsonl+hops": (f"jsonl:{hops}", {"prompt": "coc"}),
             "musique": ("musique", {"docs": 10, "prompt": "coc"}),
             "kv-2hop": ("kv-2hop", {"facts": 6, "digits": 3, "style": "cot"}),

@@ -96,6 +96,22 @@ def test_nq_gold_moves_distractors_stay(docs):
         assert all(u.startswith("Write a high-quality answer") and u.endswith(f"Question: {e.question}\nAnswer:") for u in users)
 
 
+def test_the_question_before_and_after_the_documents_is_the_query_aware_prompt(tmp_path):
+    """Lost in the Middle's qa_with_query_aware_contextualization.prompt (and Found in the Middle's prompt): the question
+    on both sides of the documents; the default stays the study's qa.prompt (after only)."""
+    plain, both = get_task("nq"), get_task("nq:question=both")
+    ex = plain.examples(1)[0]
+    a, b = plain.build(ex, 3), both.build(ex, 3)
+    head = "Write a high-quality answer for the given question using only the provided search results " \
+           "(some of which might be irrelevant).\n\n"
+    assert b.user == a.user.replace(head, head + f"Question: {ex.question}\n\n", 1)
+    assert b.user.count(f"Question: {ex.question}") == 2 and a.user.count(f"Question: {ex.question}") == 1
+    assert both.items(ex, 3) == plain.items(ex, 3) and all(i in b.user for i in both.items(ex, 3))
+    assert "question" not in plain.config() and both.config()["question"] == "both"  # in the fingerprint
+    with pytest.raises(PosbiasError, match="question=after"):
+        get_task("nq:question=first")
+
+
 def test_nq_unknown_docs_and_missing_file(tmp_path):
     with pytest.raises(PosbiasError, match="10 or 20"):
         get_task("nq", docs=15)

@@ -160,7 +160,7 @@ def summarize(rows: list[dict]) -> dict:
 def _signal(items: torch.Tensor, prior: torch.Tensor) -> dict:
     """items [E, gold slot, item slot]: real items' attention per slot relative to the prompt's mean (averaged over
     examples and gold slots), the gold's own attention at each slot (relative), and per gold slot how often the most
-    attended item is the gold, on attention alone and on attention - prior (Eq. 3's relevance)."""
+    attended item is the gold, on attention alone and on attention - prior (Eq. 4's relevance)."""
     n = items.shape[-1]
     rel = items / items.mean(-1, keepdim=True)
     gold = torch.arange(n)

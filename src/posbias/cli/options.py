@@ -195,6 +195,8 @@ TASK = Group(
     pairs=Opt(None, "kv-uuid: key-value pairs (75/140 read the shared files; default 75); two-hop tasks: where the hops "
                     "go, connected,disconnected,reversed | 0:1,5:13 | grid | all (like --positions)", Optional[str]),
     answers=Opt(None, "nq/jsonl: all | first (only the 1st gold answer counts)", Optional[str]),
+    question=Opt(None, "nq/jsonl: where the question goes, after the documents (the study's prompt; default) | both "
+                       "(before and after: query-aware contextualisation)", Optional[str]),
     style=Opt(None, "kv-2hop: direct (teacher-forced answer; default) | cot (chain of thought, EM after 'The answer is:')",
               Optional[str]),
     prompt=Opt(None, "musique/two-hop jsonl: reasoning (the paper's template; default) | coc (Chain-of-Citation)",
@@ -232,8 +234,8 @@ RUN = Group(
 
 def task_fields(a: Args) -> dict:
     """TaskChoice fields of a library config from the TASK group (--pairs only where it is the kv-uuid count)."""
-    opts = {k: getattr(a, k) for k in ("facts", "digits", "docs", "answers", "style", "prompt", "options", "labels",
-                                       "ask", "ties", "reference")}
+    opts = {k: getattr(a, k) for k in ("facts", "digits", "docs", "answers", "question", "style", "prompt", "options",
+                                       "labels", "ask", "ties", "reference")}
     if a.pairs is not None and "pairs" in getattr(TASKS.get(a.task.partition(":")[0]), "options", ()):
         try:
             opts["pairs"] = int(a.pairs)

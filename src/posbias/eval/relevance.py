@@ -1,4 +1,5 @@
-"""The attention each item of a prompt receives: Found-in-the-Middle's document attention (Hsieh et al. 2024, Eq. 1),
+"""The attention each item of a prompt receives: Found-in-the-Middle's document attention (Hsieh et al. 2024, the
+unnumbered definition of its Sec. 2.1),
 Attn(x, k) = the mean over document k's tokens of the attention the last prompt token pays them (the query that
 predicts the answer's first token), averaged over every layer and head. One capture forward per batch of prompts
 (models/attention.py reduces the attention inside the forward; nothing of size L x H x T x T is kept).

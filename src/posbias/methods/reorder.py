@@ -7,7 +7,7 @@ stays). Each row is still reported at the slot the task gave its gold; the relev
                                          prompt with the items cut out (the instruction and the question)
                               oracle     the gold item first in the ranking, the rest in prompt order: the upper bound
                               attention  the attention each item receives from the last prompt token (per token,
-                                         averaged over every layer and head, as Found-in-the-Middle Eq. 1 measures it)
+                                         averaged over every layer and head, as Found-in-the-Middle's Sec. 2.1 defines it)
                             RULE (where the ranking goes; default litm):
                               litm       LangChain's LongContextReorder: the ranking written from both ends inward
                                          (the best at one end, the second at the other; which end gets the best

@@ -41,9 +41,17 @@ def doc_lines(docs: list[Doc]) -> list[str]:
     return [f"Document [{i + 1}](Title: {d.title}) {d.text}" for i, d in enumerate(docs)]
 
 
-def qa_prompt(question: str, docs: list[Doc]) -> str:
+# where the question goes: after the documents (the study's qa.prompt, the default), or before and after them (the
+# study's qa_with_query_aware_contextualization.prompt, verbatim in form; Found in the Middle's prompt has the question
+# on both sides too). "both" changes what attention-reading methods (calib, attnsort, reorder:attention) read: the
+# documents are then read knowing the question.
+QUESTION_PLACES = ("after", "both")
+
+
+def qa_prompt(question: str, docs: list[Doc], place: str = "after") -> str:
     results = "\n".join(doc_lines(docs))
-    return f"{INSTRUCTION}\n\n{results}\n\nQuestion: {question}\nAnswer:"
+    before = f"Question: {question}\n\n" if place == "both" else ""
+    return f"{INSTRUCTION}\n\n{before}{results}\n\nQuestion: {question}\nAnswer:"
 
 
 class DocQA(RecordsTask):
@@ -54,13 +62,17 @@ class DocQA(RecordsTask):
     max_new_tokens = 48
     documents = True
 
-    def __init__(self, name: str, records: list[QAExample], n_docs: int, answers: str = "all"):
+    def __init__(self, name: str, records: list[QAExample], n_docs: int, answers: str = "all", question: str = "after"):
         if answers not in ANSWER_MODES:
             raise PosbiasError(f"unknown answers mode {answers!r}", f"use one of {', '.join(ANSWER_MODES)}")
+        if question not in QUESTION_PLACES:
+            raise PosbiasError(f"unknown question place {question!r}", "use `question=after` or `question=both`")
         self.name, self._records, self._n_slots, self._answers = name, records, n_docs, answers
+        self.question = question
 
     def config(self) -> dict:
-        return {**super().config(), "docs": self._n_slots, "answers": self._answers}
+        out = {**super().config(), "docs": self._n_slots, "answers": self._answers}
+        return {**out, "question": self.question} if self.question != "after" else out  # older fingerprints stay valid
 
     slot_label = r"Document \[\d+\]"  # the numbering stays with the slot when documents move
     dummy = "(Title: Empty) This document holds no information."
@@ -71,15 +83,15 @@ class DocQA(RecordsTask):
     def build(self, ex: QAExample, position: int) -> Prompt:
         docs = move(list(ex.docs), ex.gold, position)
         answers = ex.answers if self._answers == "all" else ex.answers[:1]
-        return Prompt(ex.id, position, qa_prompt(ex.question, docs), "", answers)
+        return Prompt(ex.id, position, qa_prompt(ex.question, docs, self.question), "", answers)
 
 
-def nq_task(docs: int = 10, data_dir: str | Path | None = None, answers: str = "all") -> DocQA:
+def nq_task(docs: int = 10, data_dir: str | Path | None = None, answers: str = "all", question: str = "after") -> DocQA:
     """NQ-open, 10 or 20 documents: gold (ctxs[0]) plus the first docs-1 distractors."""
     if docs not in (10, 20):
         raise PosbiasError(f"nq has 10 or 20 documents, not {docs}", "use `docs=10` or `docs=20`")
     path = Path(data_dir or shared_data_dir()) / "nq" / "nq-open-20docs-gold_at_0.jsonl.gz"
-    return DocQA("nq", list(_nq_records(path, docs, file_stamp(path))), docs, answers)
+    return DocQA("nq", list(_nq_records(path, docs, file_stamp(path))), docs, answers, question)
 
 
 @functools.lru_cache(maxsize=4)
@@ -109,7 +121,8 @@ One JSON object per line:
 Every line must have the same number of documents and the same kind of gold."""
 
 
-def jsonl_task(path: str | Path, answers: str = "all", prompt: str | None = None) -> DocQA | TwoHopQA:
+def jsonl_task(path: str | Path, answers: str = "all", prompt: str | None = None,
+               question: str | None = None) -> DocQA | TwoHopQA:
     """The user's own data in the schema above (types checked field by field): multi-document QA, or two-hop
     reasoning when "gold" is a pair [first hop, second hop] (then `prompt`: reasoning | coc)."""
     records: list[QAExample | HopExample] = []
@@ -128,12 +141,13 @@ def jsonl_task(path: str | Path, answers: str = "all", prompt: str | None = None
     if len(set(ids)) != len(ids):
         raise PosbiasError(f"{path}: duplicate ids", "give every line a unique 'id'")
     if isinstance(records[0], HopExample):
-        if answers != "all":
-            raise PosbiasError("`answers` applies to one-gold QA data, and this file has pairs of hops", "drop `answers`")
+        if answers != "all" or question is not None:
+            raise PosbiasError(f"`{'answers' if answers != 'all' else 'question'}` applies to one-gold QA data, and this "
+                               "file has pairs of hops", f"drop `{'answers' if answers != 'all' else 'question'}`")
         return TwoHopQA(f"jsonl:{path}", records, len(records[0].docs), prompt or "reasoning")
     if prompt is not None:
         raise PosbiasError("`prompt` applies to two-hop data (a pair of gold documents)", "drop `prompt`")
-    return DocQA(f"jsonl:{path}", records, len(records[0].docs), answers)
+    return DocQA(f"jsonl:{path}", records, len(records[0].docs), answers, question or "after")
 
 
 def _bad(where: str, what: str) -> PosbiasError:

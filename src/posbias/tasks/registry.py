@@ -66,11 +66,11 @@ register_task("kv-lookup", lambda arg, data_dir, **o: KVLookup(**o),
 register_task("kv-uuid", lambda arg, data_dir, **o: KVUUID(data_dir=data_dir, **o),
               "Lost in the Middle JSON UUID key-value retrieval (option: pairs; 75/140 read the shared files)", {"pairs": int})
 register_task("nq", lambda arg, data_dir, **o: nq_task(data_dir=data_dir, **o),
-              "Lost in the Middle NQ-open multi-document QA (options: docs = 10 or 20; answers = all | first)",
-              {"docs": int, "answers": str})
+              "Lost in the Middle NQ-open multi-document QA (options: docs = 10 or 20; answers = all | first; question = "
+              "after | both, the question's place around the documents)", {"docs": int, "answers": str, "question": str})
 register_task("jsonl", lambda arg, data_dir, **o: jsonl_task(arg, **o),
-              "your own multi-document QA or two-hop data (schema below; options: answers, or prompt for two hops)",
-              {"answers": str, "prompt": str | None}, arg="PATH")
+              "your own multi-document QA or two-hop data (schema below; options: answers, question, or prompt for two "
+              "hops)", {"answers": str, "prompt": str | None, "question": str | None}, arg="PATH")
 register_task("musique", lambda arg, data_dir, **o: musique_task(data_dir=data_dir, **o),
               "MuSiQue 2-hop reasoning, 20 paragraphs, the two hops placed (options: prompt = reasoning | coc; docs = 20 "
               "or 10)", {"docs": int, "prompt": str})
