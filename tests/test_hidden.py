@@ -190,6 +190,13 @@ def test_a_killed_search_resumes_to_the_same_result(lo, tmp_path, monkeypatch, w
         run_search(_cfg(top_k=1), tmp_path / "cut", loaded=lo, progress=False, resume=True)
 
 
+def test_a_model_too_shallow_for_the_search_is_refused_in_one_line(tmp_path):
+    """Layers 2..L-2 hold the candidates: a 2-layer model used to end in numpy's 'need at least one array to stack'."""
+    with pytest.raises(PosbiasError, match="has 2 layers"):
+        run_search(_cfg(), tmp_path / "shallow", loaded=_tiny(layers=2), progress=False)
+    assert not (tmp_path / "shallow").exists()
+
+
 def test_search_refuses_bad_config(lo, tmp_path):
     for kw, text in (({"scales": (1.0,)}, "other than 1"), ({"select": "best"}, "unknown `select`"),
                      ({"positions": (0, 7)}, "slots in 0..3"), ({"layers": (3, 9)}, "do not fit a 6-layer"),

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from browser import check_page, embedded_png_problems, find_chromium
-from posbias import GridConfig, PosbiasError, SweepConfig, build_report, run_compare, run_grid, run_sweep, synth
+from conftest import tiny_model
+from posbias import GridConfig, Loaded, PosbiasError, SweepConfig, build_report, hidden, run_compare, run_grid, run_sweep, synth
 from posbias.cli import main
 from posbias.distill import DistillConfig, run_distill
 from posbias.explain import AttentionConfig, ShiftingConfig, TheoryConfig, run_attention, run_shifting, run_theory
@@ -43,7 +44,7 @@ def chromium():
 
 KINDS = {"sweep": "sweep", "compare": "comparison", "search": "search", "distill": "distillation", "theory": "theory run",
          "shifting": "shifting analysis", "synth": "synth sinks grid", "grid": "grid", "attention": "attention analysis",
-         "other": "mystery analysis", "order": "sweep", "order-compare": "comparison"}
+         "other": "mystery analysis", "order": "sweep", "order-compare": "comparison", "hidden": "hidden-search"}
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +74,9 @@ def runs(tmp_path_factory, model_dir, loaded):
     synth.run_grid("sinks", synth.grid_runs("sinks", "quick", **over), root / "synth", progress=False)
     run_grid(GridConfig(model=str(model_dir), task_options={"digits": 3}, sizes="3,5", depths="0%,50%,100%", n=2,
                         dtype="fp32"), root / "grid", loaded=loaded, progress=False)
+    deeper = Loaded(tiny_model("llama", len(loaded.tokenizer), layers=6), loaded.tokenizer, {"name": "tiny-llama-6", "context_window": 2048})
+    hidden.run_search(hidden.SearchConfig(model="tiny", task_options=KV, n=2, skip=100, dtype="fp32", samples=4, length=64,
+                                          top_k=1, scales=(0.0,)), root / "hidden", loaded=deeper, progress=False)
     _hand_made(root, root / "sweep" / "curve.png")
     return root
 
@@ -90,6 +94,14 @@ def _hand_made(root: Path, png: Path) -> None:
 def _pngs(root: Path) -> int:
     """PNGs the report should embed: each folder's own (a compare's sub-sweeps are not sections)."""
     return sum(len(list((root / d).glob("*.png"))) for d in KINDS)
+
+
+def test_every_kind_of_run_reports(runs, tmp_path):
+    """A report over every pipeline's folder (a hidden-channel search used to be refused: the report derived
+    `hidden-search.json` from its kind, and the pipeline writes hidden.json; run.json now names the result file)."""
+    res = build_report([runs / d for d in sorted(KINDS)], tmp_path / "all.html")
+    assert sorted(res.kinds) == sorted(KINDS.values())
+    assert json.loads((runs / "hidden" / "run.json").read_text())["result"] == "hidden.json"
 
 
 def test_report_of_real_runs_opens_clean_in_chromium(runs, tmp_path, chromium):

@@ -293,7 +293,7 @@ class RunFolder:
                 self._compare(fingerprint)
             else:
                 self._clear()
-                write_json_atomic(self.file(MARKER), {"kind": self.kind, "fingerprint": fingerprint,
+                write_json_atomic(self.file(MARKER), {"kind": self.kind, "result": self.result, "fingerprint": fingerprint,
                                                       "command": command_line()}, indent=2)
             self.resuming = resume
             yield self

@@ -23,8 +23,10 @@ from ..version import __version__
 from .blocks import PNG_URI, esc
 from .sections import Run, provenance, renderer_for
 
-# result file per kind; any other kind: the first word of the kind + ".json" (grid -> grid.json)
-RESULT_FILES = {"comparison": "compare.json", "search": "factors.json", "distillation": "distill.json", "length-gain": "gain.json"}
+# A run's result file is named in its run.json ("result", written by runs.RunFolder). Folders from before that was
+# recorded: by kind, else the first word of the kind + ".json" (grid -> grid.json)
+RESULT_FILES = {"comparison": "compare.json", "search": "factors.json", "distillation": "distill.json", "length-gain": "gain.json",
+                "hidden-search": "hidden.json"}
 
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d232b;background:#f5f6f8}
@@ -128,7 +130,7 @@ def load_run(path: Path) -> Run:
     kind = str(marker.get("kind") or "")
     if not kind:
         raise PosbiasError(f"{path / MARKER} names no kind of run", "pass a folder a posbias command wrote")
-    name = result_file(kind)
+    name = str(marker.get("result") or result_file(kind))
     if not (path / name).is_file():
         raise PosbiasError(f"the {kind} in {path} is not finished (no {name})",
                            "finish it first (resume the command recorded in its run.json), or pass only finished runs")

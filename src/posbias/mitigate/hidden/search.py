@@ -196,6 +196,9 @@ def run_hidden_search(cfg: HiddenSearchConfig | None = None, out: str | Path | N
         return _result(folder.read_result())
     loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
     n_layers, hidden = int(loaded.model.config.num_hidden_layers), int(loaded.model.config.hidden_size)
+    if n_layers < 4:  # the candidates are read in layers 2 .. L - 2 (core/positional_channels.py)
+        raise PosbiasError(f"the hidden-channel search reads layers 2 to L-2, and {loaded.info.get('name')} has {n_layers} "
+                           "layers", "use a model with at least 4 layers")
     layers = list(cfg.layers) if cfg.layers else middle_layers(n_layers)
     scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch,
                     cfg.prefix_sharing)
