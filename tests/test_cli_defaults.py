@@ -10,7 +10,7 @@ import typer.main
 import posbias
 from posbias.cli import app
 
-COMMANDS = {"sweep": posbias.SweepConfig, "compare": posbias.SweepConfig, "grid": posbias.GridConfig,
+COMMANDS = {"sweep": posbias.SweepConfig, "compare": posbias.SweepConfig, "show": posbias.SweepConfig, "grid": posbias.GridConfig,
             "analyze attention": posbias.explain.AttentionConfig, "analyze shifting": posbias.explain.ShiftingConfig,
             "analyze prior": posbias.explain.PriorConfig, "lpes search": posbias.lpes.SearchConfig,
             "distill r1": posbias.distill.DistillConfig, "distill r2": posbias.distill.DistillConfig,

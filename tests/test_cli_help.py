@@ -33,7 +33,7 @@ SYNTH_GRID = [type(SYNTH.train), type(SYNTH.eval), type(SYNTH.data)]  # the grid
 # command -> the configs its options set, searched in order for a field named like the option
 CONFIGS = {
     "sweep": [posbias.SweepConfig], "compare": [posbias.SweepConfig], "grid": [posbias.GridConfig],
-    "export": [posbias.SweepConfig],
+    "export": [posbias.SweepConfig], "show": [posbias.SweepConfig],
     "lpes search": [posbias.lpes.SearchConfig, posbias.lpes.GAConfig], "hidden search": [posbias.hidden.SearchConfig],
     "distill r1": [posbias.distill.DistillConfig], "distill r2": [posbias.distill.DistillConfig],
     "moice train": [posbias.moice.TrainConfig],

@@ -189,8 +189,8 @@ def _check_entry(out: Path, entry: dict, rows: list[dict], cfg: SweepConfig, tas
     assert record["config"]["scoring_path"].startswith(path), record["config"]["scoring_path"]
     assert record["summary"]["chance"] == pytest.approx(task.chance) and ("order" in record["summary"]) == \
         getattr(task, "order", False)
-    if cfg.engine == "generate":
-        assert all(isinstance(r["prediction"], str) for r in mine)
+    if cfg.engine == "generate":  # every generated answer says whether the limit cut it short
+        assert all(isinstance(r["prediction"], str) and isinstance(r["cut"], bool) for r in mine)
     return {_key(r): {k: r.get(k) for k in ("correct", "prediction", "choice")} for r in mine}
 
 

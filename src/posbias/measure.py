@@ -8,7 +8,9 @@
 - `COLLAPSE_MARGIN`: `run_compare`'s default collapse guard;
 - `export_model`: a model posbias loads, written as a plain Hugging Face directory an engine serves;
 - `field_docs(Config)`: each field's meaning, as the config's docstring states it (the CLI's option help);
-- `set_threads` (honours POSBIAS_THREADS) and `is_main_process` (rank 0 under `accelerate launch`).
+- `set_threads` (honours POSBIAS_THREADS) and `is_main_process` (rank 0 under `accelerate launch`);
+- `show_prompt(task, position, example)` -> `ShownPrompt`: one row's prompt exactly as the model receives it (chat
+  template, system turn, answer prefix), where its gold item sits and its token count (`posbias show`).
 """
 
 from .backends import Backend as Backend
@@ -19,6 +21,8 @@ from .eval.compare import COLLAPSE_MARGIN as COLLAPSE_MARGIN
 from .eval.config import field_docs as field_docs
 from .eval.engines import ENGINES as ENGINES
 from .eval.scorer import Scorer as Scorer
+from .eval.show import ShownPrompt as ShownPrompt
+from .eval.show import show_prompt as show_prompt
 from .methods import split_specs as split_specs
 from .models.load import export_model as export_model
 from .models.load import set_threads as set_threads
@@ -27,5 +31,6 @@ from .tasks import JSONL_SCHEMA as JSONL_SCHEMA
 from .tasks import ORDER_SCHEMAS as ORDER_SCHEMAS
 from .tasks import resolve_positions as resolve_positions
 
-__all__ = ["Backend", "COLLAPSE_MARGIN", "ENGINES", "JSONL_SCHEMA", "ModelSpec", "ORDER_SCHEMAS", "Scorer", "export_model", "field_docs",
-           "is_main_process", "parse_spec", "resolve_positions", "set_threads", "split_models", "split_specs"]
+__all__ = ["Backend", "COLLAPSE_MARGIN", "ENGINES", "JSONL_SCHEMA", "ModelSpec", "ORDER_SCHEMAS", "Scorer", "ShownPrompt",
+           "export_model", "field_docs", "is_main_process", "parse_spec", "resolve_positions", "set_threads", "show_prompt",
+           "split_models", "split_specs"]

@@ -47,6 +47,7 @@ class Reply:
     text: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    finish: str = ""  # why generation stopped, as the server says ("length": cut at max_tokens; "stop")
 
 
 def prompt_ranks(positions: list, q: Request) -> list[tuple[float, int, int, float]]:

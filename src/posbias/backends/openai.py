@@ -136,7 +136,9 @@ class OpenAIBackend(ServedBackend):
         if self.prompts == "chat":
             stop = {"stop": ["\n"]} if q.stop_newline else {}
             out = self.http.post("/chat/completions", {**common, **stop, "messages": q.messages, "max_tokens": q.max_tokens})
-            return [Reply(text=(_choice(out).get("message") or {}).get("content") or "", **_usage(out))]
+            choice = _choice(out)
+            return [Reply(text=(choice.get("message") or {}).get("content") or "", finish=choice.get("finish_reason") or "",
+                          **_usage(out))]
         prompt = q.ids if len(qs) == 1 else [x.ids for x in qs]  # a single prompt as before (the same cache keys)
         if q.kind == "logprobs":
             body = {**common, **NEUTRAL, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 1}
@@ -150,7 +152,8 @@ class OpenAIBackend(ServedBackend):
                                "use batch=1 in the model spec (this server does not take a list of prompts)")
         usage = _usage(out)
         return [Reply(tokens=_ranks(c, x) if x.kind == "logprobs" else [], text=c.get("text") or "",
-                      **(usage if k == 0 else {})) for k, (c, x) in enumerate(zip(choices, qs))]
+                      finish=c.get("finish_reason") or "", **(usage if k == 0 else {}))
+                for k, (c, x) in enumerate(zip(choices, qs))]
 
 
 def _shape(q: Request) -> tuple:

@@ -78,7 +78,7 @@ class VLLMBackend(ServedBackend):
                     yield lo + k, Reply(tokens=prompt_ranks([e and {t: (x.logprob, x.rank) for t, x in e.items()}
                                                             for e in o.prompt_logprobs], q))
                 else:
-                    yield lo + k, Reply(text=gen.text)
+                    yield lo + k, Reply(text=gen.text, finish=str(gen.finish_reason or ""))
 
     def close(self) -> None:
         self.llm = None

@@ -1,14 +1,15 @@
-"""`posbias sweep | compare | tasks | models`: measure a model's position bias."""
+"""`posbias sweep | compare | show | tasks | models`: measure a model's position bias."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from .. import BACKENDS, MODELS, TASKS, SweepConfig, run_compare, run_sweep
-from ..measure import COLLAPSE_MARGIN, JSONL_SCHEMA, ORDER_SCHEMAS, export_model, split_models, split_specs
+from ..measure import COLLAPSE_MARGIN, JSONL_SCHEMA, ORDER_SCHEMAS, export_model, show_prompt, split_models, split_specs
 from .options import (
     MODEL,
     RUN,
@@ -16,6 +17,9 @@ from .options import (
     SPLIT,
     TASK,
     Args,
+    Group,
+    Opt,
+    engine_values,
     field_option,
     method_values,
     model_fields,
@@ -59,6 +63,28 @@ def compare(model: Args, task: Args, split: Args, scoring: Args, run: Args, posi
                       **run_kwargs(run))
     typer.echo(res.format())
     typer.echo(f"wrote {run.out}/compare.json, compare.png and one sweep directory per method")
+
+
+# what `show` takes of the sweep's groups: it loads only the tokenizer and scores nothing
+SHOW_MODEL = Group("model", "Model", model=Opt(), chat=Opt())
+SHOW_SPLIT = Group("split", "Examples", seed=Opt(type=int), skip=Opt(type=int))
+SHOW_SCORING = Group("scoring", "Scoring", engine=Opt(type=Optional[str], values=engine_values),
+                     max_new_tokens=Opt(type=Optional[int]))
+
+
+@uses(SweepConfig, SHOW_MODEL, TASK, SHOW_SPLIT, SHOW_SCORING)
+def show(model: Args, task: Args, split: Args, scoring: Args,
+         position: Optional[str] = typer.Option(None, help="the one placement to show: a slot (5), a percent of the "
+                                                "last slot (50%), or first:second hop slots (0:1); default: the "
+                                                "task's first default placement"),
+         example: int = typer.Option(0, help="which example: its row number in the order --seed and --skip give, "
+                                             "as a sweep with them numbers its examples"),
+         as_json: bool = typer.Option(False, "--json", help="print the whole record as JSON instead")) -> None:
+    """Print the exact prompt one row is scored on: chat template, system turn, answer prefix, where the gold sits."""
+    t = task_fields(task)
+    shown = show_prompt(t["task"], placements(task, position), example, model=model.model, chat=model.chat,
+                        data_dir=t["data_dir"], task_options=t["task_options"], **vars(split), **vars(scoring))
+    typer.echo(json.dumps(shown.record, indent=2, ensure_ascii=False) if as_json else shown.format())
 
 
 def tasks() -> None:

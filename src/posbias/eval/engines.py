@@ -30,7 +30,7 @@ from ..methods import Active
 from ..models.load import Loaded
 from ..tasks import Task
 from .encode import Encoded, render
-from .generate import generate_greedy
+from .generate import generate_limited
 from .teacher_forced import option_verdict, score_teacher_forced
 
 
@@ -139,17 +139,18 @@ class Generate(Engine):
 
     def _predict(self, scorer: ScorerView, batch: list[Encoded], active: Active | None, shared: tuple | None) -> list[dict]:
         tok = scorer.loaded.tokenizer
-        preds = generate_greedy(scorer.loaded.model, tok, batch, tok.pad_token_id, scorer.max_new_tokens,
-                                multiline=scorer.task.multiline, shared=shared)
-        return [self._judge(scorer, p, r) for p, r in zip(preds, batch)]
+        preds = generate_limited(scorer.loaded.model, tok, batch, tok.pad_token_id, scorer.max_new_tokens,
+                                 multiline=scorer.task.multiline, shared=shared)
+        return [self._judge(scorer, p, r, cut) for (p, cut), r in zip(preds, batch)]
 
     @staticmethod
-    def _judge(scorer: ScorerView, pred: str, row: Encoded) -> dict:
-        """correct and prediction of a generated answer; on an order task also the option it names (-1: none)."""
+    def _judge(scorer: ScorerView, pred: str, row: Encoded, cut: bool) -> dict:
+        """correct and prediction of a generated answer, and whether max_new_tokens cut it short; on an order task
+        also the option it names (-1: none)."""
         if row.prompt.options:
             choice = parse_choice(pred, row.prompt.options)
-            return {"correct": choice == row.prompt.position, "prediction": pred, "choice": choice}
-        return {"correct": METRICS[scorer.task.metric](pred, row.prompt.answers), "prediction": pred}
+            return {"correct": choice == row.prompt.position, "prediction": pred, "choice": choice, "cut": cut}
+        return {"correct": METRICS[scorer.task.metric](pred, row.prompt.answers), "prediction": pred, "cut": cut}
 
     def branch(self, row: Encoded, p: int, max_new_tokens: int) -> tuple[int, int]:
         return 1, len(row.prompt_ids) - p + max_new_tokens
@@ -164,7 +165,8 @@ class Generate(Engine):
 
     def verdict(self, scorer: ScorerView, row: Encoded, replies: list[Reply]) -> dict:
         text = replies[0].text
-        return self._judge(scorer, text.strip() if scorer.task.multiline else first_line(text), row)
+        return self._judge(scorer, text.strip() if scorer.task.multiline else first_line(text), row,
+                           replies[0].finish == "length")
 
 
 def _greedy(token: int, reply: tuple[float, int, int, float]) -> bool:

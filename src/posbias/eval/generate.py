@@ -47,6 +47,13 @@ def generate_greedy(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_
     """Greedy continuations of each row's prompt, cut at the first newline (multiline: the whole text, for a
     chain of thought, stopped by EOS or max_new_tokens only). shared = (spine_kv, owner, plen): the rows
     continue cached spines (generate_shared)."""
+    return [text for text, _ in generate_limited(model, tokenizer, rows, pad_id, max_new_tokens, multiline, shared)]
+
+
+def generate_limited(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_tokens: int,
+                     multiline: bool = False, shared: tuple | None = None) -> list[tuple[str, bool]]:
+    """generate_greedy's texts, each with whether it was cut at max_new_tokens (no stop token: EOS, or a newline
+    unless multiline, among its new tokens), so a run can say how many answers the limit cut short."""
     if shared is not None:
         return generate_shared(model, tokenizer, rows, *shared, max_new_tokens, multiline)
     from transformers import GenerationConfig, StoppingCriteriaList
@@ -66,12 +73,15 @@ def generate_greedy(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_
         )
     new = out[:, batch["input_ids"].shape[1] :]
     texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-    return [t.strip() if multiline else first_line(t) for t in texts]
+    stops = torch.tensor(sorted(set(eos_ids(model, tokenizer)) | (set() if multiline else set(_newline_ids(tokenizer)))),
+                         device=new.device)
+    cut = (new.shape[1] == max_new_tokens) & ~torch.isin(new, stops).any(dim=1)  # [R]: ran to the limit unstopped
+    return [(t.strip() if multiline else first_line(t), bool(c)) for t, c in zip(texts, cut.tolist())]
 
 
 @torch.inference_mode()
 def generate_shared(model, tokenizer, rows: list[Encoded], spine_kv, owner: list[int], plen: list[int],
-                    max_new_tokens: int, multiline: bool = False) -> list[str]:
+                    max_new_tokens: int, multiline: bool = False) -> list[tuple[str, bool]]:
     """As generate_greedy, each row continuing its spine's cache (eval/prefix.py): the branch prefill, then a
     greedy loop over the growing cache with generate_greedy's stop rules (EOS, max_new_tokens, a newline
     unless multiline); a stopped row's token is kept (and dropped by skip_special_tokens if special), as there."""
@@ -96,4 +106,4 @@ def generate_shared(model, tokenizer, rows: list[Encoded], spine_kv, owner: list
         logits = shared.forward(tok[:, None], nxt_pos, torch.ones_like(nxt_pos, dtype=torch.bool), keep=1)[:, -1]
         nxt_pos = nxt_pos + 1
     texts = tokenizer.batch_decode(out, skip_special_tokens=True)
-    return [t.strip() if multiline else first_line(t) for t in texts]
+    return [(t.strip() if multiline else first_line(t), not bool(d)) for t, d in zip(texts, done.tolist())]

@@ -63,7 +63,11 @@ class Scorer:
         self.engine = get_engine(engine or task.default_engine)
         self.engine.check(self.backend.caps, self.backend.name)
         self.metric = task.metric
-        self.max_new_tokens = max_new_tokens or task.max_new_tokens
+        self.limit_from: str | None = None  # how a task derived max_new_tokens from its data (None: fixed or given)
+        if max_new_tokens:
+            self.max_new_tokens = max_new_tokens
+        else:
+            self.max_new_tokens, self.limit_from = task.generation_limit(self._count_tokens)
         self.chat = use_chat(self.backend, chat)
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
         self.prefix_sharing = prefix_sharing
@@ -73,18 +77,25 @@ class Scorer:
         """The resolved choices, for a run's record: with a method, also the scoring path it runs (and why not
         the prefix-shared one, if not)."""
         from ..models.decoding import decoding_record
+        from .template import template_settings
 
+        extra = {**template_settings(self.backend.tokenizer, self.chat),  # the template's hash and system turn, if used
+                 **({"max_new_tokens_from": self.limit_from} if self.limit_from else {})}  # a limit the data gave
         if self.loaded is None:  # served: greedy by request (backends/openai.py); recorded with the backend's name
             return {"engine": self.engine.name, "max_new_tokens": self.max_new_tokens, "chat_used": self.chat,
                     "decoding": {"rule": "greedy", "request": "temperature 0, seed, neutral penalties"},
-                    "backend": self.backend.name, "scoring_path": "served (the engine's own prefix cache)"}
+                    "backend": self.backend.name, "scoring_path": "served (the engine's own prefix cache)", **extra}
         out = {"engine": self.engine.name, "max_new_tokens": self.max_new_tokens, "chat_used": self.chat,
-               "decoding": decoding_record(self.loaded.model)}
+               "decoding": decoding_record(self.loaded.model), **extra}
         if method is not None:
             shared, note = self.path(method)
             out["scoring_path"] = "prefix-shared" if shared else "plain"
             out.update({"scoring_note": note} if note else {})
         return out
+
+    def _count_tokens(self, text: str) -> int:
+        tok = self.backend.tokenizer
+        return len(text.split()) * 2 if tok is None else len(tok(" " + text, add_special_tokens=False)["input_ids"])
 
     def path(self, method: str | Method | None = None) -> tuple[bool, str | None]:
         """(prefix-shared?, note): the note says why a requested prefix sharing falls back to the plain path."""

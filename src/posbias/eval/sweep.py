@@ -192,6 +192,10 @@ def _run(cfg, out, backend, task, method, positions, examples, calibration, fold
         per, summary = per_position_stats(all_rows, positions, ids, task.also)
         # what the curve measures, and what guessing scores (an order task: one over its options)
         summary.update(chance=task.chance, measure=getattr(task, "score_name", "accuracy"))
+        generated = [r for r in all_rows if "cut" in r]
+        if generated:  # answers the generation limit cut short (no stop before max_new_tokens)
+            summary["cut"] = {"rows": sum(bool(r["cut"]) for r in generated), "of": len(generated),
+                              "max_new_tokens": scorer.max_new_tokens}
         if getattr(task, "order", False):  # the order of candidates: consistency, fairness, RStd, choice shares
             summary["order"] = order_summary(all_rows, positions, ids, task.n_slots)
         if decision:
@@ -274,6 +278,10 @@ def format_table(per: list[dict], summary: dict) -> str:
         lines.append(f"modes: {modes} | gap between modes {s['mode_gap']:.3f}")
     if measure != "accuracy":
         lines.append(f"values: {measure} (the file names no preferred answer), not accuracy")
+    if s.get("cut", {}).get("rows"):
+        c = s["cut"]
+        lines.append(f"{c['rows']} of {c['of']} answers reached the {c['max_new_tokens']}-token limit unfinished: raise "
+                     "max_new_tokens (--max-new-tokens) if they were cut mid-answer")
     if "order" in s:
         lines += format_order(s["order"], s.get("decision"))
     return "\n".join(lines)

@@ -68,6 +68,12 @@ class Task(ABC):
     slot_label: str | None = None  # a regex, e.g. r"Document \[\d+\]"
     dummy: str = "This line holds no information."
 
+    def generation_limit(self, count_tokens) -> tuple[int, str | None]:
+        """(the default max_new_tokens of generation on this task, how it was derived or None for the task's fixed
+        default); count_tokens(text) -> the model's token count of an answer, for a task that derives its limit
+        from its data (a user's QA file)."""
+        return self.max_new_tokens, None
+
     def gold_target(self, prompt: Prompt) -> str:
         """The gold answer as a response the task scores correct (what SFT trains on)."""
         return prompt.answers[0]
