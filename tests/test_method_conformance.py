@@ -189,7 +189,8 @@ def test_cached_decoding_equals_a_full_forward(loaded, method):
 def test_the_prompt_end_matters_where_a_method_reads_the_input(loaded):
     """Guard for the test above: Ms-PoE ranks its heads on the input, so without the prompt end a full forward
     ranks them at another token than generation does, and the logits differ."""
-    ids = _ids(40, seed=5)
+    ids = _ids(40, seed=7)  # an input whose last two tokens rank the heads differently (at ALPHA 3, seeds 5 and 6
+    # happen to rank them alike on Qwen2)
     with get_method("mspoe").apply(loaded):
         full = loaded.model(input_ids=ids).logits[:, -1]
         pre = loaded.model(input_ids=ids[:, :-1], use_cache=True)

@@ -9,7 +9,12 @@ import torch
 
 from ..errors import PosbiasError
 
-ALPHA = 4.0  # outlier threshold: weight > ALPHA * row mean (public code and paper)
+# The outlier threshold: a weight counts when it exceeds ALPHA times its row's mean (ALPHA / n over n valid keys). 3, the
+# public code's (VITA-Group/Ms-PoE, utils/modify_arch/llama.py `_calculate_outlier`: `attn_weights > 3 * average`,
+# scored on the last query row), unchanged there since commit aa9bb6a (2024-03-05) and in its open pull request #3;
+# the value moved 3, 1, 5, 4, 2, 3, 2, 3 over its first day of commits. The paper's text was not at hand to check;
+# this was 4 until 2026-11, cited as "public code and paper" without a source.
+ALPHA = 3.0
 
 
 def ratio_ladder(min_ratio: float, max_ratio: float, n: int) -> torch.Tensor:
