@@ -67,19 +67,24 @@ def generic(run: Run) -> str:
 # ----------------------------------------------------------------------------- sweep, comparison
 
 
-def curve_table(per_position: list[dict]) -> Raw:
-    """Accuracy per position with its 95% CI (Wilson), n, and the further metrics a task adds."""
+def curve_table(per_position: list[dict], measure: str = "accuracy") -> Raw:
+    """Accuracy per position (or what the run measured: `summary.measure`) with its 95% CI (Wilson), n, and the further
+    metrics a task adds."""
     base = ("position", "n", "correct", "accuracy", "ci_low", "ci_high")
     extra = [k for k in per_position[0] if k not in base]
     rows = [[pos_label(p["position"]), p["accuracy"], f"[{fmt(p['ci_low'])}, {fmt(p['ci_high'])}]", p["n"],
              p.get("correct")] + [p.get(k) for k in extra] for p in per_position]
-    return table(["position", "accuracy", "95% CI", "n", "correct", *extra], rows)
+    return table(["position", measure, "95% CI", "n", "correct", *extra], rows)
 
 
 def summary_line(s: dict) -> Raw:
-    """average | best | worst | gap [CI] | std, as the sweep prints it (and per-mode averages for two hops)."""
+    """average (and the chance level) | best | worst | gap [CI] | std, as the sweep prints it (and per-mode averages
+    for two hops)."""
     gap_ci = s.get("gap_ci") or [None, None]
-    text = (f"average {fmt(s.get('average'))} | best {fmt(s.get('best'))} (pos {pos_label(s.get('best_position'))}) | "
+    chance = f" (chance {fmt(s['chance'])})" if s.get("chance") else ""
+    measure = "" if s.get("measure", "accuracy") == "accuracy" else f"{s['measure']}, not accuracy: "
+    text = (f"{measure}average {fmt(s.get('average'))}{chance} | best {fmt(s.get('best'))} "
+            f"(pos {pos_label(s.get('best_position'))}) | "
             f"worst {fmt(s.get('worst'))} (pos {pos_label(s.get('worst_position'))}) | gap {fmt(s.get('gap'))} "
             f"[{fmt(gap_ci[0])}, {fmt(gap_ci[1])}] (paired bootstrap 95% CI) | std {fmt(s.get('std'))}")
     if "modes" in s:
@@ -116,7 +121,8 @@ def sweep(run: Run) -> str:
             f"method {method.get('label') or method.get('name') or cfg.get('method', '?')}, engine {cfg.get('engine', '?')}, "
             f"n = {cfg.get('n', '?')} examples per position")
     order = [order_table([("this run", r["summary"])])] if "order" in r["summary"] else []
-    return "".join([para(what), summary_line(r["summary"]), curve_table(r["per_position"]), *order,
+    measure = r["summary"].get("measure", "accuracy")
+    return "".join([para(what), summary_line(r["summary"]), curve_table(r["per_position"], measure), *order,
                     figures(run.path, ("curve.png", "heatmap.png", "order.png"))])
 
 
@@ -133,12 +139,16 @@ def comparison(run: Run) -> str:
                 for p in e["per_position"]]
         diff = f"{v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" if v else "-"
         col = e.get("collapse") or {}
-        rows.append([e["label"], *accs, s["average"], s["gap"], f"[{fmt(s['gap_ci'][0])}, {fmt(s['gap_ci'][1])}]", diff,
-                     "; ".join(col.get("reasons", [])) or ("-" if col else "")])
+        flag = "; ".join(col.get("reasons", [])) or ("at chance" if col.get("at_chance") else "-" if col else "")
+        rows.append([e["label"], *accs, s["average"], s["gap"], f"[{fmt(s['gap_ci'][0])}, {fmt(s['gap_ci'][1])}]", diff, flag])
     head = ["entry", *(f"pos {pos_label(p)}" for p in positions), "average", "gap", "gap 95% CI",
             f"average - {first} (paired 95% CI)", "collapsed"]
-    parts = [para(f"{len(entries)} entries on the same examples; accuracy per position with its 95% CI (Wilson); "
-                  f"differences paired over examples (bootstrap)."), table(head, rows)]
+    s0 = entries[0]["summary"]
+    chance = f" Chance: {fmt((entries[0].get('collapse') or {}).get('chance', s0.get('chance')))}." \
+        if (entries[0].get("collapse") or {}).get("chance", s0.get("chance")) else ""
+    measure = s0.get("measure", "accuracy")
+    parts = [para(f"{len(entries)} entries on the same examples; {measure} per position with its 95% CI (Wilson); "
+                  f"differences paired over examples (bootstrap).{chance}"), table(head, rows)]
     if "modes" in entries[0]["summary"]:
         modes = list(entries[0]["summary"]["modes"])
         parts.append(table(["entry", *modes, "mode gap"],
