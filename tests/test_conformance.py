@@ -21,6 +21,7 @@ tests before it never reached.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -115,9 +116,11 @@ def examples(root) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def loaded() -> Loaded:
+    """The tiny model, on the CPU (or on POSBIAS_TEST_DEVICE, e.g. cuda: the matrix on an accelerator, by hand)."""
     tok = char_tokenizer()
-    return Loaded(tiny_model("llama", len(tok), WINDOW, layers=LAYERS), tok,
-                  {"name": "tiny-llama", "context_window": WINDOW, "dtype": "fp32", "device": "cpu"})
+    device = os.environ.get("POSBIAS_TEST_DEVICE", "cpu")
+    return Loaded(tiny_model("llama", len(tok), WINDOW, layers=LAYERS).to(device), tok,
+                  {"name": "tiny-llama", "context_window": WINDOW, "dtype": "fp32", "device": device})
 
 
 def _config(name: str, engine: str, root: Path, **kw) -> tuple[SweepConfig, object]:
