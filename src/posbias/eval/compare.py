@@ -84,7 +84,8 @@ def model_label(model: str | Loaded) -> str:
     return Path(name).parent.name if distill_record(model) else name
 
 
-def _check_entries(cfg: SweepConfig, methods: list[Method], models: list) -> None:
+def _check_entries(cfg: SweepConfig, methods: list[Method], models: list):
+    """Refuse a comparison that cannot run, before any work; -> the task (built once here)."""
     if not methods:
         raise PosbiasError("no methods given", "pass `methods` such as none,pi:1.1,mspoe,buckets,lpes:DIR/factors.json")
     keys = [m.key for m in methods]
@@ -99,6 +100,7 @@ def _check_entries(cfg: SweepConfig, methods: list[Method], models: list) -> Non
         preflight(cfg, m.for_task(task), task, task.placements(cfg.positions))  # before the first entry runs
     for mo in models:  # nor a distilled model on its training examples
         refuse_overlap(cfg, (distill_record(mo) or {}).get("train_split"), f"{model_name(mo)} was trained")
+    return task
 
 
 def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] = ("none",), out: str | Path | None = None,
@@ -120,7 +122,7 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
     methods = [get_method(m) for m in methods]  # fail on a bad spec before any work
     named = models is not None
     model_list = list(models) if named else [loaded or cfg.model]
-    _check_entries(cfg, methods, model_list)
+    task = _check_entries(cfg, methods, model_list)
     for mo in model_list:  # a method on a served model is refused before any engine starts
         if isinstance(mo, str):
             spec = parse_spec(mo)
@@ -149,7 +151,6 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
             del lo
             first = None  # one model in memory at a time
         _add_paired_differences(results)
-        task = _task(cfg)
         _flag_collapse(results, collapse_margin, task.chance, getattr(task, "order", False))
         shared = {k: v for k, v in res.config.items() if k not in PATH_KEYS}  # the path is per entry
         record = {"config": {**shared, "method": None, "model": None if named else model_name(model_list[0])},
@@ -211,10 +212,14 @@ def _task(cfg: SweepConfig):
     return get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
 
 
+def _average_ci(summary: dict) -> list[float]:
+    """The average's 95% CI (an older summary without one: the average itself)."""
+    return summary.get("average_ci") or [summary["average"]] * 2
+
+
 def _at_chance(summary: dict, chance: float) -> bool:
     """Whether an average cannot be told from chance or lies below it: the low end of its 95% CI at or below chance."""
-    lo = (summary.get("average_ci") or [summary["average"]])[0]
-    return lo <= chance + 1e-9
+    return _average_ci(summary)[0] <= chance + 1e-9
 
 
 def _flag_collapse(results: list[dict], margin: float, chance: float, order: bool = False) -> None:
@@ -231,7 +236,7 @@ def _flag_collapse(results: list[dict], margin: float, chance: float, order: boo
         s = r["summary"]
         drops = {label(p["position"]): base[label(p["position"])] - p["accuracy"] for p in r["per_position"]}
         worst = max(drops, key=drops.get)
-        at, below = _at_chance(s, chance), (s.get("average_ci") or [s["average"]] * 2)[1] < chance - 1e-9
+        at, below = _at_chance(s, chance), _average_ci(s)[1] < chance - 1e-9
         reasons = []
         if i and not order and drops[worst] > margin + 1e-9:
             reasons.append(f"position {worst} loses {drops[worst]:.3f} (> {margin:g})")

@@ -94,6 +94,8 @@ class Scorer:
         return out
 
     def _count_tokens(self, text: str) -> int:
+        """An answer's length in the model's tokens (a chat-only server without a tokenizer: two per word, a rough
+        upper estimate for English under subword tokenizers)."""
         tok = self.backend.tokenizer
         return len(text.split()) * 2 if tok is None else len(tok(" " + text, add_special_tokens=False)["input_ids"])
 

@@ -191,7 +191,7 @@ def _run(cfg, out, backend, task, method, positions, examples, calibration, fold
         ids = [e.id for e in examples]
         per, summary = per_position_stats(all_rows, positions, ids, task.also)
         # what the curve measures, and what guessing scores (an order task: one over its options)
-        summary.update(chance=task.chance, measure=getattr(task, "score_name", "accuracy"))
+        summary.update(chance=task.chance, measure=task.score_name)
         generated = [r for r in all_rows if "cut" in r]
         if generated:  # answers the generation limit cut short (no stop before max_new_tokens)
             summary["cut"] = {"rows": sum(bool(r["cut"]) for r in generated), "of": len(generated),

@@ -63,6 +63,7 @@ class Task(ABC):
     # not generated facts or key-value pairs; methods with a document-QA setting read it (Attention Buckets' RAG bases)
     documents: bool = False
     chance: float = 0.0  # accuracy by guessing (a free answer: 0; an order task: one over its options)
+    score_name: str = "accuracy"  # what the curve measures (a judge file without "preferred": how often answers[0] wins)
     # tasks/arrange.py: a slot's fixed label at the start of each item (it stays in its slot when items move), and
     # the body of the content-free item that attention calibration puts in a slot to measure its positional prior
     slot_label: str | None = None  # a regex, e.g. r"Document \[\d+\]"

@@ -62,13 +62,14 @@ class DocQA(RecordsTask):
     max_new_tokens = 48
     documents = True
 
-    def __init__(self, name: str, records: list[QAExample], n_docs: int, answers: str = "all", question: str = "after"):
+    def __init__(self, name: str, records: list[QAExample], n_docs: int, answers: str = "all", question: str = "after",
+                 derive_limit: bool = False):
         if answers not in ANSWER_MODES:
             raise PosbiasError(f"unknown answers mode {answers!r}", f"use one of {', '.join(ANSWER_MODES)}")
         if question not in QUESTION_PLACES:
             raise PosbiasError(f"unknown question place {question!r}", "use `question=after` or `question=both`")
         self.name, self._records, self._n_slots, self._answers = name, records, n_docs, answers
-        self.question = question
+        self.question, self.derive_limit = question, derive_limit  # derive_limit: a user's file (generation_limit)
 
     def config(self) -> dict:
         out = {**super().config(), "docs": self._n_slots, "answers": self._answers}
@@ -84,7 +85,7 @@ class DocQA(RecordsTask):
         """NQ: the fixed 48 tokens every table here was measured with. A user's file: 48 tokens of room beyond its
         longest accepted answer (HotpotQA's answers are short, TruthfulQA's are sentences), over the whole file so
         that the limit does not depend on which examples a run draws."""
-        if not self.name.startswith("jsonl:"):
+        if not self.derive_limit:
             return self.max_new_tokens, None
         longest = max(count_tokens(a) for r in self._records for a in r.answers)
         return self.max_new_tokens + longest, f"{self.max_new_tokens} + the file's longest answer ({longest} tokens)"
@@ -150,13 +151,13 @@ def jsonl_task(path: str | Path, answers: str = "all", prompt: str | None = None
     if len(set(ids)) != len(ids):
         raise PosbiasError(f"{path}: duplicate ids", "give every line a unique 'id'")
     if isinstance(records[0], HopExample):
-        if answers != "all" or question is not None:
-            raise PosbiasError(f"`{'answers' if answers != 'all' else 'question'}` applies to one-gold QA data, and this "
-                               "file has pairs of hops", f"drop `{'answers' if answers != 'all' else 'question'}`")
+        extra = "answers" if answers != "all" else "question" if question is not None else None
+        if extra:
+            raise PosbiasError(f"`{extra}` applies to one-gold QA data, and this file has pairs of hops", f"drop `{extra}`")
         return TwoHopQA(f"jsonl:{path}", records, len(records[0].docs), prompt or "reasoning")
     if prompt is not None:
         raise PosbiasError("`prompt` applies to two-hop data (a pair of gold documents)", "drop `prompt`")
-    return DocQA(f"jsonl:{path}", records, len(records[0].docs), answers, question or "after")
+    return DocQA(f"jsonl:{path}", records, len(records[0].docs), answers, question or "after", derive_limit=True)
 
 
 def _bad(where: str, what: str) -> PosbiasError:
