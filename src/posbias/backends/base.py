@@ -17,18 +17,22 @@ from ..errors import PosbiasError
 
 @dataclass(frozen=True)
 class Capabilities:
-    prompt_logprobs: bool  # the rank and logprob of each given prompt token: teacher forcing
-    token_prompts: bool  # prompts go as token ids (the very rows the hf path scores); else chat messages
+    prompt_logprobs: bool  # the logprob of each given prompt token and its most likely alternatives
+    token_prompts: bool  # the model reads the very token ids posbias encoded (sent as ids, or as text whose
+    #                      tokenisation the server was checked to give the same); else chat messages it renders
     methods: bool  # training-free methods (hooks on an in-process module)
     prefix_sharing: bool  # posbias's own prefix sharing (a served engine has its own prefix cache)
     batching: str  # "padded": the Scorer plans padded-token batches | "requests": one request per sequence, many in flight
+    top_logprobs: bool = False  # generated tokens come with their most likely alternatives (ids, or text)
+    teacher_forcing: str = ""  # a served model's route: "generate" (greedy generation) | "prompt_logprobs" | "" (none)
 
 
 @dataclass
 class Request:
-    """One thing to ask a served model. kind "logprobs": the rank / logprob of every token of `ids` from `start`
-    on (teacher forcing); kind "generate": greedy continuation of `ids` (or of `messages` on a chat-only server),
-    at most max_tokens, stopped at a newline when stop_newline."""
+    """One thing to ask a served model.
+    kind "logprobs": the logprob of every token of `ids` from `start` on, with the top alternatives (teacher forcing);
+    kind "generate": greedy continuation of `ids` (or of `messages` on a chat server), at most max_tokens, stopped
+    at a newline when stop_newline; with top > 0 each generated token comes with its `top` alternatives."""
 
     kind: str
     ids: list[int] | None = None
@@ -36,30 +40,37 @@ class Request:
     messages: list[dict] | None = None
     max_tokens: int = 1
     stop_newline: bool = True
+    top: int = 0
+
+
+# One scored or generated token: (the token: its id, or its text where a server gives only text; its logprob;
+# {alternative: logprob} as the engine listed them, the token itself among them where listed)
+Step = tuple[int | str, float, dict]
 
 
 @dataclass
 class Reply:
-    """logprobs: per scored token (its logprob, its rank as vLLM counts it: 1 + the tokens at least as likely,
-    the top token's id, the top token's logprob); generate: the text. Token counts as the server gave them."""
+    """logprobs: a Step per scored prompt token; generate: the text (and, when asked with top > 0, a Step per
+    generated token). Token counts as the server gave them."""
 
-    tokens: list[tuple[float, int, int, float]] = field(default_factory=list)
+    tokens: list[Step] = field(default_factory=list)
     text: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish: str = ""  # why generation stopped, as the server says ("length": cut at max_tokens; "stop")
 
 
-def prompt_ranks(positions: list, q: Request) -> list[tuple[float, int, int, float]]:
-    """Reply.tokens of a teacher-forced request from prompt logprobs as vLLM gives them: per prompt position a dict
-    {token id: (logprob, rank)} holding the actual token and the top-1 token; read from q.start on."""
-    res = []
-    for j in range(q.start, len(q.ids)):
-        entry = positions[j]
-        logprob, rank = entry[q.ids[j]]
-        top = min(entry, key=lambda t: (entry[t][1], t))
-        res.append((float(logprob), int(rank), int(top), float(entry[top][0])))
-    return res
+def is_greedy(token: int, logprob: float, alts: dict) -> bool:
+    """Whether the in-process argmax (the lowest id among equal logits) picks `token`, decided from the values the
+    engine listed, never from where it ranked them (vLLM's V1 engine numbers tied entries by their place in topk).
+    A tie wider than the listed alternatives could hide a lower tied id (docs/backends.md, "Ties")."""
+    return all(lp < logprob or (lp == logprob and int(t) >= token) for t, lp in alts.items())
+
+
+def prompt_steps(positions: list, q: Request) -> list[Step]:
+    """Reply.tokens of a teacher-forced request from prompt logprobs: per prompt position a dict {token id:
+    logprob} holding the actual token and the engine's top alternatives; read from q.start on."""
+    return [(q.ids[j], float(positions[j][q.ids[j]]), positions[j]) for j in range(q.start, len(q.ids))]
 
 
 class Backend(ABC):
@@ -67,6 +78,7 @@ class Backend(ABC):
     description: ClassVar[str]
     ARGS: ClassVar[dict[str, str]] = {}  # the keys a model spec may give (key -> help); PASS_THROUGH: any key
     PASS_THROUGH: ClassVar[bool] = False
+    TRANSPORT: ClassVar[frozenset] = frozenset()  # keys that say how requests travel, not what answers: free on resume
     caps: Capabilities
     tokenizer: Any  # the model's tokenizer (None: a chat-only server without one)
     info: dict  # JSON-able description for the run's record (never a secret)
@@ -101,6 +113,10 @@ class Backend(ABC):
     def counters(self) -> dict:
         """Requests, tokens, retries and cache hits since the backend opened (served backends)."""
         return {}
+
+    @abstractmethod
+    def decoding(self) -> dict:
+        """How the model decodes, for the run's record: the rule and every field that makes it greedy."""
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release what the backend holds (an engine, connections)."""

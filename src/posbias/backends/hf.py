@@ -33,3 +33,8 @@ class HFBackend(Backend):
 
     def check_method(self, method) -> None:
         method.check(self.loaded)
+
+    def decoding(self) -> dict:
+        from ..models.decoding import decoding_record
+
+        return decoding_record(self.loaded.model)

@@ -3,14 +3,15 @@ on-disk response cache. Kept apart from the OpenAI wire format (openai.py) so a 
 
 Retried: 429, 5xx, timeouts and refused / dropped connections, with exponential backoff (0.5 s doubling, at most
 30 s, or the server's Retry-After). Not retried: 401 / 403 (the key), 404 (the model or route), other 4xx (the
-request): each is a one-line PosbiasError naming the fix.
+request), and a 500 from a server whose 500s are the request's fault (`refuses_500`: llama-cpp-python answers a
+validation error so): each is a one-line PosbiasError with the server's own reason and the fix. The headers
+(the key's) are the backend's; this module knows no wire format.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -22,20 +23,21 @@ RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
 
 class Http:
-    def __init__(self, base_url: str, api_key_env: str, timeout: float, retries: int, cache: str | None):
+    def __init__(self, base_url: str, headers: dict, api_key_env: str, timeout: float, retries: int, cache: str | None):
         import requests
 
         self.requests = requests
         self.base_url = base_url.rstrip("/")
         self.api_key_env = api_key_env
-        key = os.environ.get(api_key_env)  # read here, sent in a header, never stored in a record
-        self.headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        self.headers = {"Content-Type": "application/json", **headers}
         self.timeout, self.retries = timeout, retries
+        self.refuses_500 = False  # set by the backend once it knows the server (backends/dialects.py)
+        self.hint = "check the model spec's options against what this server supports"  # a refusal's fix
         self.cache = Path(cache).expanduser() if cache else None
         self._local = threading.local()
         self._lock = threading.Lock()
         self.counts = {"requests": 0, "replies": 0, "retries": 0, "cache_hits": 0, "prompt_tokens": 0,
-                       "completion_tokens": 0}
+                       "completion_tokens": 0, "tokenize_checks": 0}
 
     def count(self, **kw: int) -> None:
         with self._lock:
@@ -57,8 +59,11 @@ class Http:
     def get(self, route: str) -> dict:
         return self._send("GET", route, None)
 
-    def post(self, route: str, body: dict) -> dict:
-        """The server's JSON reply (from the cache when it holds this very request)."""
+    def post(self, route: str, body: dict, root: bool = False) -> dict:
+        """The server's JSON reply (from the cache when it holds this very request); root: a route from the
+        server's root, not from base_url (a tokenize route)."""
+        if root:
+            return self._send("POST", route, body, self.base_url.removesuffix("/v1"))
         path = self._cache_path(route, body)
         if path is not None and path.is_file():
             self.count(cache_hits=1)
@@ -72,8 +77,8 @@ class Http:
             write_json_atomic(path, reply)
         return reply
 
-    def _send(self, verb: str, route: str, body: dict | None) -> dict:
-        url = f"{self.base_url}{route}"
+    def _send(self, verb: str, route: str, body: dict | None, base: str | None = None) -> dict:
+        url = f"{base or self.base_url}{route}"
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
@@ -92,15 +97,15 @@ class Http:
                         return r.json()
                     except ValueError:
                         last = f"a reply that is not JSON (HTTP {r.status_code})"
-                elif r.status_code in RETRY_STATUS:
-                    last = f"HTTP {r.status_code}"
+                elif r.status_code in RETRY_STATUS and not (r.status_code == 500 and self.refuses_500):
+                    last = f"HTTP {r.status_code}: {_message(r)}"
                     wait = max(wait, _retry_after(r))
                 else:
                     raise self._refusal(r, url)
             if attempt < self.retries:
                 time.sleep(wait)
         raise PosbiasError(f"{url}: {last}, {self.retries + 1} tries", "check that the server is up and reachable "
-                           "(or raise timeout=... / retries=... in the model spec); rerun with `resume` to continue")
+                           "(or raise timeout=... / retries=... in the model spec)")
 
     def _refusal(self, r, url: str) -> PosbiasError:
         msg = _message(r)
@@ -110,8 +115,7 @@ class Http:
         if r.status_code == 404:
             return PosbiasError(f"{url}: HTTP 404 ({msg})", "check base_url=... (it ends in /v1) and model=... (the served "
                                 "name) in the model spec")
-        return PosbiasError(f"{url} rejected the request (HTTP {r.status_code}: {msg})",
-                            "check the model spec's options against what this server supports")
+        return PosbiasError(f"{url} rejected the request (HTTP {r.status_code}: {msg})", self.hint)
 
 
 def _retry_after(r) -> float:
@@ -128,4 +132,4 @@ def _message(r) -> str:
         msg = err.get("message", err) if isinstance(err, dict) else err
     except ValueError:
         msg = r.text
-    return " ".join(str(msg).split())[:200]
+    return " ".join(str(msg).split())[:300]

@@ -1,36 +1,47 @@
-"""Any OpenAI-compatible server: vLLM, SGLang, TGI, llama.cpp's server, hosted APIs.
+"""Any OpenAI-compatible server: vLLM, SGLang, llama.cpp's server (llama-cpp-python), hosted APIs.
 
-Two ways to send a row (recorded in run.json as info["prompts"]):
-  tokens  `/v1/completions` with the row's token ids as the prompt (vLLM, SGLang take them): the very tokens the
-          in-process path scores. Teacher forcing reads `prompt_logprobs` (vLLM's extension): the rank of every
-          prompt token (1 = the greedy choice) and the top token.
-  chat    `/v1/chat/completions` with the task's prompt as one user message (hosted APIs): generate only.
+Three prompt protocols (recorded in run.json as info["prompts"]); which ones a server takes is its dialect's to
+say (backends/dialects.py: detected from GET /models, or `dialect=`):
+  tokens  `/v1/completions` with the row's token ids as the prompt (vLLM, SGLang): the very tokens the in-process
+          path scores.
+  text    `/v1/completions` with the row's prompt as text, the chat template applied by posbias (the in-process
+          prompt); every prompt's tokenisation by the server is checked against the in-process ids first (a
+          tokenize route) and a difference is refused in one line (llama.cpp's server takes no ids).
+  chat    `/v1/chat/completions` with the task's prompt as one user message (hosted APIs): the server's template.
 
-Greedy and deterministic: temperature 0 and a seed on every request; on token prompts also repetition_penalty 1,
-top_k -1, min_p 0, so a served model's generation_config.json (which vLLM applies as request defaults) changes
-nothing, as on the in-process path (models/decoding.py).
+Teacher forcing (eval/engines.py) goes by greedy generation by default ("every answer token is the greedy choice"
+is "greedy generation begins with the answer's tokens"; one request per row), or by vLLM's `prompt_logprobs` with
+teacher_forcing=prompt_logprobs; order tasks read the labels from the first generated token's top logprobs.
+Every decoding field that makes a dialect greedy is sent with every request, and a seed.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Iterator
 
 from ..errors import PosbiasError
-from .base import Capabilities, Reply, Request, ServedBackend, prompt_ranks
+from .base import Capabilities, Reply, Request, ServedBackend, Step, prompt_steps
+from .dialects import DIALECTS, Dialect, choose_prompts, detect, get_dialect
 from .http import Http
 
-PROMPTS = ("tokens", "chat")
-NEUTRAL = {"repetition_penalty": 1.0, "top_k": -1, "min_p": 0.0}  # vLLM / SGLang sampling extras
+PROMPTS = ("tokens", "text", "chat")
+ROUTES = ("generate", "prompt_logprobs")
 
 
 class OpenAIBackend(ServedBackend):
     name = "openai"
-    description = "any OpenAI-compatible server: vLLM, SGLang, TGI, llama.cpp, hosted APIs"
+    description = "any OpenAI-compatible server: vLLM, SGLang, llama.cpp's server, hosted APIs"
+    TRANSPORT = frozenset({"api_key_env", "concurrency", "batch", "timeout", "retries", "cache"})
     ARGS = {
         "base_url": "the server's API root (default http://127.0.0.1:8000/v1)",
-        "tokenizer": "the served model's tokenizer: a registered name, a model directory or a .gguf (token prompts)",
-        "prompts": "tokens (token ids on /v1/completions; needs tokenizer) | chat (messages on /v1/chat/completions)",
+        "tokenizer": "the served model's tokenizer: a registered name, a model directory or a .gguf (tokens, text)",
+        "prompts": "tokens (ids) | text (posbias's template, tokenisation checked) | chat (messages); default: the "
+                   "server's first (vllm: tokens, llamacpp: text) with a tokenizer, else chat",
+        "dialect": f"{' | '.join(DIALECTS)} (default: detected from GET /models)",
+        "teacher_forcing": "generate (greedy generation, default) | prompt_logprobs (vLLM's extension)",
         "api_key_env": "environment variable holding the API key (default OPENAI_API_KEY; unset: no key sent)",
         "concurrency": "requests in flight (default 8)",
         "batch": "token prompts per /v1/completions request (default 1; vLLM and SGLang take a list: 8 cuts HTTP cost)",
@@ -42,56 +53,76 @@ class OpenAIBackend(ServedBackend):
     }
 
     def __init__(self, args: dict, progress: bool = True):
-        self.caps = self.capabilities(args)
         self.model = str(args["model"])
-        self.prompts = _prompts(args)
         self.seed = int(args.get("seed", 0))
         self.concurrency = int(args.get("concurrency", 8))
+        if self.concurrency < 1 or int(args.get("batch", 1)) < 1:
+            raise PosbiasError(f"concurrency and batch must be at least 1, got {self.concurrency} and "
+                               f"{args.get('batch', 1)}", "pass concurrency=8 or so, batch=1 or more")
+        env = str(args.get("api_key_env", "OPENAI_API_KEY"))
+        key = os.environ.get(env)  # read here, sent in a header, never stored in a record
+        self.http = Http(str(args.get("base_url", "http://127.0.0.1:8000/v1")), {"Authorization": f"Bearer {key}"} if key else {},
+                         env, float(args.get("timeout", 120)), int(args.get("retries", 6)), args.get("cache"))
+        listed = self._listed()
+        self.dialect: Dialect = get_dialect(args["dialect"]) if "dialect" in args else detect(listed)
+        self.http.refuses_500 = self.dialect.refuses_500
+        self.prompts = choose_prompts(self.dialect, args.get("prompts"), "tokenizer" in args)
         self.batch = int(args.get("batch", 1)) if self.prompts == "tokens" else 1
-        if self.concurrency < 1 or self.batch < 1:
-            raise PosbiasError(f"concurrency and batch must be at least 1, got {self.concurrency} and {self.batch}",
-                               "pass concurrency=8 or so, batch=1 or more")
-        self.http = Http(str(args.get("base_url", "http://127.0.0.1:8000/v1")), str(args.get("api_key_env", "OPENAI_API_KEY")),
-                         float(args.get("timeout", 120)), int(args.get("retries", 6)), args.get("cache"))
+        self.http.hint = (f"this {self.dialect.name} server refused a request posbias sends with prompts={self.prompts}: "
+                          f"try prompts={'text' if self.prompts == 'tokens' else 'chat'} in the model spec")
+        self.route = _route(args, self.dialect.prompt_logprobs and self.prompts == "tokens")
+        self.caps = _caps(self.prompts, self.route)
         self.tokenizer = None
         if "tokenizer" in args:
             from ..models.load import load_tokenizer
 
             self.tokenizer = load_tokenizer(str(args["tokenizer"]), progress)
-        window = args.get("context_window") or self._server_window()
+        window = args.get("context_window") or _window(listed, self.model)
         if not window:
             raise PosbiasError(f"the server at {self.http.base_url} does not say how long a context '{self.model}' "
-                               "takes", "add context_window=N to the model spec")
+                               "takes", self.dialect.window_hint)
+        self._checked: set[int] = set()  # prompts whose server tokenisation matched (text protocol)
+        self._lock = threading.Lock()
         self.info = {"backend": self.name, "name": f"openai:{self.model}", "served_model": self.model,
-                     "base_url": self.http.base_url, "prompts": "token-ids" if self.prompts == "tokens" else "chat-messages",
-                     "tokenizer": args.get("tokenizer"), "context_window": int(window), "seed": self.seed}
+                     "base_url": self.http.base_url, "dialect": self.dialect.name, "prompts": self.prompts,
+                     "tokenizer": args.get("tokenizer"), "context_window": int(window), "seed": self.seed,
+                     **({"teacher_forcing": self.route} if self.route else {})}
 
     @classmethod
     def capabilities(cls, args: dict) -> Capabilities:
-        tokens = _prompts(args) == "tokens"
-        return Capabilities(prompt_logprobs=tokens, token_prompts=tokens, methods=False, prefix_sharing=False,
-                            batching="requests")
+        """What the spec alone says (before the server is asked; the open backend's caps follow its dialect)."""
+        prompts = args.get("prompts", "tokens" if "tokenizer" in args else "chat")
+        return _caps(prompts, _route(args, prompts == "tokens"))
 
     @classmethod
     def check_args(cls, args: dict, spec: str) -> None:
         super().check_args(args, spec)
-        _prompts(args)
+        if args.get("prompts", "chat") not in PROMPTS:
+            raise PosbiasError(f"unknown prompts '{args['prompts']}' in model spec '{spec}'", f"use prompts= one of {', '.join(PROMPTS)}")
+        if "dialect" in args:
+            get_dialect(str(args["dialect"]))
+        if args.get("prompts", "chat") != "chat" and "tokenizer" not in args:
+            raise PosbiasError(f"prompts={args['prompts']} needs the served model's tokenizer", "add tokenizer=DIR (or a "
+                               "registered name) to the model spec, or use prompts=chat")
+        _route(args, args.get("prompts", "tokens" if "tokenizer" in args else "chat") == "tokens")
 
     @classmethod
     def open(cls, args: dict, dtype: str, device: str, progress: bool, device_map: str | None) -> "OpenAIBackend":
         return cls(args, progress)
 
-    def _server_window(self) -> int | None:
-        """GET /models: reachable, key accepted, model served; its max_model_len (vLLM, SGLang) if given."""
+    def _listed(self) -> list[dict]:
+        """GET /models: reachable, key accepted, model served."""
         listed = self.http.get("/models").get("data", [])
         ids = [m.get("id") for m in listed]
         if ids and self.model not in ids:
             raise PosbiasError(f"the server at {self.http.base_url} serves {', '.join(map(str, ids))}, not '{self.model}'",
                                f"use model={ids[0]} in the model spec")
-        for m in listed:
-            if m.get("id") == self.model and m.get("max_model_len"):
-                return int(m["max_model_len"])
-        return None
+        return listed
+
+    def decoding(self) -> dict:
+        fields = self.dialect.fields(self.prompts)
+        return {"rule": "greedy" if self.dialect.exact_greedy else "greedy as far as the API goes (temperature 0)",
+                "request": {**fields, "seed": self.seed}, "dialect": self.dialect.name}
 
     def settings(self) -> dict:
         return {"concurrency": self.concurrency, "batch": self.batch, "timeout_s": self.http.timeout,
@@ -130,51 +161,91 @@ class OpenAIBackend(ServedBackend):
             yield unit
 
     def _send(self, qs: list[Request]) -> list[Reply]:
-        """One HTTP request for `qs` (one chat message, or a list of token prompts): one reply per request."""
+        """One HTTP request for `qs` (one chat message, one text prompt, or a list of token prompts)."""
         q = qs[0]
-        common = {"model": self.model, "temperature": 0, "top_p": 1, "seed": self.seed}
+        common = {"model": self.model, **self.dialect.fields(self.prompts), "seed": self.seed}
+        stop = {"stop": ["\n"]} if q.stop_newline and q.kind == "generate" else {}
         if self.prompts == "chat":
-            stop = {"stop": ["\n"]} if q.stop_newline else {}
-            out = self.http.post("/chat/completions", {**common, **stop, "messages": q.messages, "max_tokens": q.max_tokens})
-            choice = _choice(out)
-            return [Reply(text=(choice.get("message") or {}).get("content") or "", finish=choice.get("finish_reason") or "",
-                          **_usage(out))]
-        prompt = q.ids if len(qs) == 1 else [x.ids for x in qs]  # a single prompt as before (the same cache keys)
-        if q.kind == "logprobs":
-            body = {**common, **NEUTRAL, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 1}
+            tops = {"logprobs": True, "top_logprobs": q.top} if q.top else {}
+            out = self.http.post("/chat/completions", {**common, **stop, **tops, "messages": q.messages,
+                                                        "max_tokens": q.max_tokens})
+            c = _choices(out, 1)[0]
+            steps = [_step(e["token"], e["logprob"], {a["token"]: a["logprob"] for a in e.get("top_logprobs") or []})
+                     for e in (c.get("logprobs") or {}).get("content") or []]
+            return [Reply(tokens=steps, text=(c.get("message") or {}).get("content") or "",
+                          finish=c.get("finish_reason") or "", **_usage(out))]
+        if self.prompts == "text":
+            prompt = self._text(q.ids)
         else:
-            body = {**common, **NEUTRAL, **({"stop": ["\n"]} if q.stop_newline else {}), "prompt": prompt,
-                    "max_tokens": q.max_tokens}
+            prompt = q.ids if len(qs) == 1 else [x.ids for x in qs]  # a single prompt as before (the same cache keys)
+        if q.kind == "logprobs":
+            body = {**common, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 2}
+        else:
+            tops = {"logprobs": q.top, **({"return_tokens_as_token_ids": True} if self.dialect.token_ids else {})} if q.top else {}
+            body = {**common, **stop, **tops, "prompt": prompt, "max_tokens": q.max_tokens}
         out = self.http.post("/completions", body)
-        choices = sorted(out.get("choices") or [], key=lambda c: c.get("index", 0))
-        if len(choices) != len(qs):
-            raise PosbiasError(f"the server answered {len(choices)} choices for {len(qs)} prompts",
-                               "use batch=1 in the model spec (this server does not take a list of prompts)")
         usage = _usage(out)
-        return [Reply(tokens=_ranks(c, x) if x.kind == "logprobs" else [], text=c.get("text") or "",
+        return [Reply(tokens=_prompt_steps(c, x) if x.kind == "logprobs" else _gen_steps(c), text=c.get("text") or "",
                       finish=c.get("finish_reason") or "", **(usage if k == 0 else {}))
-                for k, (c, x) in enumerate(zip(choices, qs))]
+                for k, (c, x) in enumerate(zip(_choices(out, len(qs)), qs))]
+
+    def _text(self, ids: list[int]) -> str:
+        """A row's prompt as text; the first time a prompt is seen, the server's tokenisation of it is checked."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        key = hash(tuple(ids))
+        with self._lock:
+            if key in self._checked:
+                return text
+        got = self.dialect.tokens_of(self.http.post(self.dialect.tokenize, self.dialect.tokenize_body(self.model, text),
+                                                     root=True))
+        if got != ids:
+            at = next((i for i, (a, b) in enumerate(zip(ids, got)) if a != b), min(len(ids), len(got)))
+            raise PosbiasError(f"the server tokenises a prompt differently from the tokenizer posbias encoded it with "
+                               f"(from token {at} on: {ids[at:at + 3]} here, {got[at:at + 3]} there; {len(ids)} vs "
+                               f"{len(got)} tokens)", "give tokenizer= the served model's own (its directory or .gguf), "
+                               "or use prompts=chat")
+        with self._lock:
+            self._checked.add(key)
+            self.http.count(tokenize_checks=1)
+        return text
+
+
+def _caps(prompts: str, route: str) -> Capabilities:
+    return Capabilities(prompt_logprobs=route == "prompt_logprobs", token_prompts=prompts != "chat", methods=False,
+                        prefix_sharing=False, batching="requests", top_logprobs=True,
+                        teacher_forcing=route if prompts != "chat" else "generate")
+
+
+def _route(args: dict, prompt_logprobs: bool) -> str:
+    """The teacher-forcing route: greedy generation unless prompt_logprobs is asked for (and possible)."""
+    route = str(args.get("teacher_forcing", "generate"))
+    if route not in ROUTES:
+        raise PosbiasError(f"unknown teacher_forcing '{route}' in the model spec", f"use teacher_forcing= one of {', '.join(ROUTES)}")
+    if route == "prompt_logprobs" and not prompt_logprobs:
+        raise PosbiasError("teacher_forcing=prompt_logprobs needs token prompts on a server with prompt_logprobs (vLLM)",
+                           "use teacher_forcing=generate (greedy generation, any server)")
+    return route
+
+
+def _window(listed: list[dict], model: str) -> int | None:
+    for m in listed:
+        if m.get("id") == model and m.get("max_model_len"):
+            return int(m["max_model_len"])
+    return None
 
 
 def _shape(q: Request) -> tuple:
-    return (q.kind, q.max_tokens, q.stop_newline)
+    return (q.kind, q.max_tokens, q.stop_newline, q.top)
 
 
-def _prompts(args: dict) -> str:
-    p = args.get("prompts", "tokens" if "tokenizer" in args else "chat")
-    if p not in PROMPTS:
-        raise PosbiasError(f"unknown prompts '{p}' in the model spec", "use prompts=tokens (with tokenizer=...) or prompts=chat")
-    if p == "tokens" and "tokenizer" not in args:
-        raise PosbiasError("token prompts need the served model's tokenizer", "add tokenizer=DIR (or a registered "
-                           "name) to the model spec, or use prompts=chat")
-    return p
-
-
-def _choice(out: dict) -> dict:
-    choices = out.get("choices") or []
+def _choices(out: dict, n: int) -> list[dict]:
+    choices = sorted(out.get("choices") or [], key=lambda c: c.get("index", 0))
     if not choices:
         raise PosbiasError("the server replied without choices", "check that it is an OpenAI-compatible endpoint")
-    return choices[0]
+    if len(choices) != n:
+        raise PosbiasError(f"the server answered {len(choices)} choices for {n} prompts",
+                           "use batch=1 in the model spec (this server does not take a list of prompts)")
+    return choices
 
 
 def _usage(out: dict) -> dict:
@@ -182,10 +253,27 @@ def _usage(out: dict) -> dict:
     return {"prompt_tokens": int(u.get("prompt_tokens") or 0), "completion_tokens": int(u.get("completion_tokens") or 0)}
 
 
-def _ranks(choice: dict, q: Request) -> list[tuple[float, int, int, float]]:
+def _token(t) -> int | str:
+    """A listed token: its id where the server gives one ("token_id:123", vLLM's return_tokens_as_token_ids), else
+    its text."""
+    return int(t[9:]) if isinstance(t, str) and t.startswith("token_id:") and t[9:].isdigit() else t
+
+
+def _step(token, logprob, alts: dict) -> Step:
+    return (_token(token), float(logprob), {_token(k): float(v) for k, v in alts.items()})
+
+
+def _gen_steps(choice: dict) -> list[Step]:
+    """Generated tokens of a completion choice (the legacy logprobs object: tokens, token_logprobs, top_logprobs)."""
+    lp = choice.get("logprobs") or {}
+    tops = lp.get("top_logprobs") or [None] * len(lp.get("tokens") or [])
+    return [_step(t, v, top or {}) for t, v, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], tops)]
+
+
+def _prompt_steps(choice: dict, q: Request) -> list[Step]:
     """Reply.tokens from a choice's prompt_logprobs (vLLM's JSON: per position None or {"id": {logprob, rank}})."""
     plp = choice.get("prompt_logprobs")
     if not plp or len(plp) != len(q.ids):
         raise PosbiasError("the server returned no prompt logprobs for a teacher-forced row",
-                           "use a server that supports prompt_logprobs (vLLM, SGLang), or `engine=generate`")
-    return prompt_ranks([e and {int(k): (v["logprob"], v["rank"]) for k, v in e.items()} for e in plp], q)
+                           "use teacher_forcing=generate in the model spec (greedy generation, any server)")
+    return prompt_steps([e and {int(k): float(v["logprob"]) for k, v in e.items()} for e in plp], q)

@@ -21,13 +21,48 @@ from .hf import HFBackend
 from .openai import OpenAIBackend
 from .vllm import VLLMBackend
 
-BACKENDS: dict[str, type] = {b.name: b for b in (HFBackend, VLLMBackend, OpenAIBackend)}
+BACKENDS: dict[str, type] = {}  # name -> Backend class: what a spec's `NAME:` prefix opens
+
+
+def register_backend(cls: type) -> type:
+    """Make a Backend class openable as `NAME:model,key=value,...` (also a class decorator). A new backend is one
+    file with its class and this one line; the CLI, the configs and the protocols read only its capabilities."""
+    if not (isinstance(cls, type) and issubclass(cls, Backend)) or not getattr(cls, "name", ""):
+        raise PosbiasError(f"register_backend takes a Backend subclass with a name, got {cls!r}",
+                           "subclass posbias.backends.Backend (or ServedBackend) and set `name`")
+    if BACKENDS.get(cls.name, cls) is not cls:
+        raise PosbiasError(f"a backend named '{cls.name}' is already registered ({BACKENDS[cls.name].__qualname__})",
+                           "give the new backend another name")
+    BACKENDS[cls.name] = cls
+    return cls
+
+
+for _cls in (HFBackend, VLLMBackend, OpenAIBackend):
+    register_backend(_cls)
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     backend: str  # a key of BACKENDS
     args: dict = field(default_factory=dict)  # "model" first, then the backend's own keys
+    text: str = field(default="", compare=False)  # the spec as written
+
+    @property
+    def identity(self) -> str:
+        """The spec less the keys that only say how requests travel (the backend's TRANSPORT: timeout, retries,
+        concurrency, ...): what makes two runs' rows comparable, so a resume may change the others."""
+        if self.backend == "hf":
+            return self.text or str(self.args["model"])  # as in-process runs always recorded it
+        keep = [f"{k}={v}" for k, v in self.args.items() if k != "model" and k not in self.cls.TRANSPORT]
+        return ",".join([f"{self.backend}:{self.args['model']}", *keep])
+
+    @property
+    def label(self) -> str:
+        """A short name for tables and progress bars: the spec as written in process, else BACKEND:MODEL (a
+        path's last part)."""
+        if self.backend == "hf":
+            return self.text or str(self.args["model"])
+        return f"{self.backend}:{str(self.args['model']).rstrip('/').rsplit('/', 1)[-1]}"
 
     @property
     def cls(self) -> type:
@@ -47,7 +82,7 @@ def parse_spec(spec: str) -> ModelSpec:
     malformed pairs and keys a backend does not take are refused in one line."""
     head, sep, rest = spec.partition(":")
     if not sep or head not in BACKENDS:  # a registered name, a path, a hub id: in process
-        return ModelSpec("hf", {"model": spec})
+        return ModelSpec("hf", {"model": spec}, spec)
     cls = BACKENDS[head]
     fix = f"write it as {head}:MODEL,key=value,... (see `posbias backends`)"
     model, pairs = split_pairs(rest, f"model spec '{spec}'", fix, head=True)  # the first item may name the model
@@ -57,7 +92,7 @@ def parse_spec(spec: str) -> ModelSpec:
             raise PosbiasError(f"'{raw[1]}' in model spec '{spec}' is not key=value", fix)
         args[k] = guess(raw[0])
     cls.check_args(args, spec)
-    return ModelSpec(head, args)
+    return ModelSpec(head, args, spec)
 
 
 def split_models(text: str) -> list[str]:

@@ -2,9 +2,10 @@
 
 Every key of the model spec other than `model` goes to `vllm.LLM` as it is (tensor_parallel_size,
 pipeline_parallel_size, max_model_len, gpu_memory_utilization, ...); posbias sets dtype (from `dtype`, unless the
-spec gives one), prefix caching on and seed 0. Teacher forcing reads `prompt_logprobs=1` of `LLM.generate` (the rank of
-every prompt token and the top token), generation is greedy with a newline stop: the same requests and replies as
-the OpenAI backend, without HTTP. vLLM starts its workers by spawn: a script that uses this backend needs an
+spec gives one), prefix caching on and seed 0; `teacher_forcing=generate|prompt_logprobs` is posbias's own key
+(default generate: greedy generation, eval/engines.py). Prompt logprobs come with the top 2 alternatives (ties
+decided from their values), generation is greedy with a newline stop: the same requests and replies as the OpenAI
+backend, without HTTP. vLLM starts its workers by spawn: a script that uses this backend needs an
 `if __name__ == "__main__":` guard.
 """
 
@@ -13,9 +14,10 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..errors import PosbiasError
-from .base import Capabilities, Reply, Request, ServedBackend, prompt_ranks
+from .base import Capabilities, Reply, Request, ServedBackend, prompt_steps
 
-CAPS = Capabilities(prompt_logprobs=True, token_prompts=True, methods=False, prefix_sharing=False, batching="requests")
+GREEDY = {"temperature": 0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+          "frequency_penalty": 0.0}  # every sampler off but the argmax (SamplingParams), the model's generation_config aside
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 CHUNK = 64  # requests per LLM.generate call: rows are written as each call returns
 
@@ -33,10 +35,10 @@ class VLLMBackend(ServedBackend):
                                "CPU machine, in its own venv: make vllm-env), or serve the model and use openai:...") from e
         from ..models.load import load_tokenizer
 
-        self.caps = CAPS
+        self.caps = self.capabilities(args)
         self.model = str(args["model"])
         engine = {"dtype": DTYPES.get(dtype, dtype), "enable_prefix_caching": True, "seed": 0,
-                  **{k: v for k, v in args.items() if k != "model"}}
+                  **{k: v for k, v in args.items() if k not in ("model", "teacher_forcing")}}
         self.tokenizer = load_tokenizer(self.model, progress=False)
         try:
             self.llm = LLM(model=self.model, **engine)
@@ -50,7 +52,14 @@ class VLLMBackend(ServedBackend):
 
     @classmethod
     def capabilities(cls, args: dict) -> Capabilities:
-        return CAPS
+        route = str(args.get("teacher_forcing", "generate"))
+        if route not in ("generate", "prompt_logprobs"):
+            raise PosbiasError(f"unknown teacher_forcing '{route}' in the model spec", "use teacher_forcing=generate or prompt_logprobs")
+        return Capabilities(prompt_logprobs=route == "prompt_logprobs", token_prompts=True, methods=False, prefix_sharing=False,
+                            batching="requests", top_logprobs=True, teacher_forcing=route)
+
+    def decoding(self) -> dict:
+        return {"rule": "greedy", "request": {**GREEDY, "seed": 0}}
 
     @classmethod
     def open(cls, args: dict, dtype: str, device: str, progress: bool, device_map: str | None) -> "VLLMBackend":
@@ -65,9 +74,9 @@ class VLLMBackend(ServedBackend):
 
         for lo in range(0, len(requests), CHUNK):
             chunk = requests[lo:lo + CHUNK]
-            params = [SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1) if q.kind == "logprobs" else
-                      SamplingParams(temperature=0, max_tokens=q.max_tokens, stop=["\n"] if q.stop_newline else None)
-                      for q in chunk]
+            params = [SamplingParams(**GREEDY, max_tokens=1, prompt_logprobs=2) if q.kind == "logprobs" else
+                      SamplingParams(**GREEDY, max_tokens=q.max_tokens, stop=["\n"] if q.stop_newline else None,
+                                     logprobs=q.top or None) for q in chunk]
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=q.ids) for q in chunk], params, use_tqdm=False)
             for k, (q, o) in enumerate(zip(chunk, outs)):
                 gen = o.outputs[0]
@@ -75,10 +84,12 @@ class VLLMBackend(ServedBackend):
                 self.counts["prompt_tokens"] += len(q.ids)
                 self.counts["completion_tokens"] += len(gen.token_ids)
                 if q.kind == "logprobs":
-                    yield lo + k, Reply(tokens=prompt_ranks([e and {t: (x.logprob, x.rank) for t, x in e.items()}
-                                                            for e in o.prompt_logprobs], q))
+                    yield lo + k, Reply(tokens=prompt_steps([e and {t: x.logprob for t, x in e.items()}
+                                                             for e in o.prompt_logprobs], q))
                 else:
-                    yield lo + k, Reply(text=gen.text, finish=str(gen.finish_reason or ""))
+                    steps = [(t, float(e[t].logprob), {a: float(x.logprob) for a, x in e.items()})
+                             for t, e in zip(gen.token_ids, gen.logprobs or [])] if q.top else []
+                    yield lo + k, Reply(tokens=steps, text=gen.text, finish=str(gen.finish_reason or ""))
 
     def close(self) -> None:
         self.llm = None

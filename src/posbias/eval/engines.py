@@ -11,10 +11,18 @@ Each engine also says how many context tokens a row needs (the window check) and
 tokens it costs (the batch planner), so the Scorer never branches on the engine.
 
 On a served backend (backends/) an engine is a protocol over requests: `requests` says what to ask for a row,
-`verdict` turns the replies into the same dict the in-process path gives. Teacher forcing reads each answer
-token's rank among the prompt logprobs: greedy iff rank 1, or, in a tie, iff the in-process rule would pick it
-(torch's argmax takes the lowest token id among equal logits; a served reply shows the top token, so a two-way
-tie is decided exactly and a wider tie counts as not greedy).
+`verdict` turns the replies into the same dict the in-process path gives. Teacher forcing on a served model
+(its capabilities' `teacher_forcing` route):
+  generate         "every answer token is the greedy choice" is "greedy generation begins with the answer's
+                   tokens": one generation of the longest answer's length per row, compared token by token (ids,
+                   or each token's text where the server lists text); the engine's own argmax breaks ties, which
+                   on vLLM and llama.cpp is the in-process rule (the lowest id). The row's logprob is known only
+                   when the first answer was generated (else None); its prediction is the greedy continuation.
+  prompt_logprobs  each answer token's logprob among the engine's top-2 alternatives: greedy iff no listed
+                   alternative is more likely or as likely with a lower id (backends.base.is_greedy: decided from
+                   the values, not from where the engine ranks them).
+An order task reads its labels from the first generated token's top logprobs (a chat server too): a label missing
+from the list counts as less likely than every listed token.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
 from ..backends import Reply, Request
+from ..backends.base import Step, is_greedy
 from ..core.metrics import METRICS, first_line
 from ..core.order import parse_choice
 from ..errors import PosbiasError
@@ -41,6 +50,11 @@ class ScorerView(Protocol):
     task: Task
     max_new_tokens: int
     backend: Any
+
+    def count_tokens(self, text: str) -> int: ...
+
+
+TOP_LABELS = 20  # alternatives asked for with an order task's first generated token (OpenAI's API allows 20)
 
 
 class Engine(ABC):
@@ -66,8 +80,8 @@ class Engine(ABC):
         result.update({m: METRICS[m](result["prediction"], row.prompt.answers) for m in scorer.task.also})
         return result
 
-    def check(self, caps, backend: str) -> None:  # noqa: B027 - most protocols run on every backend
-        """Refuse (one line) a backend (its capabilities and name) this protocol cannot run on."""
+    def check(self, caps, backend: str, task: Task | None = None) -> None:  # noqa: B027 - most run on every backend
+        """Refuse (one line) a backend (its capabilities and name) this protocol cannot run on (for `task`, if given)."""
 
     @abstractmethod
     def requests(self, scorer: ScorerView, row: Encoded) -> list[Request]:
@@ -104,30 +118,42 @@ class TeacherForced(Engine):
     def branch(self, row: Encoded, p: int, max_new_tokens: int) -> tuple[int, int]:
         return len(row.answer_ids), len(row.prompt_ids) - p + max(map(len, row.answer_ids))
 
-    def check(self, caps, backend: str) -> None:
-        if not caps.prompt_logprobs:
-            raise PosbiasError(f"teacher forcing needs prompt logprobs, which backend '{backend}' does not give with "
-                               "chat prompts", "use `engine=generate`, or token "
-                               "prompts on a server with prompt_logprobs (vLLM, SGLang: prompts=tokens,tokenizer=DIR)")
+    def check(self, caps, backend: str, task: Task | None = None) -> None:
+        if caps.batching != "requests":
+            return
+        if not caps.teacher_forcing:
+            raise PosbiasError(f"backend '{backend}' offers no route for teacher forcing", "use `engine=generate`")
+        if not caps.token_prompts and task is not None and not getattr(task, "order", False):
+            raise PosbiasError("teacher forcing on chat messages scores order tasks only (their labels from the first "
+                               "token's top logprobs)", "use `engine=generate`, or prompts=text (or tokens) with "
+                               "tokenizer=DIR in the model spec")
 
     def requests(self, scorer: ScorerView, row: Encoded) -> list[Request]:
-        n = len(row.prompt_ids)
-        if row.option_ids:  # an order task: each option label's logprob as the next token
-            return [Request("logprobs", ids=row.prompt_ids + [t], start=n) for t in row.option_ids]
-        return [Request("logprobs", ids=row.prompt_ids + a, start=n) for a in row.answer_ids]
+        n, order = len(row.prompt_ids), bool(row.prompt.options)
+        if scorer.backend.caps.teacher_forcing == "prompt_logprobs":
+            if order:  # each option label's logprob as the next token
+                return [Request("logprobs", ids=row.prompt_ids + [t], start=n) for t in row.option_ids]
+            return [Request("logprobs", ids=row.prompt_ids + a, start=n) for a in row.answer_ids]
+        if order:
+            return [_prompt_request(scorer, row, max_tokens=1, stop_newline=False, top=TOP_LABELS)]
+        return [_prompt_request(scorer, row, max_tokens=max(map(len, row.answer_ids)), stop_newline=False, top=1)]
 
     def verdict(self, scorer: ScorerView, row: Encoded, replies: list[Reply]) -> dict:
+        if scorer.backend.caps.teacher_forcing != "prompt_logprobs":
+            if row.prompt.options:
+                return _label_verdict(scorer, row, replies[0].tokens)
+            return _generated_verdict(scorer, row, replies[0])
         if row.option_ids:
-            return option_verdict(row, [rep.tokens[0][0] for rep in replies])
+            return option_verdict(row, [rep.tokens[0][1] for rep in replies])
         tok = scorer.backend.tokenizer
         best = None
         for ans, rep in zip(row.answer_ids, replies):
-            hits = [_greedy(a, t) for a, t in zip(ans, rep.tokens)]
+            hits = [is_greedy(a, lp, alts) for a, (_, lp, alts) in zip(ans, rep.tokens)]
             ok = all(hits)
-            pred = [a if hit else t[2] for a, hit, t in zip(ans, hits, rep.tokens)]
+            pred = [a if hit else _top(alts) for a, hit, (_, _, alts) in zip(ans, hits, rep.tokens)]
             if best is None or (ok and not best["correct"]):
                 best = {"correct": ok, "prediction": tok.decode(pred, skip_special_tokens=True),
-                        "logprob": sum(t[0] for t in rep.tokens) if best is None else best["logprob"]}
+                        "logprob": sum(t[1] for t in rep.tokens) if best is None else best["logprob"]}
         return best  # type: ignore[return-value]
 
 
@@ -156,23 +182,74 @@ class Generate(Engine):
         return 1, len(row.prompt_ids) - p + max_new_tokens
 
     def requests(self, scorer: ScorerView, row: Encoded) -> list[Request]:
-        stop = not scorer.task.multiline
-        if scorer.backend.caps.token_prompts:
-            return [Request("generate", ids=row.prompt_ids, max_tokens=scorer.max_new_tokens, stop_newline=stop)]
-        text = render(None, row.prompt, chat=False)  # a chat-only server: one user message, its answer prefix after it
-        return [Request("generate", messages=[{"role": "user", "content": text}], max_tokens=scorer.max_new_tokens,
-                        stop_newline=stop)]
+        limit = scorer.max_new_tokens
+        if not scorer.backend.caps.token_prompts:  # a chat model may restate the answer prefix first: room for it
+            limit += scorer.count_tokens(row.prompt.answer_prefix) if row.prompt.answer_prefix else 0
+        return [_prompt_request(scorer, row, max_tokens=limit, stop_newline=not scorer.task.multiline)]
 
     def verdict(self, scorer: ScorerView, row: Encoded, replies: list[Reply]) -> dict:
         text = replies[0].text
+        if not scorer.backend.caps.token_prompts:  # "The code for K is 1234": the restated answer prefix is not the answer
+            head, prefix = text.lstrip(), row.prompt.answer_prefix.strip()
+            text = head[len(prefix):] if prefix and head.startswith(prefix) else text
         return self._judge(scorer, text.strip() if scorer.task.multiline else first_line(text), row,
                            replies[0].finish == "length")
 
 
-def _greedy(token: int, reply: tuple[float, int, int, float]) -> bool:
-    """Whether the in-process argmax would pick `token` (see the module docstring for ties)."""
-    logprob, rank, top, top_logprob = reply
-    return rank == 1 or (rank == 2 and top_logprob == logprob and token < top)
+def _prompt_request(scorer: ScorerView, row: Encoded, **kw) -> Request:
+    """A generation request for the row's prompt: its token ids (the token and text protocols), or one chat message
+    with the answer prefix after the user's text (a chat server applies its own template)."""
+    if scorer.backend.caps.token_prompts:
+        return Request("generate", ids=row.prompt_ids, **kw)
+    return Request("generate", messages=[{"role": "user", "content": render(None, row.prompt, chat=False)}], **kw)
+
+
+def _top(alts: dict) -> int:
+    """The token the in-process argmax picks among listed alternatives (the lowest id among the most likely)."""
+    return min(alts, key=lambda t: (-alts[t], t))
+
+
+def _listed(scorer: ScorerView, ids: list[int], like: list) -> list:
+    """Token ids as the server lists generated tokens: ids, or each token's text."""
+    if not like or isinstance(like[0], int):
+        return ids
+    return [scorer.backend.tokenizer.decode([t]) for t in ids]
+
+
+def _generated_verdict(scorer: ScorerView, row: Encoded, reply: Reply) -> dict:
+    """Teacher forcing by greedy generation: correct iff the generation begins with an accepted answer's tokens."""
+    gen = [s[0] for s in reply.tokens]
+    if not gen and reply.completion_tokens:
+        raise PosbiasError("the server listed no generated tokens (logprobs) for a teacher-forced row",
+                           "use `engine=generate`, or a server that returns logprobs")
+    wants = [_listed(scorer, a, gen) for a in row.answer_ids]
+    hits = [gen[:len(w)] == w for w in wants]
+    logprob = sum(s[1] for s in reply.tokens[:len(wants[0])]) if hits[0] else None
+    return {"correct": any(hits), "prediction": reply.text, "logprob": logprob}
+
+
+def _label_verdict(scorer: ScorerView, row: Encoded, steps: list[Step]) -> dict:
+    """An order-task row from the first generated token's listed alternatives: each label's logprob (None: not
+    listed, less likely than every listed token); the choice is the most likely listed label (the first of equal
+    ones), -1 when none is listed."""
+    alts = steps[0][2] if steps else {}
+    options, tok = row.prompt.options, scorer.backend.tokenizer
+    by_id = scorer.backend.caps.token_prompts and any(isinstance(k, int) for k in alts)
+
+    def logprob(slot: int) -> float | None:
+        if by_id:
+            return alts.get(row.option_ids[slot])
+        if scorer.backend.caps.token_prompts:  # the server lists text: the label token's own text
+            keys = [k for k in alts if k == tok.decode([row.option_ids[slot]])]
+        else:  # a chat server's template: the label with or without a leading space
+            keys = [k for k in alts if isinstance(k, str) and k.strip() == options[slot]]
+        return max((alts[k] for k in keys), default=None)
+
+    lps = [logprob(s) for s in range(len(options))]
+    seen = [s for s, v in enumerate(lps) if v is not None]
+    choice = max(seen, key=lambda s: (lps[s], -s)) if seen else -1
+    return {"correct": choice == row.prompt.position, "prediction": options[choice] if seen else "", "choice": choice,
+            "option_logprobs": [None if v is None else round(v, 6) for v in lps]}
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (TeacherForced(), Generate())}

@@ -22,7 +22,8 @@ import numpy as np
 
 from ..errors import PosbiasError
 from ..methods import Method, get_method
-from ..models.load import Loaded, load_model
+from ..backends import Backend, as_backend, open_backend
+from ..models.load import Loaded
 from ..runs import RunFolder, is_main_process, versions, write_json_atomic
 from ..tasks import Task, get_task, resolve_positions
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, plain
@@ -162,8 +163,11 @@ def _sweep_config(cfg: GridConfig, size: int, slots: list[int], method: Method) 
                        method=method)
 
 
-def check_window(loaded: Loaded, cfg: GridConfig, tasks: dict[int, Task]) -> None:
-    """Build every size's prompts and refuse the grid, before anything runs, if one would not fit the window."""
+def check_window(loaded: Backend, cfg: GridConfig, tasks: dict[int, Task]) -> None:
+    """Build every size's prompts and refuse the grid, before anything runs, if one would not fit the window (a
+    chat-only server without a tokenizer: its own check, per request)."""
+    if loaded.tokenizer is None:
+        return
     window, option = loaded.context_window, size_option(cfg.task)[0]
     over = []
     for size, task in tasks.items():
@@ -182,9 +186,10 @@ def check_window(loaded: Loaded, cfg: GridConfig, tasks: dict[int, Task]) -> Non
                            + (f", e.g. `sizes={','.join(map(str, fits))}`" if fits else ", use fewer"))
 
 
-def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | None = None,
+def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | Backend | None = None,
              resume: bool = False, overwrite: bool = False, progress: bool = True) -> GridResult:
-    """Run (or resume) a depth x length grid: one sweep per size (OUT/size-S/), grid.json written last."""
+    """Run (or resume) a depth x length grid: one sweep per size (OUT/size-S/), grid.json written last; cfg.model is
+    any model spec (in process or served: the backend opened once, for every size)."""
     cfg = (cfg or GridConfig()).validate()
     method = get_method(cfg.method)  # parse (and read factor files) before loading anything
     option, _ = size_option(cfg.task)
@@ -194,8 +199,18 @@ def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, lo
     folder = RunFolder(out, "grid", "grid.json", (*(f"size-{s}" for s in sizes), "heatmap.png", "timing.json"))
     folder.check(resume, overwrite)
     start_processes()  # several processes: join their group first (each rank's own GPU)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
-    method.check(loaded)
+    opened = loaded is None
+    loaded = as_backend(loaded) if loaded is not None else open_backend(cfg.model, cfg.dtype, cfg.device, progress,
+                                                                        cfg.device_map)
+    try:
+        return _grid(cfg, out, loaded, method, tasks, folder, option, sizes, depths, resume, overwrite, progress)
+    finally:
+        if opened:
+            loaded.close()
+
+
+def _grid(cfg, out, loaded: Backend, method, tasks, folder, option, sizes, depths, resume, overwrite, progress):
+    loaded.check_method(method)
     check_window(loaded, cfg, tasks)  # every size, before the first one runs
     slots = {s: depth_slots(depths, s) for s in sizes}
     fingerprint = {"config": cfg.to_dict(), "size_option": option, "slots": {str(s): v for s, v in slots.items()},
@@ -217,7 +232,7 @@ def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, lo
 
 
 def grid_record(cfg: GridConfig, option: str, depths: list[float], slots: dict[int, list[int]],
-                results: dict[int, SweepResult], loaded: Loaded, method: Method) -> dict:
+                results: dict[int, SweepResult], loaded: Backend, method: Method) -> dict:
     """The content of grid.json: config, model, versions, per-size token counts and summaries, tidy cells."""
     first = next(iter(results.values()))
     resolved = {**cfg.to_dict(), **{k: first.config[k] for k in ("engine", "max_new_tokens", "chat_used", "decoding")},

@@ -61,39 +61,38 @@ class Scorer:
         self.loaded = getattr(self.backend, "loaded", None)  # the in-process model (None on a served backend)
         self.task = task
         self.engine = get_engine(engine or task.default_engine)
-        self.engine.check(self.backend.caps, self.backend.name)
+        self.engine.check(self.backend.caps, self.backend.name, task)
         self.metric = task.metric
         self.limit_from: str | None = None  # how a task derived max_new_tokens from its data (None: fixed or given)
         if max_new_tokens:
             self.max_new_tokens = max_new_tokens
         else:
-            self.max_new_tokens, self.limit_from = task.generation_limit(self._count_tokens)
+            self.max_new_tokens, self.limit_from = task.generation_limit(self.count_tokens)
         self.chat = use_chat(self.backend, chat)
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
         self.prefix_sharing = prefix_sharing
         self._model_note: str | None = None  # why this model cannot share prefixes ("" if it can), once decided
+        # the runner, chosen once: requests in flight to a served model, or padded batches in process
+        self._runner = self._score_requests if self.backend.caps.batching == "requests" else self._score_padded
 
     def settings(self, method: str | Method | None = None) -> dict:
         """The resolved choices, for a run's record: with a method, also the scoring path it runs (and why not
         the prefix-shared one, if not)."""
-        from ..models.decoding import decoding_record
         from .template import template_settings
 
         extra = {**template_settings(self.backend.tokenizer, self.chat),  # the template's hash and system turn, if used
                  **({"max_new_tokens_from": self.limit_from} if self.limit_from else {})}  # a limit the data gave
-        if self.loaded is None:  # served: greedy by request (backends/openai.py); recorded with the backend's name
-            return {"engine": self.engine.name, "max_new_tokens": self.max_new_tokens, "chat_used": self.chat,
-                    "decoding": {"rule": "greedy", "request": "temperature 0, seed, neutral penalties"},
-                    "backend": self.backend.name, "scoring_path": "served (the engine's own prefix cache)", **extra}
         out = {"engine": self.engine.name, "max_new_tokens": self.max_new_tokens, "chat_used": self.chat,
-               "decoding": decoding_record(self.loaded.model), **extra}
-        if method is not None:
+               "decoding": self.backend.decoding(), **extra}  # served: every field its requests send
+        if self.loaded is None:
+            out.update(backend=self.backend.name, scoring_path="served (the engine's own prefix cache)")
+        elif method is not None:
             shared, note = self.path(method)
             out["scoring_path"] = "prefix-shared" if shared else "plain"
             out.update({"scoring_note": note} if note else {})
         return out
 
-    def _count_tokens(self, text: str) -> int:
+    def count_tokens(self, text: str) -> int:
         """An answer's length in the model's tokens (a chat-only server without a tokenizer: two per word, a rough
         upper estimate for English under subword tokenizers)."""
         tok = self.backend.tokenizer
@@ -173,13 +172,15 @@ class Scorer:
             if on_batch:
                 on_batch(new)
 
-        if self.backend.caps.batching == "requests":
-            self._score_requests(rows, done, emit)
-            return _in_row_order(out, rows)
+        self._runner(rows, method, done, emit)
+        served_or_shared = self.loaded is None or self.path(method)[0]  # both in row order (the plain path: batch order)
+        return _in_row_order(out, rows) if served_or_shared else out
+
+    def _score_padded(self, rows: list[Encoded], method: Method, done: set, emit: Callable) -> None:
+        """In process: the method applied, then prefix-shared groups or padded batches (the results in their order)."""
         with method.apply(self.loaded) as active:
             if self.path(method)[0]:
                 self._score_shared(rows, done, emit)
-                _in_row_order(out, rows)  # the plain path's order, for equal-cost rows
             else:
                 costs = [self.engine.cost(r, self.max_new_tokens) for r in rows]
                 for idx in plan_batches(costs, self.batch_tokens, self.max_batch):
@@ -187,7 +188,6 @@ class Scorer:
                     if not all(r.key in done for r in batch):
                         active.set_rows(batch, self)
                         emit(batch, self.engine.score(self, batch, active))
-        return out
 
     def item_attention(self, prompts: list[Prompt]) -> list[list[float]]:
         """Each item's attention from the last prompt token (eval/relevance.py), on the model as it is."""
@@ -207,7 +207,7 @@ class Scorer:
         self.check_window(out)
         return out
 
-    def _score_requests(self, rows: list[Encoded], done: set, emit: Callable) -> None:
+    def _score_requests(self, rows: list[Encoded], method: Method, done: set, emit: Callable) -> None:
         """A served backend: every row's requests in flight at once (as many as the backend keeps), and each row
         emitted as soon as its last reply is in, so a killed run has written every row it finished."""
         todo = [r for r in rows if r.key not in done]

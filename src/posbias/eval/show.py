@@ -115,6 +115,9 @@ class TokenizerOnly(Backend):
     def context_window(self) -> int:
         return sys.maxsize
 
+    def decoding(self) -> dict:
+        return {}  # nothing decodes: `show` prints prompts
+
 
 def tokenizer_of(model: str) -> TokenizerOnly:
     """The tokenizer of a model spec, loaded without the model (a served model's own `tokenizer=DIR`, if it names one)."""

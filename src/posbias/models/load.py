@@ -110,12 +110,15 @@ def check_device_map(device_map: str | None) -> None:
                            "run one process with `device_map=auto`, or several processes without it")
 
 
-SERVED = ("openai:", "vllm:")  # model specs of served backends (backends/spec.py): never loaded in process
+def _served(name: str) -> bool:
+    """A model spec naming a backend (`NAME:...`, backends/spec.py) other than hf, where no such path exists."""
+    head, sep, _ = name.partition(":")
+    return bool(sep) and head.isidentifier() and head != "hf" and not Path(name).exists()
 
 
 def _locate(name: str) -> tuple[str, str | None, str]:
     """-> (path or hub id, gguf file name or None, kind)."""
-    if name.startswith(SERVED):
+    if _served(name):
         raise PosbiasError(f"'{name}' is a served model, and this command needs the model in process",
                            "served models work with posbias sweep and posbias compare; here pass a registered name, a model "
                            "directory or a .gguf file")
