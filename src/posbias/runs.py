@@ -1,7 +1,7 @@
 """The run-folder protocol every pipeline shares, and the small utilities around it.
 
-A pipeline (sweep, compare, LPES search, distillation, synthetic grid, theory) writes into one
-output folder through a `RunFolder`:
+A pipeline (sweep, compare, LPES search, distillation, synthetic grid, theory) writes into one output folder through a
+`RunFolder`:
 
   check(resume, overwrite)   before any expensive work (loading a model): contradictory flags,
                              `out` a file or not writable, a started folder without resume or
@@ -11,9 +11,8 @@ output folder through a `RunFolder`:
                              (new run, overwrite), and records the fingerprint in run.json
   finish(record)             writes the result file atomically, last: its presence means complete
 
-Besides: atomic JSON writes, an append-only JSONL log that survives a kill mid-line, one progress
-bar helper, the main-process check under `accelerate launch`, and the library versions record.
-Nothing here imports torch or transformers.
+Besides: atomic JSON writes, an append-only JSONL log that survives a kill mid-line, one progress bar helper, the
+main-process check under `accelerate launch`, and the library versions record. Nothing here imports torch or transformers.
 """
 
 from __future__ import annotations
@@ -192,10 +191,21 @@ def command_line() -> str:
 
 
 def _diff(a: Any, b: Any, where: str = "") -> list[str]:
-    """Paths at which two JSON values differ (for the error message), depth-first."""
+    """Paths at which two JSON values differ, with both values (for the error message), depth-first. Two strings of
+    key=value items (model specs) show only the items that differ; over 120 characters, a value is cut in the middle."""
     if isinstance(a, dict) and isinstance(b, dict):
         return [d for k in sorted(set(a) | set(b), key=str) for d in _diff(a.get(k), b.get(k), f"{where}.{k}".lstrip("."))]
-    return [] if a == b else [f"{where or 'value'}: {json.dumps(a)[:40]} -> {json.dumps(b)[:40]}"]
+    if a == b:
+        return []
+    x, y = json.dumps(a, ensure_ascii=False), json.dumps(b, ensure_ascii=False)
+    if isinstance(a, str) and isinstance(b, str) and "=" in a + b:
+        dx, dy = (",".join(i for i in mine.split(",") if i not in theirs.split(",")) for mine, theirs in ((a, b), (b, a)))
+        x, y = (dx or "(nothing)", dy or "(nothing)") if dx or dy else (x, y)  # the same items in another order: all
+    return [f"{where or 'value'}: {_cut(x)} -> {_cut(y)}"]
+
+
+def _cut(text: str, most: int = 120) -> str:
+    return text if len(text) <= most else f"{text[:most // 2 - 2]} ... {text[-(most // 2 - 3):]}"
 
 
 # what a folder's kind is called in messages, where "a <kind>" does not read right
@@ -331,8 +341,9 @@ class RunFolder:
         for _ in range(3):
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                _break_stale_lock(path, self.path)
+            except FileExistsError:  # a lock whose process is gone (or a half-written one) is removed; a live one refuses
+                _refuse_live_writer(path, self.path)
+                path.unlink(missing_ok=True)
                 continue
             os.write(fd, me.encode())
             os.close(fd)
@@ -343,12 +354,6 @@ class RunFolder:
             yield
         finally:
             path.unlink(missing_ok=True)
-
-
-def _break_stale_lock(lock: Path, folder: Path) -> None:
-    """Remove a lock whose process is gone (or a half-written one); raise if another live process holds it."""
-    _refuse_live_writer(lock, folder)
-    lock.unlink(missing_ok=True)
 
 
 def _refuse_live_writer(lock: Path, folder: Path) -> None:

@@ -14,6 +14,7 @@ from .options import (
     SPLIT,
     TASK,
     Args,
+    announce,
     field_option,
     method_values,
     model_fields,
@@ -33,7 +34,7 @@ def grid(model: Args, task: Args, split: Args, scoring: Args, run: Args,
     cfg = GridConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring), sizes=sizes,
                      depths=depths, method=method)
     if not run.quiet:
-        typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
+        typer.echo(announce(model), err=True)
     res = run_grid(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())
     typer.echo(f"wrote {run.out}/grid.json, heatmap.png and one sweep directory per size")

@@ -19,6 +19,7 @@ from .options import (
     Args,
     Group,
     Opt,
+    announce,
     engine_values,
     field_option,
     method_values,
@@ -40,7 +41,7 @@ def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positi
     cfg = SweepConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
                       positions=placements(task, positions), method=method)
     if not run.quiet:
-        typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
+        typer.echo(announce(model), err=True)
     res = run_sweep(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())
     typer.echo(f"wrote {run.out}/sweep.json, examples.jsonl, curve.png")
@@ -121,4 +122,4 @@ def export(model: str = typer.Argument(..., help="a model posbias loads: registe
            dtype: str = field_option(SweepConfig, "dtype")) -> None:
     """Write a model as a plain Hugging Face directory any engine serves (vLLM does not read our GGUF packages)."""
     export_model(model, out, dtype)
-    typer.echo(f"wrote {out} (serve it, e.g. python -m vllm.entrypoints.openai.api_server --model {out})")
+    typer.echo(f"wrote {out} (serve it, e.g. vllm serve {out})")

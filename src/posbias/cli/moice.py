@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..moice import TrainConfig, run_train
-from .options import MODEL, RUN, SPLIT, TASK, Args, field_option, floats, model_fields, run_kwargs, task_fields, uses
+from .options import MODEL, RUN, SPLIT, TASK, Args, announce, field_option, floats, model_fields, run_kwargs, task_fields, uses
 
 moice_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
 
@@ -42,7 +42,7 @@ def train(
                                  bases=floats(bases, None, "bases", "100000,175000,250000"),
                                  aux_coef=aux, router_seed=router_seed)
     if not run.quiet:
-        typer.echo(f"loading {model.model} ({model.dtype}, {model.device}) ...", err=True)
+        typer.echo(announce(model), err=True)
     res = run_train(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())
     typer.echo(f"wrote {run.out}/moice.json; use it with --method moice:{run.out}")

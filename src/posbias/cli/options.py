@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from .. import METHODS, TASKS, PosbiasError
-from ..measure import ENGINES, field_docs
+from ..measure import ENGINES, field_docs, parse_spec
 
 Args = SimpleNamespace  # what a command receives for each group
 FIELD: Any = "<the config field's>"  # an Opt's default or a field_option's: the config field's own (compared by `is`)
@@ -260,6 +261,20 @@ def model_fields(a: Args) -> dict:
 
 def run_kwargs(a: Args) -> dict:
     return {"resume": a.resume, "overwrite": a.overwrite, "progress": not a.quiet}
+
+
+def announce(a: Args) -> str:
+    """What a command prints before it opens the model (MODEL group): `loading NAME (dtype, device) ...`; for a model
+    on a server, `connecting to openai:NAME at BASE_URL ...` (dtype and device do not apply there)."""
+    try:
+        spec = parse_spec(a.model)
+    except PosbiasError:  # the command's own validation says what is wrong with it
+        spec = None
+    if spec is None or "base_url" not in spec.cls.ARGS:
+        return f"loading {a.model} ({a.dtype}, {a.device}) ..."
+    default = re.search(r"default (\S+?)\)", spec.cls.ARGS["base_url"])  # the backend's own help names its default
+    where = spec.args.get("base_url") or (default[1] if default else "the default base_url")
+    return f"connecting to {spec.label} at {where} ..."
 
 
 # ----------------------------------------------------------------------------- small parsers

@@ -21,11 +21,11 @@ from ..core.metrics import paired_difference
 from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded
-from ..runs import RunFolder, is_main_process
+from ..runs import JsonlLog, RunFolder, is_main_process
 from ..tasks import label, placement_key
-from .config import plain
+from .config import plain, spec_identity, spec_label
 from .scaleout import start_processes
-from .sweep import SweepConfig, preflight, run_sweep
+from .sweep import ROW_KEYS, SweepConfig, preflight, run_sweep, with_resume_hint
 
 PATH_KEYS = ("scoring_path", "scoring_note")
 COLLAPSE_MARGIN = 0.10  # the collapse guard: a larger loss at any one position flags an entry
@@ -79,9 +79,22 @@ def model_name(model: str | Loaded) -> str:
 
 
 def model_label(model: str | Loaded) -> str:
-    """`runs/p2d/full/model` (a distillation output) -> `full`; anything else its name."""
+    """`runs/p2d/full/model` (a distillation output) -> `full`; a served spec its short name (`openai:smollm2`);
+    anything else its name."""
     name = model_name(model)
-    return Path(name).parent.name if distill_record(model) else name
+    return Path(name).parent.name if distill_record(model) else spec_label(name)
+
+
+def model_key(model: str | Loaded) -> str:
+    """What names a model's entries and their folders: a distillation output's folder name; a served spec less its
+    transport keys (timeout=, concurrency=, ...: a resume may change them); anything else its name."""
+    name = model_name(model)
+    return Path(name).parent.name if distill_record(model) else spec_identity(name)
+
+
+def entry_dir(model, method: Method, named: bool) -> str:
+    """The folder of one (model, method) entry inside the comparison's."""
+    return slug(f"{model_key(model)}@{method.key}") if named else slug(method.key)
 
 
 def _check_entries(cfg: SweepConfig, methods: list[Method], models: list):
@@ -91,7 +104,7 @@ def _check_entries(cfg: SweepConfig, methods: list[Method], models: list):
     keys = [m.key for m in methods]
     if len(set(keys)) != len(keys):
         raise PosbiasError(f"a method is listed twice in {','.join(keys)}", "list each method once")
-    names = [model_name(m) for m in models]
+    names = [model_key(m) for m in models]  # two specs that differ only in how requests travel are one model
     if not names or len(set(names)) != len(names):
         raise PosbiasError(f"`models` must list distinct models, got {','.join(names)}", "list each model once")
     task = _task(cfg)
@@ -131,25 +144,18 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
     folder = RunFolder(out, "comparison", "compare.json", ("compare.png",))
     folder.check(resume, overwrite)
     fingerprint = {"config": {**cfg.to_dict(), "model": None, "method": None}, "methods": [m.key for m in methods],
-                   "models": [model_name(m) for m in model_list]}
+                   "models": [spec_identity(model_name(m)) for m in model_list]}
     start_processes()  # several processes: join their group first (each rank's own GPU)
-    first = _load(model_list[0], cfg, progress)
+    opened = [_load(model_list[0], cfg, progress)]  # held in a list that _entries empties: one model in memory at a time
     for m in methods:  # a method that cannot apply to the model fails before the folder is written
-        first.check_method(m)
+        opened[0].check_method(m)
     with folder.open(fingerprint, resume, overwrite):
-        results, infos, res = [], {}, None
-        for i, mo in enumerate(model_list):
-            lo = first if i == 0 else _load(mo, cfg, progress)
-            infos[model_name(mo)] = lo.info
-            plain = None  # the unmodified model's rows: the order decision rules (swap, pride) reuse them
-            for m in methods:
-                res, entry = _entry(cfg, folder, lo, mo, m, named, resume, overwrite, progress, plain)
-                results.append(entry)
-                plain = res.rows if m.name == "none" else plain
-            if not isinstance(mo, (Loaded, Backend)):
-                lo.close()  # opened here (a vLLM engine holds memory until closed)
-            del lo
-            first = None  # one model in memory at a time
+        try:
+            results, infos, res = _entries(cfg, folder, opened, model_list, methods, named, resume, overwrite, progress)
+        except PosbiasError as e:  # the entries' folders keep their rows: say so, with how many
+            dirs = [entry_dir(mo, m, named) for mo in model_list for m in methods] if folder.path is not None else []
+            logs = [folder.file(d) / "examples.jsonl" for d in dirs]
+            raise with_resume_hint(e, sum(len(JsonlLog(p).read(ROW_KEYS)) for p in logs if p.is_file())) from None
         _add_paired_differences(results)
         _flag_collapse(results, collapse_margin, task.chance, getattr(task, "order", False))
         shared = {k: v for k, v in res.config.items() if k not in PATH_KEYS}  # the path is per entry
@@ -157,11 +163,30 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
                   "model": None if named else infos[model_name(model_list[0])], "models": infos,
                   "methods": [{k: v for k, v in r.items() if k != "rows"} for r in results]}
         if folder.path is not None and is_main_process():  # several processes: rank 0 writes
-            _plot(record, cfg, [model_label(m) for m in model_list] if named else [model_name(model_list[0])],
+            _plot(record, cfg, [model_label(m) for m in model_list] if named else [spec_label(model_name(model_list[0]))],
                   res.config["engine"], folder)
         folder.finish(record)  # last: its presence means "complete"
     rows = [{"model": r["model"], "method": r["method"], "label": r["label"], **row} for r in results for row in r["rows"]]
     return CompareResult(record["methods"], record["config"], record, rows)
+
+
+def _entries(cfg, folder: RunFolder, opened: list[Backend], model_list: list, methods: list[Method], named: bool,
+             resume: bool, overwrite: bool, progress: bool):
+    """Every (model, method) entry, each model loaded once (the first is `opened`'s) -> (entries, {model: info}, the
+    last SweepResult)."""
+    results, infos, res = [], {}, None
+    for i, mo in enumerate(model_list):
+        lo = opened.pop() if i == 0 else _load(mo, cfg, progress)
+        infos[model_name(mo)] = lo.info
+        plain = None  # the unmodified model's rows: the order decision rules (swap, pride) reuse them
+        for m in methods:
+            res, entry = _entry(cfg, folder, lo, mo, m, named, resume, overwrite, progress, plain)
+            results.append(entry)
+            plain = res.rows if m.name == "none" else plain
+        if not isinstance(mo, (Loaded, Backend)):
+            lo.close()  # opened here (a vLLM engine holds memory until closed)
+        del lo  # one model in memory at a time
+    return results, infos, res
 
 
 def _load(model: str | Loaded | Backend, cfg: SweepConfig, progress: bool) -> Backend:
@@ -175,7 +200,7 @@ def _entry(cfg, folder: RunFolder, lo: Backend, mo, m: Method, named: bool, resu
     """One sweep of the comparison -> (SweepResult, entry dict with the rows for the paired differences)."""
     name = model_label(mo)
     label = (name if m.name == "none" else f"{name} + {m.label}") if named else m.label
-    d = slug(f"{name}@{m.key}") if named else slug(m.key)
+    d = entry_dir(mo, m, named)
     sub = folder.file(d) if folder.path is not None else None
     started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
     res = run_sweep(replace(cfg, model=model_name(mo), method=m), sub, loaded=lo, resume=resume and started,

@@ -123,6 +123,27 @@ class Scoring:
             raise PosbiasError("`batch_tokens` and `max_batch` must be at least 1", "pass positive batch sizes")
 
 
+def spec_identity(model: Any) -> Any:
+    """What a run records (and a resume compares) for a model: the spec less its transport keys (timeout, retries,
+    concurrency, ...: `ModelSpec.identity`); an in-process spec, or a name no spec parses, as it is."""
+    return _spec_part(model, "identity")
+
+
+def spec_label(model: Any) -> Any:
+    """A model's short name for titles, tables and progress bars (`openai:smollm2`; `ModelSpec.label`); an
+    in-process spec, or a name no spec parses, as it is."""
+    return _spec_part(model, "label")
+
+
+def _spec_part(model: Any, part: str) -> Any:
+    if not isinstance(model, str):
+        return model
+    try:
+        return getattr(parse_spec(model), part)
+    except PosbiasError:  # a loaded model's name (`loaded=`) need not be a spec
+        return model
+
+
 def check_split(n: int, skip: int) -> None:
     if n < 1:
         raise PosbiasError(f"`n` must be at least 1, got {n}", "use `n=1` or more")

@@ -2,9 +2,10 @@
 
 Files in the output folder (runs.RunFolder protocol):
   run.json        the run's fingerprint (resume compares it)
-  examples.jsonl  one row per example x position, appended batch by batch (resume reads it)
+  examples.jsonl  one row per example x position, appended as scored (resume reads it), then rewritten in row order
   sweep.json      written atomically once every row is scored: its presence means complete
-  curve.png       accuracy against position with a 95% CI band; timing.json
+  curve.png       accuracy against position with a 95% CI band
+  timing.json     seconds, rows, a served backend's counters: totals over every invocation, and "this_run"'s
   order.png       order tasks: the share of rows choosing each slot (and PriDe's prior), with the order figures
 
 Under `accelerate launch` with several processes the rows are split by example across them and gathered in
@@ -25,10 +26,11 @@ from ..core.order import order_figures
 from ..errors import PosbiasError
 from ..methods import DecisionRule, Method, get_method
 from ..models.load import Loaded
-from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, versions
+from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, read_json, versions
+from ..runs import write_json_atomic, write_jsonl_atomic
 from ..runs import progress as progress_bar
 from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, placement_key, positions_spec
-from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict
+from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
 from .engines import get_engine
 from .scaleout import broadcast_rows, score_split, start_processes
 from .scorer import Scorer
@@ -88,7 +90,8 @@ class SweepResult:
         """A header (task, model, examples x placements, engine), accuracy per placement with its CI, the summary,
         and the scoring note when the run took another path than asked."""
         c = self.config
-        head = f"{c['task']} on {c['model']}: {c['n']} examples x {len(self.per_position)} positions, engine {c['engine']}"
+        head = (f"{c['task']} on {spec_label(c['model'])}: {c['n']} examples x {len(self.per_position)} positions, "
+                f"engine {c['engine']}")
         note = [f"note: {c['scoring_note']}"] if c.get("scoring_note") else []
         return "\n".join([head, format_table(self.per_position, self.summary), *note])
 
@@ -136,7 +139,7 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     if loaded is None:  # what a served backend cannot do is refused before it starts
         spec = parse_spec(cfg.model)
         check_method(spec.caps, spec.backend, method)
-        get_engine(cfg.engine or task.default_engine).check(spec.caps, spec.backend)
+        get_engine(cfg.engine or task.default_engine).check(spec.caps, spec.backend, task)
     start_processes()  # several processes: join their group first (each rank's own GPU)
     backend = as_backend(loaded) if loaded is not None else open_backend(cfg.model, cfg.dtype, cfg.device, progress,
                                                                           cfg.device_map)
@@ -172,22 +175,18 @@ def _run(cfg, out, backend, task, method, positions, examples, calibration, fold
                     cfg.prefix_sharing)
     rows = scorer.rows(examples, positions) + scorer.rows(calibration, task.all_placements())
     resolved = {**cfg.to_dict(), **scorer.settings(method), "positions_resolved": [as_json(p) for p in positions]}
+    resolved["model"] = spec_identity(cfg.model)  # less the transport keys (timeout=, ...): a resume may change them
     fingerprint = {"config": resolved, "task": task.config(), "model": backend.info, "method": method.config()}
     with folder.open(fingerprint, resume, overwrite):
         log = JsonlLog(folder.file("examples.jsonl")) if out is not None else None
-        done_rows = log.read(ROW_KEYS) if folder.resuming and is_main_process() else []
-        if num_processes() > 1:  # every rank skips what rank 0's examples.jsonl holds
-            done_rows = broadcast_rows(done_rows)
-        if scored:  # the unmodified model's rows, handed over: logged here as if scored
-            have, want = {(r["example_id"], placement_key(r["position"])) for r in done_rows}, {r.key for r in rows}
-            given = [r for r in scored if (k := (r["example_id"], placement_key(r["position"]))) in want and k not in have]
-            if log is not None and is_main_process():
-                log.append(given)
-            done_rows = done_rows + given
-        t0 = time.perf_counter()
-        new_rows = _score(scorer, rows, method, done_rows, log, progress, f"{task.name} on {cfg.model}")
-        elapsed = time.perf_counter() - t0
-        all_rows, decision = _decide(method, done_rows + new_rows, {e.id for e in examples}, task.n_slots)
+        done_rows = _logged(folder, log, rows, scored)
+        timing = Timing(folder if out is not None else None, backend, folder.resuming)
+        new_rows = _score_kept(scorer, rows, method, done_rows, log, progress, f"{task.name} on {spec_label(cfg.model)}",
+                               timing)
+        all_rows = in_row_order(done_rows + new_rows, rows)
+        if log is not None and is_main_process():  # served rows were logged as they completed: row order, atomically
+            write_jsonl_atomic(log.path, all_rows)
+        all_rows, decision = _decide(method, all_rows, {e.id for e in examples}, task.n_slots)
         ids = [e.id for e in examples]
         per, summary = per_position_stats(all_rows, positions, ids, task.also)
         # what the curve measures, and what guessing scores (an order task: one over its options)
@@ -202,11 +201,106 @@ def _run(cfg, out, backend, task, method, positions, examples, calibration, fold
             summary["decision"] = {k: v for k, v in decision.items() if k != "calibration_items"}
         record = {**fingerprint, "versions": versions(), "per_position": per, "summary": summary,
                   **({"decision": decision} if decision else {})}
-        if backend.caps.batching == "requests":  # how requests went: recorded, not compared on resume
-            record["backend"] = {"settings": backend.settings(), "counters": backend.counters()}
+        if backend.caps.batching == "requests":  # how requests went (totals over every invocation): not compared
+            record["backend"] = {"settings": backend.settings(), **timing.backend_record()}
         if out is not None and is_main_process():
-            _write(folder, record, method, task.name, cfg, elapsed, len(new_rows), backend.counters())
+            _write(folder, record, method, task.name, cfg, timing)
     return SweepResult(resolved, per, summary, all_rows, record, folder.path)
+
+
+def _logged(folder: RunFolder, log: JsonlLog | None, rows: list, scored: list[dict] | None) -> list[dict]:
+    """The rows already in the folder's log (resume), and the handed-over `scored` rows it lacks (logged here)."""
+    done_rows = log.read(ROW_KEYS) if folder.resuming and log is not None and is_main_process() else []
+    if num_processes() > 1:  # every rank skips what rank 0's examples.jsonl holds
+        done_rows = broadcast_rows(done_rows)
+    if scored:  # the unmodified model's rows, handed over: logged here as if scored
+        have, want = {(r["example_id"], placement_key(r["position"])) for r in done_rows}, {r.key for r in rows}
+        given = [r for r in scored if (k := (r["example_id"], placement_key(r["position"]))) in want and k not in have]
+        if log is not None and is_main_process():
+            log.append(given)
+        done_rows = done_rows + given
+    return done_rows
+
+
+def in_row_order(results: list[dict], rows: list) -> list[dict]:
+    """Result dicts in the order of `rows` (example-major, as Scorer.rows builds them); one of no row goes last."""
+    order = {r.key: i for i, r in enumerate(rows)}
+    return sorted(results, key=lambda d: order.get((d["example_id"], placement_key(d["position"])), len(order)))
+
+
+def _score_kept(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: JsonlLog | None, show: bool,
+                desc: str, timing: "Timing") -> list[dict]:
+    """`_score`, counted in `timing` (saved on a failure); a PosbiasError says how to go on (`with_resume_hint`)."""
+    try:
+        new_rows = _score(scorer, rows, method, done_rows, log, show, desc, timing.tick)
+    except PosbiasError as e:
+        timing.save()
+        raise with_resume_hint(e, len(log.read(ROW_KEYS)) if log is not None and is_main_process() else 0) from None
+    except BaseException:  # an interrupt: what was spent is counted at the next resume
+        timing.save()
+        raise
+    timing.stop(len(new_rows))
+    return new_rows
+
+
+def with_resume_hint(e: PosbiasError, kept: int) -> PosbiasError:
+    """`e`, its fix ending in "rerun with `resume` to continue (N rows are kept)" where a run folder keeps rows."""
+    base = getattr(e, "fix_before_resume", e.fix)  # a hint an inner run (a compare entry) added is replaced
+    if kept < 1:
+        return e
+    rows = f"{kept} row is" if kept == 1 else f"{kept} rows are"
+    hinted = PosbiasError(e.problem, "; ".join(x for x in (base, f"rerun with `resume` to continue ({rows} kept)") if x))
+    hinted.fix_before_resume = base  # type: ignore[attr-defined]
+    return hinted
+
+
+class Timing:
+    """timing.json: this invocation's scoring seconds, rows and backend counters ("this_run") beside their totals over
+    every invocation (resume: added to the folder's); saved every EVERY seconds of scoring, on a failure, at the end."""
+
+    EVERY = 5.0
+
+    def __init__(self, folder: RunFolder | None, backend: Backend, resuming: bool):
+        self.path = folder.file("timing.json") if folder is not None and is_main_process() else None
+        self.prev = _previous_totals(self.path) if resuming and self.path is not None else {}
+        self.backend, self.rows, self.seconds, self.t0 = backend, 0, None, time.perf_counter()
+        self.saved = self.t0
+
+    def tick(self, n: int) -> None:
+        self.rows += n
+        if time.perf_counter() - self.saved > self.EVERY:
+            self.save()
+
+    def stop(self, rows: int) -> None:
+        self.rows, self.seconds = rows, time.perf_counter() - self.t0
+
+    def record(self) -> dict:
+        seconds = self.seconds if self.seconds is not None else time.perf_counter() - self.t0
+        this = {"seconds": seconds, "rows": self.rows, **self.backend.counters()}
+        totals = {k: self.prev.get(k, 0) + this.get(k, 0) for k in {**this, **self.prev} if k != "invocations"}
+        return {**totals, "invocations": int(self.prev.get("invocations", 0)) + 1, "this_run": this,
+                "seconds_this_run": seconds, "rows_this_run": self.rows}
+
+    def backend_record(self) -> dict:  # record["backend"]'s counters: the totals, and this invocation's own
+        rec, names = self.record(), list(self.backend.counters())
+        return {"counters": {k: rec[k] for k in names}, "this_run": {k: rec["this_run"][k] for k in names}}
+
+    def save(self) -> None:
+        if self.path is not None:
+            write_json_atomic(self.path, self.record(), indent=2)
+            self.saved = time.perf_counter()
+
+
+def _previous_totals(path) -> dict:
+    """The totals a folder's timing.json holds (an older one, of one invocation: its figures); {} if none."""
+    try:
+        old = read_json(path, "timing record") if path.is_file() else {}
+    except PosbiasError:  # unreadable: counting starts again
+        return {}
+    totals = {k: v for k, v in old.items() if type(v) in (int, float) and not k.endswith("_this_run")}
+    if "seconds" not in old:  # written before totals were kept
+        totals.update(seconds=old.get("seconds_this_run", 0), rows=old.get("rows_this_run", 0), invocations=1)
+    return totals
 
 
 def _decide(method: Method, rows: list[dict], evaluated: set, k: int) -> tuple[list[dict], dict | None]:
@@ -224,36 +318,38 @@ def order_summary(rows: list[dict], positions: list, example_ids: list[str], k: 
 
 
 def _score(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: JsonlLog | None, show: bool,
-           desc: str) -> list[dict]:
+           desc: str, counted=lambda n: None) -> list[dict]:
     done = {(r["example_id"], placement_key(r["position"])) for r in done_rows}
     bar = progress_bar(len(rows), desc, "row", initial=len(done), enabled=show)
+
+    def tick(n: int) -> None:
+        bar.update(n)
+        counted(n)
 
     def on_batch(new: list[dict]) -> None:
         if log is not None:
             log.append(new)
-        bar.update(len(new))
+        tick(len(new))
 
     try:
         if num_processes() > 1:  # rows split by example across processes, gathered in rounds
-            return score_split(scorer, rows, method, done, log, bar.update)
+            return score_split(scorer, rows, method, done, log, tick)
         return scorer.score(rows, method, done, on_batch)
     finally:
         bar.close()
 
 
-def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg: SweepConfig, seconds: float,
-           n_rows: int, counters: dict) -> None:
+def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg: SweepConfig, timing: Timing) -> None:
     from ..report.plots import plot_curve, plot_order, plot_pair_heatmap
-    from ..runs import write_json_atomic
 
     label = "" if method.name == "none" else f", {method.label}"
-    title = f"{task_name} on {cfg.model}{label} (n={cfg.n}, {record['config']['engine']})"
+    title = f"{task_name} on {spec_label(cfg.model)}{label} (n={cfg.n}, {record['config']['engine']})"
     plot_curve(record["per_position"], title, folder.file("curve.png"))
     if "modes" in record["summary"]:  # two hops: accuracy over (first, second)
         plot_pair_heatmap(record["per_position"], record["task"]["n_slots"], title, folder.file("heatmap.png"))
     if "order" in record["summary"]:  # the order of candidates: the share each slot is chosen (and PriDe's prior)
         plot_order(record["summary"], title, folder.file("order.png"))
-    write_json_atomic(folder.file("timing.json"), {"seconds_this_run": seconds, "rows_this_run": n_rows, **counters}, indent=2)
+    timing.save()
     folder.finish(record)  # last: its presence means "complete"
 
 
