@@ -1,134 +1,358 @@
-"""The same rows through every backend, both protocols, in one run: hf plain, hf prefix-shared, vLLM's offline
-engine and vLLM's OpenAI-compatible server (posbias's openai backend on 127.0.0.1).
+"""posbias in process against vLLM's offline engine on the same rows, every path cold, costed in CPU seconds.
 
 Run it from the vLLM venv (make vllm-env), which holds posbias too; it exports SmolLM2 to a model directory first:
 
-    .venv-vllm/bin/python benchmarks/backend_speed.py [--n 10] [--cores 1] [--skip hf,vllm,server]
+    .venv-vllm/bin/python benchmarks/backend_speed.py [--n 10] [--rounds 3] [--task kv-lookup] [--threads 1]
 
-Rows: kv-lookup (10 facts) x every slot x `--n` examples, the same token ids on every path. Per path and protocol:
-engine start (load / spawn until the first request can go), wall time of the scoring, rows/s and prompt tokens/s
-(each row's prompt + answer tokens, counted once, over the wall time), and the verdict agreement with hf plain.
+Rows: the task's prompts (kv-lookup: 10 facts) x every slot x `--n` examples, built once by posbias's Scorer; every
+path scores exactly these token ids. Paths:
 
-Cores. vLLM's CPU build binds its worker to the compute cores and, by default, reserves one core for its front
-end (`VLLM_CPU_NUM_OF_RESERVED_CPU`, "reserve_cpu_num" in its log). `--cores 1`: vLLM computes on one core (one
-reserved), hf runs with one torch thread: equal compute cores. `--cores 2`: VLLM_CPU_NUM_OF_RESERVED_CPU=0 (both
-cores compute; the front end shares them), hf with two threads. The server path sends `--batch` token prompts per
-request (default 8), `--concurrency` requests in flight (64). Targets: openai server >= 0.9 x vLLM offline
-throughput; hf >= 1.0 x vLLM offline on equal cores, both protocols.
+  (a) posbias in process, teacher-forced, prefix-shared     (b) the same, plain path (prefix_sharing=False)
+  (c) posbias in process, generate, prefix-shared           (d) the same, plain path
+  (e) vLLM teacher forcing via prompt_logprobs=1, max_tokens=1: one request per accepted answer (prompt + answer);
+      greedy iff no listed token is more likely than the answer token (or as likely with a lower id)
+  (f) vLLM teacher forcing via greedy generation: one request per row, temperature 0, max_tokens = the longest
+      accepted answer in tokens, no stop strings; correct iff the generated ids begin with an accepted answer's ids
+      (every answer token is the greedy choice; ties aside)
+  (g) vLLM generate: greedy, the task's max_new_tokens, newline stop, judged by the task's metric on the first line
+The vLLM paths call `LLM.generate` directly with token prompts, 64 requests per call, on an engine started with
+posbias's vllm backend's arguments (bf16, prefix caching on, seed 0), so they do not depend on which teacher-forcing
+route that backend takes by default.
+
+Cold. vLLM's prefix cache is reset (`LLM.reset_prefix_cache()`) before every path and round, and its counters
+(vllm:prefix_cache_queries / vllm:prefix_cache_hits, in tokens) are read around each run: hits after a reset come
+from rows of the same path sharing a prompt prefix (the engine's own prefix sharing, as (a) and (c) share within an
+example). vLLM never reads its cache for a request with prompt_logprobs (SamplingParams.skip_reading_prefix_cache),
+so (e) queries nothing, but it writes its blocks: without the reset a later generation pass finds them. The last
+line of the table is that warm case: (g) once more without a reset. posbias's in-process paths hold no cache
+across rows of different examples, nor across paths.
+
+CPU. "CPU s" is the user + system time of this process and every descendant (vLLM's EngineCore and its worker run
+in child processes), per process sampled with psutil right before and right after the run: the figure to compare on
+a shared 2-core machine. "child" is the share of it spent in child processes. posbias runs with `--threads` torch
+threads (default 1); vLLM keeps its CPU default (its worker's OMP threads on the cores it does not reserve for its
+front end; the header prints what it got).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import platform
+import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import psutil
+
+PROTOCOL = {"a": "teacher-forced", "b": "teacher-forced", "c": "generate", "d": "generate", "e": "teacher-forced",
+            "f": "teacher-forced", "g": "generate", "g*": "generate"}
+CHUNK = 64  # requests per LLM.generate call, as posbias's vllm backend sends them
+ENGINE = {"dtype": "bfloat16", "enable_prefix_caching": True, "seed": 0, "max_model_len": 2048,
+          "disable_log_stats": False}  # posbias's vllm backend's engine arguments; stats on: the cache counters
+LABEL = {"a": "(a) posbias prefix-shared", "b": "(b) posbias plain", "c": "(c) posbias prefix-shared",
+         "d": "(d) posbias plain", "e": "(e) vLLM prompt_logprobs", "f": "(f) vLLM greedy-gen TF",
+         "g": "(g) vLLM generate", "g*": "(g) vLLM, NO reset (control)"}
 
 
-def score(name: str, backend, task, n: int, engine: str, prefix: bool = True) -> dict:
+def proc_cpu() -> dict[int, tuple[float, bool]]:
+    """pid -> (user + system CPU seconds, incl. its waited-for children; is it a descendant) for this process and
+    every live descendant."""
+    me = psutil.Process()
+    out = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        out[p.pid] = (t.user + t.system + t.children_user + t.children_system, p.pid != me.pid)
+    return out
+
+
+def measure(fn) -> dict:
+    """Run fn(); its wall seconds, CPU seconds of the whole process tree, and the part in child processes."""
+    before = proc_cpu()
+    t0 = time.perf_counter()
+    result = fn()
+    wall = time.perf_counter() - t0
+    after = proc_cpu()
+    cpu = child = 0.0
+    for pid, (sec, is_child) in after.items():
+        d = sec - before.get(pid, (0.0, False))[0]
+        cpu += d
+        child += d if is_child else 0.0
+    gone = set(before) - set(after)
+    if gone:
+        print(f"  note: {len(gone)} process(es) ended during the run; their CPU time after the first sample is lost")
+    return {"wall": wall, "cpu": cpu, "child": child, "result": result}
+
+
+def cache_counters(llm) -> tuple[int, int]:
+    """(queries, hits) of vLLM's prefix cache so far, in tokens (summed over engines)."""
+    q = h = 0
+    for m in llm.get_metrics():
+        if m.name == "vllm:prefix_cache_queries":
+            q += int(m.value)
+        elif m.name == "vllm:prefix_cache_hits":
+            h += int(m.value)
+    return q, h
+
+
+def verdicts(results: list[dict]) -> dict:
+    return {(r["example_id"], str(r["position"])): bool(r["correct"]) for r in results}
+
+
+def scorer_path(loaded, task, engine: str, prefix: bool, rows, what: str):
+    """A path that scores `rows` with posbias's Scorer in process, checked to take the scoring path asked for
+    (prefix-shared or plain)."""
     from posbias.measure import Scorer
 
-    scorer = Scorer(backend, task, engine, prefix_sharing=prefix)
-    rows = scorer.rows(task.examples(n, 0, 0), task.placements("all"))
-    tokens = sum(len(r.prompt_ids) + len(r.answer_ids[0]) for r in rows)
-    t0 = time.perf_counter()
-    res = scorer.score(rows)
-    wall = time.perf_counter() - t0
-    return {"path": name, "engine": engine, "rows": len(rows), "wall_s": wall, "rows_per_s": len(rows) / wall,
-            "tokens_per_s": tokens / wall, "verdicts": {(r["example_id"], r["position"]): r["correct"] for r in res}}
+    scorer = Scorer(loaded, task, engine, prefix_sharing=prefix)
+    if scorer.path()[0] != prefix:
+        raise SystemExit(f"{what}: posbias took the {'prefix-shared' if not prefix else 'plain'} path, not the one asked")
+    return lambda: verdicts(scorer.score(rows))
+
+
+def in_order(llm, prompts: list[list[int]], params: list) -> list:
+    """vLLM's outputs for token prompts, CHUNK requests per LLM.generate call (as posbias's vllm backend sends)."""
+    from vllm.inputs import TokensPrompt
+
+    outs = []
+    for lo in range(0, len(prompts), CHUNK):
+        batch = [TokensPrompt(prompt_token_ids=p) for p in prompts[lo:lo + CHUNK]]
+        outs += llm.generate(batch, params[lo:lo + CHUNK], use_tqdm=False)
+    return outs
+
+
+def row_key(row) -> tuple:
+    return row.key[0], str(row.key[1])
+
+
+def tf_logprobs(llm, rows):
+    """Path (e): one request per accepted answer (prompt + answer), prompt_logprobs=1, max_tokens=1; an answer token
+    is greedy iff no listed token is more likely, or as likely with a lower id (the in-process argmax)."""
+    from vllm import SamplingParams
+
+    reqs = [(i, a) for i, r in enumerate(rows) for a in r.answer_ids]
+    params = [SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1, detokenize=False)] * len(reqs)
+
+    def run() -> dict:
+        out = {row_key(r): False for r in rows}
+        for (i, ans), o in zip(reqs, in_order(llm, [rows[i].prompt_ids + list(a) for i, a in reqs], params)):
+            n = len(rows[i].prompt_ids)
+            greedy = all(all(x.logprob < e[t].logprob or (x.logprob == e[t].logprob and u >= t) for u, x in e.items())
+                         for t, e in zip(ans, o.prompt_logprobs[n:]))
+            out[row_key(rows[i])] |= greedy
+        return out
+
+    return run
+
+
+def tf_greedy(llm, rows):
+    """Path (f): teacher forcing read off greedy generation, one request per row: temperature 0, max_tokens = the
+    longest accepted answer, no stop strings; correct iff the generated ids begin with an accepted answer's ids."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=0, max_tokens=max(map(len, r.answer_ids)), detokenize=False) for r in rows]
+
+    def run() -> dict:
+        outs = in_order(llm, [r.prompt_ids for r in rows], params)
+        return {row_key(r): any(list(o.outputs[0].token_ids[:len(a)]) == list(a) for a in r.answer_ids)
+                for r, o in zip(rows, outs)}
+
+    return run
+
+
+def generate(llm, rows, task, max_new_tokens: int):
+    """Path (g): greedy generation, the task's max_new_tokens, newline stop; judged like posbias's generate engine
+    (the task's metric on the first line)."""
+    from vllm import SamplingParams
+
+    from posbias.core.metrics import METRICS, first_line
+
+    stop = None if task.multiline else ["\n"]
+    params = [SamplingParams(temperature=0, max_tokens=max_new_tokens, stop=stop)] * len(rows)
+
+    def run() -> dict:
+        outs = in_order(llm, [r.prompt_ids for r in rows], params)
+        return {row_key(r): bool(METRICS[task.metric](o.outputs[0].text.strip() if task.multiline else
+                                                  first_line(o.outputs[0].text), r.prompt.answers))
+                for r, o in zip(rows, outs)}
+
+    return run
+
+
+def run_rounds(paths: dict, rounds: int, llm=None) -> list[dict]:
+    """Each path `rounds` times (round-major); with a vLLM engine its prefix cache is reset before every run."""
+    recs = []
+    for rnd in range(rounds):
+        for key, fn in paths.items():
+            recs.append(run_one(key, fn, rnd, llm, reset=True))
+    return recs
+
+
+def run_one(key: str, fn, rnd: int, llm, reset: bool) -> dict:
+    q0 = h0 = q1 = h1 = None
+    if llm is not None:
+        if reset and not llm.reset_prefix_cache():
+            raise SystemExit("vLLM refused to reset its prefix cache (requests still running?)")
+        q0, h0 = cache_counters(llm)
+    m = measure(fn)
+    if llm is not None:
+        q1, h1 = cache_counters(llm)
+    rec = {"key": key, "round": rnd, "rows": len(m["result"]), "verdicts": m.pop("result"), **m,
+           "queries": None if q0 is None else q1 - q0, "hits": None if h0 is None else h1 - h0}
+    cache = "" if q0 is None else f", prefix cache hits {rec['hits']} of {rec['queries']} tokens queried"
+    if llm is not None and rec["child"] < 0.5 * rec["cpu"]:
+        print("  WARNING: under half of this vLLM run's CPU time is in child processes: is the engine's time counted?")
+    print(f"  {LABEL[key]} round {rnd + 1}: wall {rec['wall']:.1f} s, CPU {rec['cpu']:.1f} s "
+          f"(children {rec['child']:.1f} s){cache}")
+    return rec
+
+
+def posbias_paths(model_dir: Path, task, examples, placements, threads: int) -> tuple[list, dict, int]:
+    """The rows (built once, by posbias's Scorer), paths (a)-(d) and the task's max_new_tokens; one untimed warm-up
+    example per protocol."""
+    import torch
+
+    from posbias import load_model
+    from posbias.measure import Scorer
+
+    torch.set_num_threads(threads)
+    loaded = load_model(str(model_dir), "bf16", progress=False)
+    rows = Scorer(loaded, task, "teacher-forced").rows(examples, placements)
+    warm = task.examples(1, 0, len(examples))  # an example outside the measured rows
+    for engine in ("teacher-forced", "generate"):
+        s = Scorer(loaded, task, engine)
+        s.score(s.rows(warm, placements[:2]))
+    paths = {k: scorer_path(loaded, task, PROTOCOL[k], prefix, rows, LABEL[k])
+             for k, prefix in (("a", True), ("b", False), ("c", True), ("d", False))}
+    if any(r.option_ids or r.prompt.options for r in rows):
+        raise SystemExit("paths (e) and (f) score answer tokens; this task's rows are option labels (an order task)")
+    return rows, paths, Scorer(loaded, task, "generate").max_new_tokens
+
+
+def start_vllm(model_dir: Path):
+    """vLLM's offline engine on the exported model, as posbias's vllm backend starts it."""
+    from vllm import LLM
+
+    m = measure(lambda: LLM(model=str(model_dir), **ENGINE))
+    llm = m["result"]
+    kids = psutil.Process().children(recursive=True)
+    desc = ", ".join(f"{p.name()} pid {p.pid} on cores {p.cpu_affinity()} ({p.num_threads()} threads)" for p in kids)
+    idle = measure(lambda: time.sleep(5.0))
+    print(f"vLLM engine start: wall {m['wall']:.1f} s, CPU {m['cpu']:.1f} s; processes: {desc}")
+    print(f"vLLM idle for 5 s: {idle['cpu']:.2f} CPU s ({idle['child']:.2f} s in its children)")
+    return llm
+
+
+def header(a, model_dir: Path) -> None:
+    import torch
+    import transformers
+    import vllm
+
+    import posbias
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    la = os.getloadavg()
+    print(f"command: {' '.join(shlex.quote(x) for x in [sys.executable, *sys.argv])}")
+    print(f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}; host {platform.node()}")
+    print(f"machine: {cpu}, {os.cpu_count()} logical cores ({len(os.sched_getaffinity(0))} usable), "
+          f"{psutil.virtual_memory().total / 2**30:.0f} GiB")
+    print(f"load average at start (1/5/15 min): {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} "
+          f"({'other load present' if la[0] > 0.5 else 'quiet'})")
+    print(f"versions: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"posbias {getattr(posbias, '__version__', '?')}; model {model_dir} (bf16)")
+    print(f"posbias: {a.threads} torch thread(s); VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=10)
-    ap.add_argument("--cores", type=int, default=1, choices=(1, 2))
-    ap.add_argument("--skip", default="")
-    ap.add_argument("--concurrency", type=int, default=64, help="the server path's requests in flight")
-    ap.add_argument("--batch", type=int, default=8, help="the server path's prompts per request")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=10, help="examples; rows = n x the task's slots (default 10: 100 rows)")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of every path (min-max printed)")
+    ap.add_argument("--task", default="kv-lookup")
+    ap.add_argument("--threads", type=int, default=1, help="posbias's torch threads")
     ap.add_argument("--model-dir", default=None, help="an exported model directory (default: export SmolLM2 now)")
     a = ap.parse_args()
-    sys.stdout.reconfigure(line_buffering=True)  # vLLM's worker processes must not inherit (and repeat) buffered lines
-    skip = set(filter(None, a.skip.split(",")))
-    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "1" if a.cores == 1 else "0"
+    sys.stdout.reconfigure(line_buffering=True)  # vLLM's workers must not inherit (and repeat) buffered lines
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    import torch
-
-    from posbias import get_task, load_model, open_backend
+    from posbias import get_task
     from posbias.measure import export_model
 
-    torch.set_num_threads(a.cores)
-    task = get_task("kv-lookup")
+    t_start = time.perf_counter()
+    task = get_task(a.task)
     model_dir = Path(a.model_dir) if a.model_dir else export_model("smollm2-135m", Path(tempfile.mkdtemp()) / "smollm2")
-    results, starts = [], {}
-    engines = ("teacher-forced", "generate")
-    if "hf" not in skip:
-        t0 = time.perf_counter()
-        loaded = load_model(str(model_dir), "bf16", progress=False)
-        starts["hf"] = time.perf_counter() - t0
-        for e in engines:
-            results.append(score("hf plain", loaded, task, a.n, e, prefix=False))
-            results.append(score("hf prefix-shared", loaded, task, a.n, e))
-        del loaded
-    if "vllm" not in skip:
-        t0 = time.perf_counter()
-        be = open_backend(f"vllm:{model_dir},max_model_len=2048", "bf16")
-        starts["vllm offline"] = time.perf_counter() - t0
-        for e in engines:
-            results.append(score("vllm offline", be, task, a.n, e))
-        be.close()
-        del be
-    if "server" not in skip:
-        from served import NAME, start_server, stop
-
-        t0 = time.perf_counter()
-        proc, url = start_server(model_dir, Path(tempfile.mkdtemp()) / "vllm.log")
-        be = open_backend(f"openai:model={NAME},base_url={url},tokenizer={model_dir},concurrency={a.concurrency},"
-                          f"batch={a.batch}")
-        starts["vllm server"] = time.perf_counter() - t0
-        try:
-            for e in engines:
-                results.append(score("vllm server", be, task, a.n, e))
-            # request order and batching: the same rows one request at a time, against `concurrency` in flight
-            one = open_backend(f"openai:model={NAME},base_url={url},tokenizer={model_dir},concurrency=1")
-            for e in engines:
-                results.append(score("vllm server, 1 in flight", one, task, a.n, e))
-        finally:
-            stop(proc)
-    report(results, starts, a)
+    header(a, model_dir)
+    rows, paths, max_new = posbias_paths(model_dir, task, task.examples(a.n, 0, 0), task.placements("all"), a.threads)
+    print(f"rows: {len(rows)} ({a.task}, every slot x {a.n} examples), "
+          f"{sum(len(r.prompt_ids) for r in rows)} prompt tokens; every path below scores these token ids; "
+          "posbias warmed up on one other example (untimed), vLLM warms up (compiles) during its start")
+    recs = run_rounds(paths, a.rounds)
+    llm = start_vllm(model_dir)
+    vpaths = {"e": tf_logprobs(llm, rows), "f": tf_greedy(llm, rows), "g": generate(llm, rows, task, max_new)}
+    recs += run_rounds(vpaths, a.rounds, llm)
+    recs.append(run_one("g*", vpaths["g"], 0, llm, reset=False))
+    report(recs, a, time.perf_counter() - t_start)
 
 
-def report(results: list[dict], starts: dict, a) -> None:
-    print(f"kv-lookup, 10 facts, every slot x {a.n} examples; compute cores {a.cores} "
-          f"(VLLM_CPU_NUM_OF_RESERVED_CPU={os.environ['VLLM_CPU_NUM_OF_RESERVED_CPU']}, hf torch threads {a.cores})")
-    print(f"{'path':26s} {'protocol':15s} {'start s':>8s} {'wall s':>8s} {'rows/s':>8s} {'tok/s':>8s} {'agree':>7s}")
-    ref = {r["engine"]: r["verdicts"] for r in results if r["path"] == "hf plain"}
-    for r in results:
-        base = ref.get(r["engine"])
-        agree = (sum(r["verdicts"][k] == v for k, v in base.items()) / len(base)) if base else float("nan")
-        start = starts.get(r["path"].split(" prefix")[0].replace(" plain", ""), float("nan"))
-        print(f"{r['path']:26s} {r['engine']:15s} {start:8.1f} {r['wall_s']:8.1f} {r['rows_per_s']:8.2f} "
-              f"{r['tokens_per_s']:8.0f} {agree:7.3f}")
-    for e in ("teacher-forced", "generate"):
-        x = next((r for r in results if r["path"] == "vllm server" and r["engine"] == e), None)
-        y = next((r for r in results if r["path"] == "vllm server, 1 in flight" and r["engine"] == e), None)
-        if x and y:
-            flips = sum(x["verdicts"][k] != y["verdicts"][k] for k in x["verdicts"])
-            print(f"{e}: {a.concurrency} requests of {a.batch} vs 1 request of 1 in flight: {flips} of "
-                  f"{len(x['verdicts'])} verdicts differ")
-    by = {(r["path"], r["engine"]): r["tokens_per_s"] for r in results}
-    for e in ("teacher-forced", "generate"):
-        off = by.get(("vllm offline", e))
-        if not off:
-            continue
-        for path, target in (("vllm server", 0.9), ("hf plain", 1.0), ("hf prefix-shared", 1.0)):
-            if (path, e) in by:
-                ratio = by[(path, e)] / off
-                print(f"{e}: {path} / vllm offline = {ratio:.2f}x (target >= {target}x) "
-                      f"{'met' if ratio >= target else 'NOT met'}")
+def span(xs: list[float], fmt: str) -> str:
+    lo, hi = min(xs), max(xs)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{format(lo, fmt)}-{format(hi, fmt)}"
+
+
+def table(recs: list[dict]) -> None:
+    keys = list(dict.fromkeys(r["key"] for r in recs))
+    by = {k: [r for r in recs if r["key"] == k] for k in keys}
+    best = {}  # per protocol: the lowest CPU s per row of a cold vLLM route (its best round)
+    for k in ("e", "f", "g"):
+        if k in by:
+            v = min(r["cpu"] / r["rows"] for r in by[k])
+            best[PROTOCOL[k]] = min(best.get(PROTOCOL[k], v), v)
+    print(f"{'path':31s} {'protocol':14s} {'cache':13s} {'rows':>4s} {'wall s':>11s} {'CPU s':>11s} {'child':>7s} "
+          f"{'CPU s/row':>11s} {'x best vLLM':>11s} {'prefix-cache hits/queried':>26s}")
+    for k in keys:
+        rs = by[k]
+        cpr = [r["cpu"] / r["rows"] for r in rs]
+        ratio = span([c / best[PROTOCOL[k]] for c in cpr], ".2f") if PROTOCOL[k] in best else "-"
+        cache = "warm" if k == "g*" else "cold (reset)" if k in ("e", "f", "g") else "none held"
+        pc = "in process: no cache" if rs[0]["hits"] is None else (
+            f"{span([r['hits'] for r in rs], 'd')}/{span([r['queries'] for r in rs], 'd')}")
+        child = span([r["child"] / r["cpu"] for r in rs if r["cpu"] > 0] or [0.0], ".0%")
+        wall, cpu = span([r["wall"] for r in rs], ".1f"), span([r["cpu"] for r in rs], ".1f")
+        print(f"{LABEL[k]:31s} {PROTOCOL[k]:14s} {cache:13s} {rs[0]['rows']:4d} {wall:>11s} {cpu:>11s} {child:>7s} "
+              f"{span(cpr, '.3f'):>11s} {ratio:>11s} {pc:>26s}")
+
+
+def agreement(recs: list[dict]) -> None:
+    first = {}
+    for r in recs:
+        if r["key"] in first and r["verdicts"] != first[r["key"]]:
+            print(f"note: {LABEL[r['key']]} round {r['round'] + 1} changed verdicts against its round 1")
+        first.setdefault(r["key"], r["verdicts"])
+    for x, y in (("f", "e"), ("f", "a"), ("e", "a"), ("a", "b"), ("g", "c"), ("c", "d")):
+        if x in first and y in first:
+            vx, vy = first[x], first[y]
+            diff = sum(vx[k] != vy[k] for k in vy)
+            acc = (sum(vx.values()) / len(vx), sum(vy.values()) / len(vy))
+            print(f"agreement {x} vs {y}: {1 - diff / len(vy):.3f} of verdicts ({diff} of {len(vy)} rows differ); "
+                  f"accuracy {acc[0]:.3f} vs {acc[1]:.3f}")
+
+
+def report(recs: list[dict], a, total: float) -> None:
+    la = os.getloadavg()
+    print()
+    print(f"== {a.task}, {recs[0]['rows']} rows, {a.rounds} round(s) per path (min-max over rounds) ==")
+    table(recs)
+    print("cache: 'cold (reset)': vLLM's prefix cache reset before every run, hits are rows of the same run sharing a "
+          "prefix; (e) never reads the cache (prompt_logprobs); 'none held': posbias in process keeps no cache across "
+          "paths or examples; 'warm': (g) rerun without a reset, excluded from 'x best vLLM'")
+    print("CPU s: user+system of this process and all its descendants; child: the share in child processes (vLLM's "
+          "EngineCore and worker); x best vLLM: CPU s/row over the cheapest cold vLLM route of the same protocol")
+    agreement(recs)
+    print(f"load average at end (1/5/15 min): {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}; total run {total:.0f} s")
 
 
 if __name__ == "__main__":  # vLLM spawns its workers: the guard is required

