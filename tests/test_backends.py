@@ -196,3 +196,28 @@ def test_verdicts_from_replies_equal_the_in_process_verdicts(route):
         elif got["correct"]:
             assert got["logprob"] == pytest.approx(want["logprob"], abs=1e-4)
     assert any(r["correct"] for r in local.values()) and not all(r["correct"] for r in local.values())
+
+
+def test_dialects_detected_from_the_model_listing_and_their_prompts():
+    from posbias.backends.dialects import choose_prompts, detect
+
+    # owned_by as the real servers list it: vLLM (tests/replies/vllm.json's server) and llama-cpp-python ("me")
+    assert detect([{"id": "smollm2", "owned_by": "vllm"}]).name == "vllm"
+    assert detect([{"id": "smollm2", "owned_by": "me"}]).name == "llamacpp"
+    hosted = detect([{"id": "gpt-x", "owned_by": "system"}])
+    assert hosted.name == "openai" and not hosted.exact_greedy
+    assert choose_prompts(detect([{"owned_by": "me"}]), None, True) == "text"
+    assert choose_prompts(detect([{"owned_by": "vllm"}]), None, True) == "tokens"
+    assert choose_prompts(hosted, None, True) == "chat"
+    with pytest.raises(PosbiasError, match=r"dialect, openai, takes no prompts=tokens.*or dialect=vllm"):
+        choose_prompts(hosted, "tokens", True)
+
+
+def test_replies_of_a_text_listing_server_parse():
+    """llama.cpp lists generated tokens by text (tests/replies/llamacpp.json, a real reply): parsed as text steps."""
+    from posbias.backends.openai import _gen_steps
+
+    real = json.loads((Path(__file__).parent / "replies" / "llamacpp.json").read_text())
+    steps = _gen_steps(real["generate_text"]["reply"]["choices"][0])
+    assert steps and all(isinstance(t, str) and t in alts for t, _, alts in steps)
+    assert real["token_ids_refused"]["status"] == 500 and "validation error" in real["token_ids_refused"]["reply"]["error"]["message"]

@@ -109,7 +109,7 @@ def test_compare_and_resume_through_llama_cpp(llama_server, in_process, tmp_path
 def test_token_prompts_are_refused_with_the_way_on(llama_server):
     from posbias import PosbiasError, open_backend
 
-    with pytest.raises(PosbiasError, match=r"llamacpp server takes no prompts=tokens .* use prompts=text") as e:
+    with pytest.raises(PosbiasError, match=r"dialect, llamacpp, takes no prompts=tokens .* use prompts=text") as e:
         open_backend(spec(llama_server["url"], prompts="tokens"))
     fix = str(e.value).split("use ")[-1].split(" ")[0]  # followed as printed
     assert open_backend(spec(llama_server["url"], **dict([fix.split("=")]))).info["prompts"] == "text"

@@ -82,9 +82,10 @@ def choose_prompts(d: Dialect, asked: str | None, tokenizer: bool) -> str:
     dialect's first one that needs no tokenizer the spec lacks."""
     if asked is not None:
         if asked not in d.prompts:
-            raise PosbiasError(f"a {d.name} server takes no prompts={asked} (it takes {', '.join(d.prompts)})",
+            other = " (or dialect=vllm, if the server takes vLLM's requests, as SGLang's does)" if d.name == "openai" else ""
+            raise PosbiasError(f"this server's dialect, {d.name}, takes no prompts={asked} (it takes {', '.join(d.prompts)})",
                                f"use prompts={d.prompts[0] if tokenizer or d.prompts[0] == 'chat' else 'chat'} "
-                               "in the model spec")
+                               f"in the model spec{other}")
         if asked != "chat" and not tokenizer:
             raise PosbiasError(f"prompts={asked} needs the served model's tokenizer", "add tokenizer=DIR (or a "
                                "registered name) to the model spec, or use prompts=chat")
