@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from ..backends import parse_spec
+from ..backends import ModelSpec, parse_spec
 from ..errors import PosbiasError
 from ..methods import Method
 from ..models.load import DEFAULT_MODEL, DEVICES, DTYPES, check_device_map
@@ -41,6 +41,11 @@ class ModelChoice:
     device_map: str | None = field(default=None, metadata={"record": "if set"})  # recorded only when set: the
     # fingerprints of runs without it are unchanged
 
+    @property
+    def spec(self) -> ModelSpec:
+        """The model spec, parsed (backends/spec.py): what the pipelines open and record (`identity`, `label`)."""
+        return parse_spec(self.model)
+
     def _validate_model(self) -> None:
         if self.dtype not in DTYPES:
             raise PosbiasError(f"unknown dtype '{self.dtype}'", f"use `dtype` {' or '.join(DTYPES)}")
@@ -50,7 +55,7 @@ class ModelChoice:
             raise PosbiasError(f"unknown `chat` '{self.chat}'", "use auto, on or off")
         check_device_map(self.device_map)
         if isinstance(self.model, str):
-            parse_spec(self.model)  # a malformed model spec fails here
+            self.spec  # a malformed model spec fails here  # noqa: B018
 
     def bound_to(self, info: dict):
         """This config with the model, dtype and device of a model given as `loaded=` (what the run records and

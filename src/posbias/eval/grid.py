@@ -200,7 +200,7 @@ def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, lo
     folder.check(resume, overwrite)
     start_processes()  # several processes: join their group first (each rank's own GPU)
     opened = loaded is None
-    loaded = as_backend(loaded) if loaded is not None else open_backend(cfg.model, cfg.dtype, cfg.device, progress,
+    loaded = as_backend(loaded) if loaded is not None else open_backend(cfg.spec, cfg.dtype, cfg.device, progress,
                                                                         cfg.device_map)
     try:
         return _grid(cfg, out, loaded, method, tasks, folder, option, sizes, depths, resume, overwrite, progress)

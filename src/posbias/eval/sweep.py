@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends import Backend, as_backend, check_method, open_backend, parse_spec
+from ..backends import Backend, as_backend, check_method, open_backend
 from ..core.metrics import summarize_curve, wilson_ci
 from ..core.order import order_figures
 from ..errors import PosbiasError
@@ -137,11 +137,11 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     if resume and out is not None and is_main_process():  # a row log a resume cannot read: refused before the model loads
         JsonlLog(folder.file("examples.jsonl")).read(ROW_KEYS)
     if loaded is None:  # what a served backend cannot do is refused before it starts
-        spec = parse_spec(cfg.model)
+        spec = cfg.spec
         check_method(spec.caps, spec.backend, method)
         get_engine(cfg.engine or task.default_engine).check(spec.caps, spec.backend, task)
     start_processes()  # several processes: join their group first (each rank's own GPU)
-    backend = as_backend(loaded) if loaded is not None else open_backend(cfg.model, cfg.dtype, cfg.device, progress,
+    backend = as_backend(loaded) if loaded is not None else open_backend(cfg.spec, cfg.dtype, cfg.device, progress,
                                                                           cfg.device_map)
     if loaded is not None:  # the run records (and titles) the model it ran, with its dtype and device
         cfg = cfg.bound_to(backend.info)
