@@ -70,3 +70,26 @@ def test_paired_difference_power_figure_by_hand():
     assert r["difference"] == 0.25
     se = (3 / 15) ** 0.5 / 4
     assert abs(r["se"] - se) < 1e-12 and abs(r["mde80"] - 2.8016 * se) < 1e-12
+
+
+@pytest.mark.parametrize("rates, shape", [
+    ((0.9, 0.2, 0.2, 0.2, 0.9), "U"), ((0.9, 0.2, 0.2, 0.2, 0.2), "primacy"), ((0.2, 0.2, 0.2, 0.2, 0.9), "recency"),
+    ((0.5, 0.5, 0.5, 0.5, 0.5), "flat"), ((0.0, 0.0, 0.0, 0.0, 0.0), "flat"), ((0.1, 0.8, 0.8, 0.8, 0.1), "middle"),
+])
+def test_curve_shape_reads_the_edges_against_the_interior(rates, shape):
+    from posbias.core.metrics import curve_shape, format_shape
+
+    rng = np.random.default_rng(0)
+    correct = rng.random((200, len(rates))) < np.array(rates)
+    got = curve_shape([0, 1, 2, 3, 4], correct)
+    assert got["shape"] == shape and format_shape(got).startswith(f"shape {shape} (first - interior")
+    # the columns' order does not matter: the slots say where each one sits
+    order = [3, 0, 4, 1, 2]
+    assert curve_shape(order, correct[:, np.argsort(np.argsort(order))])["shape"] == shape
+
+
+def test_curve_shape_needs_three_single_slots():
+    from posbias.core.metrics import curve_shape
+
+    m = np.ones((10, 2), dtype=bool)
+    assert curve_shape([0, 1], m) is None and curve_shape(["0:1", "1:0", "2:2"], np.ones((10, 3))) is None

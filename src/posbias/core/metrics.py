@@ -141,6 +141,39 @@ def summarize_curve(
     )
 
 
+def curve_shape(slots: Sequence[int], correct: np.ndarray, n_boot: int = 1000, seed: int = 0) -> dict | None:
+    """The shape of a depth curve: primacy, recency, U, flat, or middle (the inverse of U), from paired contrasts.
+
+    slots: the curve's slots (at least 3; their order in `correct`'s columns); correct: bool [n_examples, n_slots].
+    Per example, `first` is the accuracy at the lowest slot minus the mean over the interior slots (neither the
+    lowest nor the highest), `last` the same for the highest slot; each contrast's 95% interval comes from a paired
+    bootstrap over examples. An edge is "up" when its interval lies above 0 and "down" when below. U: both up;
+    primacy / recency: only the first / last up; middle: an edge down and none up; flat: no edge either way (at the
+    floor or the ceiling a curve is flat: nothing can be told apart). None for fewer than 3 slots.
+    """
+    if len(slots) < 3 or not all(isinstance(x, (int, np.integer)) for x in slots):  # two-hop pairs: no depth order
+        return None
+    correct = np.asarray(correct, dtype=float)[:, np.argsort(slots)]
+    interior = correct[:, 1:-1].mean(axis=1)
+    contrasts = {"first": correct[:, 0] - interior, "last": correct[:, -1] - interior}
+    idx = np.random.default_rng(seed).integers(0, correct.shape[0], size=(n_boot, correct.shape[0]))
+    out, way = {}, {}
+    for name, d in contrasts.items():
+        lo, hi = np.quantile(d[idx].mean(axis=1), [0.025, 0.975])
+        out[name] = {"difference": float(d.mean()), "ci": [float(lo), float(hi)]}
+        way[name] = "up" if lo > 0 else "down" if hi < 0 else ""
+    ups = {k for k, v in way.items() if v == "up"}
+    shape = ("U" if len(ups) == 2 else "primacy" if ups == {"first"} else "recency" if ups == {"last"}
+             else "middle" if "down" in way.values() else "flat")
+    return {"shape": shape, **out}
+
+
+def format_shape(shape: dict) -> str:
+    """One line: the shape and its two edge contrasts with their intervals."""
+    part = lambda k: f"{k} - interior {shape[k]['difference']:+.3f} [{shape[k]['ci'][0]:+.3f}, {shape[k]['ci'][1]:+.3f}]"  # noqa: E731
+    return f"shape {shape['shape']} ({part('first')}; {part('last')})"
+
+
 def _label(position):
     """A slot as an int; another label (a two-hop pair "i:j") as it is."""
     return position if isinstance(position, str) else int(position)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backends import Backend, as_backend, check_method, open_backend
-from ..core.metrics import summarize_curve, wilson_ci
+from ..core.metrics import curve_shape, format_shape, summarize_curve, wilson_ci
 from ..core.order import order_figures
 from ..errors import PosbiasError
 from ..methods import DecisionRule, Method, get_method
@@ -106,14 +106,13 @@ def per_position_stats(rows: list[dict], positions: list[Placement], example_ids
     for j, p in enumerate(positions):
         k, n = int(m[:, j].sum()), m.shape[0]
         lo, hi = wilson_ci(k, n)
-        row = {"position": as_json(p), "n": n, "correct": k, "accuracy": k / n,
-               "ci_low": lo, "ci_high": hi}
+        row = {"position": as_json(p), "n": n, "correct": k, "accuracy": k / n, "ci_low": lo, "ci_high": hi}
         if isinstance(p, tuple):
             row["mode"] = mode_of(p)
         row.update({a: sum(bool(by_key[(e, p)][a]) for e in example_ids) / n for a in also})
         per.append(row)
     summary = summarize_curve([label(p) if isinstance(p, tuple) else p for p in positions], m).as_dict()
-    return per, {**summary, **(mode_summary(per) or {})}
+    return per, {**summary, **(mode_summary(per) or {}), **({"shape": sh} if (sh := curve_shape(positions, m)) else {})}
 
 
 def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | Backend | None = None,
@@ -372,6 +371,7 @@ def format_table(per: list[dict], summary: dict) -> str:
     if "modes" in s:
         modes = " | ".join(f"{m} {v:.3f}" for m, v in s["modes"].items())
         lines.append(f"modes: {modes} | gap between modes {s['mode_gap']:.3f}")
+    lines += [format_shape(s["shape"])] if s.get("shape") else []  # primacy, recency, U, flat, middle (core.metrics)
     if measure != "accuracy":
         lines.append(f"values: {measure} (the file names no preferred answer), not accuracy")
     if s.get("cut", {}).get("rows"):
