@@ -60,6 +60,21 @@ class Reply:
     finish: str = ""  # why generation stopped, as the server says ("length": cut at max_tokens; "stop")
 
 
+ROUTES = ("generate", "prompt_logprobs")  # how a served backend teacher-forces (eval/engines.py)
+
+
+def teacher_forcing_route(args: dict, prompt_logprobs: bool = True) -> str:
+    """A model spec's `teacher_forcing` key: greedy generation (default) or prompt logprobs, the latter only where
+    the backend can give them; refused in one line otherwise."""
+    route = str(args.get("teacher_forcing", "generate"))
+    if route not in ROUTES:
+        raise PosbiasError(f"unknown teacher_forcing '{route}' in the model spec", f"use teacher_forcing= one of {', '.join(ROUTES)}")
+    if route == "prompt_logprobs" and not prompt_logprobs:
+        raise PosbiasError("teacher_forcing=prompt_logprobs needs token prompts on a server with prompt_logprobs (vLLM)",
+                           "use teacher_forcing=generate (greedy generation, any server)")
+    return route
+
+
 def is_greedy(token: int, logprob: float, alts: dict) -> bool:
     """Whether the in-process argmax (the lowest id among equal logits) picks `token`, decided from the values the
     engine listed, never from where it ranked them (vLLM's V1 engine numbers tied entries by their place in topk).
@@ -96,6 +111,11 @@ class Backend(ABC):
         if unknown and not cls.PASS_THROUGH:
             raise PosbiasError(f"backend '{cls.name}' takes no '{unknown[0]}' (model spec '{spec}')",
                                f"use keys among: model, {', '.join(cls.ARGS)}")
+
+    @classmethod
+    def where(cls, args: dict) -> str | None:
+        """Where a served model is reached (a URL), for the CLI's "connecting to" line; None: loaded here."""
+        return None
 
     @classmethod
     @abstractmethod

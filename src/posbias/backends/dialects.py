@@ -28,6 +28,8 @@ class Dialect:
     owner: str | None = None  # owned_by in GET /models (detection)
     extra: dict = field(default_factory=dict)  # per protocol: further fields (tokens / text / chat)
     tokenize: str | None = None  # route (from the server root) that tokenises text as a completion prompt would
+    tokenize_key: str = "input"  # the field of that route that holds the text
+    tokenize_extra: dict = field(default_factory=dict)  # its further fields (vLLM: no special tokens added)
     token_ids: bool = False  # generated tokens listed by id (else by their text)
     prompt_logprobs: bool = False  # teacher forcing can read prompt logprobs (vLLM's extension)
     refuses_500: bool = False  # a 500 is the request's fault (a validation error), shown and not retried
@@ -37,8 +39,8 @@ class Dialect:
     def fields(self, prompts: str) -> dict:
         return {**self.greedy, **self.extra.get(prompts, {})}
 
-    def tokenize_body(self, model: str, text: str) -> dict:
-        return {"model": model, "prompt": text, "add_special_tokens": False} if self.name == "vllm" else {"input": text}
+    def tokenize_request(self, model: str, text: str) -> dict:
+        return {"model": model, self.tokenize_key: text, **self.tokenize_extra}
 
     def tokens_of(self, reply: dict) -> list[int]:
         return [int(t) for t in reply.get("tokens") or []]
@@ -53,6 +55,7 @@ _LLAMACPP = {"temperature": 0, "top_p": 1, "top_k": 0, "min_p": 0.0, "typical_p"
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (
     Dialect("vllm", ("tokens", "text", "chat"), _VLLM, owner="vllm", tokenize="/tokenize", token_ids=True,
+            tokenize_key="prompt", tokenize_extra={"add_special_tokens": False},
             prompt_logprobs=True, extra={"text": {"add_special_tokens": False}, "tokens": {}, "chat": {}},
             window_hint="add context_window=N to the model spec (vLLM's --max-model-len)"),
     Dialect("llamacpp", ("text", "chat"), _LLAMACPP, owner="me", tokenize="/extras/tokenize", refuses_500=True,

@@ -23,12 +23,12 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Iterator
 
 from ..errors import PosbiasError
-from .base import Capabilities, Reply, Request, ServedBackend, Step, prompt_steps
+from .base import Capabilities, Reply, Request, ServedBackend, Step, prompt_steps, teacher_forcing_route
 from .dialects import DIALECTS, Dialect, choose_prompts, detect, get_dialect
 from .http import Http
 
 PROMPTS = ("tokens", "text", "chat")
-ROUTES = ("generate", "prompt_logprobs")
+DEFAULT_URL = "http://127.0.0.1:8000/v1"
 
 
 class OpenAIBackend(ServedBackend):
@@ -36,7 +36,7 @@ class OpenAIBackend(ServedBackend):
     description = "any OpenAI-compatible server: vLLM, SGLang, llama.cpp's server, hosted APIs"
     TRANSPORT = frozenset({"api_key_env", "concurrency", "batch", "timeout", "retries", "cache"})
     ARGS = {
-        "base_url": "the server's API root (default http://127.0.0.1:8000/v1)",
+        "base_url": f"the server's API root (default {DEFAULT_URL})",
         "tokenizer": "the served model's tokenizer: a registered name, a model directory or a .gguf (tokens, text)",
         "prompts": "tokens (ids) | text (posbias's template, tokenisation checked) | chat (messages); default: the "
                    "server's first (vllm: tokens, llamacpp: text) with a tokenizer, else chat",
@@ -61,7 +61,7 @@ class OpenAIBackend(ServedBackend):
                                f"{args.get('batch', 1)}", "pass concurrency=8 or so, batch=1 or more")
         env = str(args.get("api_key_env", "OPENAI_API_KEY"))
         key = os.environ.get(env)  # read here, sent in a header, never stored in a record
-        self.http = Http(str(args.get("base_url", "http://127.0.0.1:8000/v1")), {"Authorization": f"Bearer {key}"} if key else {},
+        self.http = Http(self.where(args), {"Authorization": f"Bearer {key}"} if key else {},
                          env, float(args.get("timeout", 120)), int(args.get("retries", 6)), args.get("cache"))
         listed = self._listed()
         self.dialect: Dialect = get_dialect(args["dialect"]) if "dialect" in args else detect(listed)
@@ -70,7 +70,7 @@ class OpenAIBackend(ServedBackend):
         self.batch = int(args.get("batch", 1)) if self.prompts == "tokens" else 1
         self.http.hint = (f"this {self.dialect.name} server refused a request posbias sends with prompts={self.prompts}: "
                           f"try prompts={'text' if self.prompts == 'tokens' else 'chat'} in the model spec")
-        self.route = _route(args, self.dialect.prompt_logprobs and self.prompts == "tokens")
+        self.route = teacher_forcing_route(args, self.dialect.prompt_logprobs and self.prompts == "tokens")
         self.caps = _caps(self.prompts, self.route)
         self.tokenizer = None
         if "tokenizer" in args:
@@ -92,7 +92,7 @@ class OpenAIBackend(ServedBackend):
     def capabilities(cls, args: dict) -> Capabilities:
         """What the spec alone says (before the server is asked; the open backend's caps follow its dialect)."""
         prompts = args.get("prompts", "tokens" if "tokenizer" in args else "chat")
-        return _caps(prompts, _route(args, prompts == "tokens"))
+        return _caps(prompts, teacher_forcing_route(args, prompts == "tokens"))
 
     @classmethod
     def check_args(cls, args: dict, spec: str) -> None:
@@ -104,7 +104,11 @@ class OpenAIBackend(ServedBackend):
         if args.get("prompts", "chat") != "chat" and "tokenizer" not in args:
             raise PosbiasError(f"prompts={args['prompts']} needs the served model's tokenizer", "add tokenizer=DIR (or a "
                                "registered name) to the model spec, or use prompts=chat")
-        _route(args, args.get("prompts", "tokens" if "tokenizer" in args else "chat") == "tokens")
+        teacher_forcing_route(args, args.get("prompts", "tokens" if "tokenizer" in args else "chat") == "tokens")
+
+    @classmethod
+    def where(cls, args: dict) -> str:
+        return str(args.get("base_url", DEFAULT_URL))
 
     @classmethod
     def open(cls, args: dict, dtype: str, device: str, progress: bool, device_map: str | None) -> "OpenAIBackend":
@@ -196,7 +200,7 @@ class OpenAIBackend(ServedBackend):
         with self._lock:
             if key in self._checked:
                 return text
-        got = self.dialect.tokens_of(self.http.post(self.dialect.tokenize, self.dialect.tokenize_body(self.model, text),
+        got = self.dialect.tokens_of(self.http.post(self.dialect.tokenize, self.dialect.tokenize_request(self.model, text),
                                                      root=True))
         if got != ids:
             at = next((i for i, (a, b) in enumerate(zip(ids, got)) if a != b), min(len(ids), len(got)))
@@ -214,17 +218,6 @@ def _caps(prompts: str, route: str) -> Capabilities:
     return Capabilities(prompt_logprobs=route == "prompt_logprobs", token_prompts=prompts != "chat", methods=False,
                         prefix_sharing=False, batching="requests", top_logprobs=True,
                         teacher_forcing=route if prompts != "chat" else "generate")
-
-
-def _route(args: dict, prompt_logprobs: bool) -> str:
-    """The teacher-forcing route: greedy generation unless prompt_logprobs is asked for (and possible)."""
-    route = str(args.get("teacher_forcing", "generate"))
-    if route not in ROUTES:
-        raise PosbiasError(f"unknown teacher_forcing '{route}' in the model spec", f"use teacher_forcing= one of {', '.join(ROUTES)}")
-    if route == "prompt_logprobs" and not prompt_logprobs:
-        raise PosbiasError("teacher_forcing=prompt_logprobs needs token prompts on a server with prompt_logprobs (vLLM)",
-                           "use teacher_forcing=generate (greedy generation, any server)")
-    return route
 
 
 def _window(listed: list[dict], model: str) -> int | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..errors import PosbiasError
-from .base import Capabilities, Reply, Request, ServedBackend, prompt_steps
+from .base import Capabilities, Reply, Request, ServedBackend, prompt_steps, teacher_forcing_route
 
 GREEDY = {"temperature": 0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
           "frequency_penalty": 0.0}  # every sampler off but the argmax (SamplingParams), the model's generation_config aside
@@ -52,9 +52,7 @@ class VLLMBackend(ServedBackend):
 
     @classmethod
     def capabilities(cls, args: dict) -> Capabilities:
-        route = str(args.get("teacher_forcing", "generate"))
-        if route not in ("generate", "prompt_logprobs"):
-            raise PosbiasError(f"unknown teacher_forcing '{route}' in the model spec", "use teacher_forcing=generate or prompt_logprobs")
+        route = teacher_forcing_route(args)
         return Capabilities(prompt_logprobs=route == "prompt_logprobs", token_prompts=True, methods=False, prefix_sharing=False,
                             batching="requests", top_logprobs=True, teacher_forcing=route)
 

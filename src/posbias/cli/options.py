@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import re
 import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -270,11 +269,8 @@ def announce(a: Args) -> str:
         spec = parse_spec(a.model)
     except PosbiasError:  # the command's own validation says what is wrong with it
         spec = None
-    if spec is None or "base_url" not in spec.cls.ARGS:
-        return f"loading {a.model} ({a.dtype}, {a.device}) ..."
-    default = re.search(r"default (\S+?)\)", spec.cls.ARGS["base_url"])  # the backend's own help names its default
-    where = spec.args.get("base_url") or (default[1] if default else "the default base_url")
-    return f"connecting to {spec.label} at {where} ..."
+    where = spec.cls.where(spec.args) if spec is not None else None
+    return f"loading {a.model} ({a.dtype}, {a.device}) ..." if where is None else f"connecting to {spec.label} at {where} ..."
 
 
 # ----------------------------------------------------------------------------- small parsers

@@ -174,7 +174,7 @@ class Scorer:
 
         self._runner(rows, method, done, emit)
         served_or_shared = self.loaded is None or self.path(method)[0]  # both in row order (the plain path: batch order)
-        return _in_row_order(out, rows) if served_or_shared else out
+        return in_row_order(out, rows) if served_or_shared else out
 
     def _score_padded(self, rows: list[Encoded], method: Method, done: set, emit: Callable) -> None:
         """In process: the method applied, then prefix-shared groups or padded batches (the results in their order)."""
@@ -303,8 +303,7 @@ def _gold_slot(before: Prompt, after: Prompt, label: str | None) -> int | None:
     return bodies.index(body) if body in bodies else None
 
 
-def _in_row_order(out: list[dict], rows: list[Encoded]) -> list[dict]:
-    """Sort result dicts (in place) into the order of `rows`; returns them."""
+def in_row_order(results: list[dict], rows: list[Encoded]) -> list[dict]:
+    """Result dicts in the order of `rows` (example-major, as `Scorer.rows` builds them); one of no row goes last."""
     order = {r.key: i for i, r in enumerate(rows)}
-    out.sort(key=lambda d: order[(d["example_id"], placement_key(d["position"]))])
-    return out
+    return sorted(results, key=lambda d: order.get((d["example_id"], placement_key(d["position"])), len(order)))

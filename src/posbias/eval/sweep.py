@@ -33,7 +33,7 @@ from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, 
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
 from .engines import get_engine
 from .scaleout import broadcast_rows, score_split, start_processes
-from .scorer import Scorer
+from .scorer import Scorer, in_row_order
 
 ROW_KEYS = ("example_id", "position", "correct")
 SWEEP_FILES = ("examples.jsonl", "curve.png", "heatmap.png", "order.png", "timing.json", "sweep.partial.json")
@@ -219,12 +219,6 @@ def _logged(folder: RunFolder, log: JsonlLog | None, rows: list, scored: list[di
             log.append(given)
         done_rows = done_rows + given
     return done_rows
-
-
-def in_row_order(results: list[dict], rows: list) -> list[dict]:
-    """Result dicts in the order of `rows` (example-major, as Scorer.rows builds them); one of no row goes last."""
-    order = {r.key: i for i, r in enumerate(rows)}
-    return sorted(results, key=lambda d: order.get((d["example_id"], placement_key(d["position"])), len(order)))
 
 
 def _score_kept(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: JsonlLog | None, show: bool,
