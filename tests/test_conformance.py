@@ -57,6 +57,7 @@ CASES = {
     "mc-nq": Case("mc-nq"),
     "judge-kv": Case("judge-kv"),
     "mc-kv": Case("mc-kv"),
+    "niah": Case("niah:tokens=1200,keys=2"),  # a haystack of shared NQ sentences, a distractor needle beside the gold
 }
 
 

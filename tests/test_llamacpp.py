@@ -147,3 +147,23 @@ def test_outages_are_still_retried(llama_server):
         assert len(served.rows) == 6 and served.record["backend"]["counters"]["retries"] >= 3
     finally:
         proxy.stop()
+
+
+def test_a_long_context_grid_through_llama_cpp_builds_the_in_process_prompts(llama_server, in_process, tmp_path):
+    from posbias import GridConfig, run_grid
+
+    base = dict(task="niah", depths="linear:3", n=2, engine="generate")
+    served = run_grid(GridConfig(model=spec(llama_server["url"]), fill="25%,50%", **base), tmp_path / "g", progress=False)
+    local = run_grid(GridConfig(sizes="512,1024", **base), loaded=in_process, progress=False)  # its window is 8192
+    assert [s["size"] for s in served.record["sizes"]] == [N_CTX // 4, N_CTX // 2]  # the served window's shares
+    assert served.record["references"] and served.record["effective"]["lengths"] == [512, 1024]
+    key = lambda r: (r["size"], r["example_id"], r["position"])  # noqa: E731
+    s, p = {key(r): r for r in served.rows}, {key(r): r for r in local.rows}
+    assert s.keys() == p.keys() and len(s) == 12
+    for k in s:  # the same haystack, needle depths and token counts (SmolLM2's tokenizer, our template, as text)
+        assert (s[k]["prompt_tokens"], s[k]["needle_depths"]) == (p[k]["prompt_tokens"], p[k]["needle_depths"])
+        assert s[k]["prompt_tokens"] <= k[0]
+    assert sum(s[k]["correct"] == p[k]["correct"] for k in s) >= 10  # Q4_1 on llama.cpp against bf16 in process
+    again = run_grid(GridConfig(model=spec(llama_server["url"]), fill="25%,50%", **base), tmp_path / "g", resume=True,
+                     progress=False)
+    assert again.record["cells"] == served.record["cells"]

@@ -23,7 +23,13 @@ def _options(tmp_path) -> dict[str, tuple[str, dict]]:
     hops = tmp_path / "hops.jsonl"
     hops.write_text(json.dumps({"question": "q", "answers": ["a"], "documents": ["x", "y", "z"], "gold": [0, 2]}) + "\n")
     order = {"options": 3, "labels": "digits"}
-    return {"kv-lookup": ("kv-lookup", {"facts": 7, "digits": 4}), "kv-uuid": ("kv-uuid", {"pairs": 12}),
+    hay = tmp_path / "hay.txt"
+    hay.write_text("The river bends west. A mill stood there. Grain came by boat.\nWinters were long.\n")
+    return {"niah": ("niah", {"tokens": 512, "needle": "nq-sentence", "haystack": str(hay), "overlap": "none",
+                              "context": "needle"}),
+            "niah+keys": ("niah", {"keys": 3}), "niah+values": ("niah", {"values": 2}),
+            "niah+queries": ("niah", {"queries": 2}),
+            "kv-lookup": ("kv-lookup", {"facts": 7, "digits": 4}), "kv-uuid": ("kv-uuid", {"pairs": 12}),
             "nq": ("nq", {"docs": 20, "answers": "first", "question": "both"}),
             "jsonl": (f"jsonl:{qa}", {"answers": "first", "question": "both"}),
             "jsonl+hops": (f"jsonl:{hops}", {"prompt": "coc"}),
@@ -34,7 +40,7 @@ def _options(tmp_path) -> dict[str, tuple[str, dict]]:
             "judge": (f"judge:{judge}", {"labels": "digits", "ask": "correct", "ties": "drop"}), "mc": (f"mc:{mc}", {"labels": "digits"})}
 
 
-EXTRA = ("jsonl+hops",)  # a further example of a registered task (a two-hop file takes `prompt`)
+EXTRA = ("jsonl+hops", "niah+keys", "niah+values", "niah+queries")  # a further example of a registered task (a two-hop file takes `prompt`)
 
 
 def test_every_registered_task_has_an_example_with_every_option(tmp_path):

@@ -3,16 +3,15 @@
 A pipeline (sweep, compare, LPES search, distillation, synthetic grid, theory) writes into one output folder through a
 `RunFolder`:
 
-  check(resume, overwrite)   before any expensive work (loading a model): contradictory flags,
-                             `out` a file or not writable, a started folder without resume or
-                             overwrite, resume with nothing there
-  open(fingerprint, ...)     takes the folder's lock (one writer at a time), then either compares
-                             the stored fingerprint (resume) or clears what the pipeline owns
-                             (new run, overwrite), and records the fingerprint in run.json
+  check(resume, overwrite)   before any expensive work (loading a model): contradictory flags, `out` a file or not
+                             writable, a started folder without resume or overwrite, resume with nothing there
+  open(fingerprint, ...)     takes the folder's lock (one writer at a time), then either compares the stored
+                             fingerprint (resume) or clears what the pipeline owns (new run, overwrite), and
+                             records the fingerprint in run.json
   finish(record)             writes the result file atomically, last: its presence means complete
 
-Besides: atomic JSON writes, an append-only JSONL log that survives a kill mid-line, one progress bar helper, the
-main-process check under `accelerate launch`, and the library versions record. Nothing here imports torch or transformers.
+Besides: atomic JSON writes, a JSONL log that survives a kill mid-line, one progress bar helper, the main-process
+check under `accelerate launch`, the library versions record. Nothing here imports torch or transformers.
 """
 
 from __future__ import annotations
@@ -160,9 +159,7 @@ class _Silent:
     """Stands in for a progress bar when progress is off (or on a non-main process)."""
 
     def update(self, n: int = 1) -> None: ...
-
     def set_postfix(self, *a, **k) -> None: ...
-
     def close(self) -> None: ...
 
 
@@ -241,7 +238,8 @@ class RunFolder:
     """One pipeline's output folder (see the module docstring). path None: a run without files (API use).
 
     kind: what the folder holds ("sweep", "compare", ...); result: the result file written last;
-    owned: the other files and folders the pipeline writes there (removed on a new run or overwrite).
+    owned: the other files and folders the pipeline writes there (removed on a new run or overwrite); a name with
+        '*' (size-*) owns every match.
     """
 
     def __init__(self, path: str | Path | None, kind: str, result: str, owned: Sequence[str] = (), resumable: bool = True):
@@ -256,7 +254,10 @@ class RunFolder:
     def started(self) -> bool:
         if self.path is None or not self.path.is_dir():
             return False
-        return any((self.path / n).exists() for n in (MARKER, self.result, *self.owned))
+        return any(p.exists() for p in self._paths())
+
+    def _paths(self) -> list[Path]:  # what the folder's pipeline owns; a name with '*' (size-*): every match
+        return [q for n in (self.result, MARKER, *self.owned) for q in (sorted(self.path.glob(n)) if "*" in n else [self.path / n])]
 
     def complete(self) -> bool:
         return self.path is not None and (self.path / self.result).exists()
@@ -328,8 +329,7 @@ class RunFolder:
                                "rerun it with the same options, or pass `overwrite=True`")
 
     def _clear(self) -> None:
-        for name in (self.result, MARKER, *self.owned):
-            p = self.path / name
+        for p in self._paths():
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
             else:

@@ -209,6 +209,20 @@ TASK = Group(
     ties=Opt(None, "judge:PATH: lines whose 'preferred' is null or \"tie\", refuse (default) | drop (left out, counted)",
              Optional[str]),
     reference=Opt(None, "judge-nq/mc-nq: show the gold passage, yes (default) | no (closed book)", Optional[str]),
+    tokens=Opt(None, "niah: the prompt's length in the model's tokens (default 2048; the grid sets it from --lengths)",
+               Optional[int]),
+    needle=Opt(None, "niah: kv (RULER's magic number; default) | nq (an NQ gold passage) | nq-sentence (its "
+                     "answer-bearing sentences) | PATH (JSONL of needle, question, answers)", Optional[str]),
+    haystack=Opt(None, "niah: nq (Wikipedia passages of the shared NQ files; default) | PATH (a text file or a folder "
+                       "of .txt/.md files)", Optional[str]),
+    keys=Opt(None, "niah: needles of the same form, the gold one and keys-1 distractors (multi-key; default 1)",
+             Optional[int]),
+    values=Opt(None, "niah: values of the one key, all asked (multi-value; default 1; engine generate)", Optional[int]),
+    queries=Opt(None, "niah: keys asked at once, all to be answered (multi-query; default 1; engine generate)",
+                Optional[int]),
+    overlap=Opt(None, "niah: any (default) | none (only needles sharing no content word with the question, NoLiMa)",
+                Optional[str]),
+    context=Opt(None, "niah: full (default) | needle (the needles alone) | none (closed book)", Optional[str]),
     data_dir=Opt(type=Optional[Path]),
 )
 
@@ -235,7 +249,8 @@ RUN = Group(
 def task_fields(a: Args) -> dict:
     """TaskChoice fields of a library config from the TASK group (--pairs only where it is the kv-uuid count)."""
     opts = {k: getattr(a, k) for k in ("facts", "digits", "docs", "answers", "question", "style", "prompt", "options",
-                                       "labels", "ask", "ties", "reference")}
+                                       "labels", "ask", "ties", "reference", "tokens", "needle", "haystack", "keys",
+                                       "values", "queries", "overlap", "context")}
     if a.pairs is not None and "pairs" in getattr(TASKS.get(a.task.partition(":")[0]), "options", ()):
         try:
             opts["pairs"] = int(a.pairs)

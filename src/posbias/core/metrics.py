@@ -72,8 +72,15 @@ def subspan(prediction: str, answers: Sequence[str]) -> bool:
     return any(normalize_answer(a) in pred for a in answers)
 
 
+def all_subspan(prediction: str, answers: Sequence[str]) -> bool:
+    """RULER's multi-value / multi-query score made all-or-nothing: every gold answer occurs in the normalised
+    whole text (the answers are several values asked at once, not aliases)."""
+    pred = normalize_answer(prediction)
+    return all(normalize_answer(a) in pred for a in answers)
+
+
 METRICS = {"best_subspan_em": best_subspan_em, "substring": substring_match, "reasoning_em": reasoning_em,
-           "subspan": subspan}
+           "subspan": subspan, "all_subspan": all_subspan}
 
 
 def wilson_ci(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:

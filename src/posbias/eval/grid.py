@@ -25,9 +25,11 @@ from ..methods import Method, get_method
 from ..backends import Backend, as_backend, open_backend
 from ..models.load import Loaded
 from ..runs import RunFolder, is_main_process, versions, write_json_atomic
-from ..tasks import Task, get_task, resolve_positions
+from ..tasks import Task, get_task
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, plain
 from .encode import encode
+from .longctx import (REFERENCES, THRESHOLD, depth_spacing, effective_length, fill_list, fill_sizes, format_long,
+                      needle_hits, parse_size, per_example, reference_record)
 from .scaleout import start_processes
 from .scorer import Scorer
 from .sweep import SweepConfig, SweepResult, run_sweep
@@ -37,6 +39,7 @@ SIZE_OPTIONS: dict[str, tuple[str, tuple[int, ...] | None]] = {
     "kv-lookup": ("facts", None),
     "kv-uuid": ("pairs", None),
     "nq": ("docs", (10, 20)),  # the shared data holds 20 passages per question; 10 = gold + the first 9
+    "niah": ("tokens", None),  # lengths in the model's own tokens (tasks/haystack.py): 1k = 1024
 }
 TWO_HOP = ("kv-2hop", "musique")
 DEFAULT_DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
@@ -47,9 +50,14 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
     """A depth x length grid: sweeps at several context sizes, the gold item at relative depths, one heatmap.
 
     sizes: context sizes, comma-separated, in the task's size option: kv-lookup facts, kv-uuid pairs, nq docs
-        (10,20).
+        (10,20), niah tokens (1k = 1024: 1k,2k,4k).
     depths: depths of the gold item, comma-separated percents of the context: 0%,50%,100% (slot = round(d/100 *
-        (size - 1))).
+        (size - 1)); niah: the sentence boundary nearest that share of the haystack's tokens); linear:N or
+        sigmoid:N spaces N depths from 0% to 100% evenly or denser at both ends (NIAH's sigmoid).
+    fill: niah: lengths as shares of the model's context window instead of `sizes`, comma-separated percents
+        (25%,50%,100%; 100% leaves room for the answer).
+    threshold: niah: the effective length is the longest length whose accuracy stays at least this share of the
+        model's own short-context accuracy (NoLiMa's 0.85).
     n: examples per cell.
     seed: example selection / generation seed.
     skip: start offset in the seeded example order (disjoint splits).
@@ -65,6 +73,8 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
     seed: int = 0
     skip: int = 0
     method: str | Method = "none"
+    fill: str | None = field(default=None, metadata={"record": "if set"})
+    threshold: float | None = field(default=None, metadata={"record": "if set"})
 
     def validate(self) -> "GridConfig":
         self._validate_task()
@@ -74,6 +84,14 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
         option, allowed = size_option(self.task)
         if option in self.task_options:
             raise PosbiasError(f"the grid sets `{option}` itself (from `sizes`)", f"drop `{option}`, list the sizes in `sizes`")
+        if (self.fill or self.threshold is not None) and option != "tokens":
+            raise PosbiasError("`fill` and `threshold` are for lengths in tokens (task niah)", "drop them, or use `task=niah`")
+        if self.threshold is not None and not 0 < self.threshold <= 1:
+            raise PosbiasError(f"`threshold` must be in (0, 1], got {self.threshold}", "use e.g. `threshold=0.85`")
+        if self.fill:
+            fill_list(self.fill)
+            self.depth_list()
+            return self
         sizes = self.size_list()
         if allowed is not None and any(s not in allowed for s in sizes):
             bad = ",".join(str(s) for s in sizes if s not in allowed)
@@ -85,10 +103,10 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
     def size_list(self) -> list[int]:
         """`sizes` as a list of distinct whole numbers >= 2, in the order given."""
         try:
-            sizes = [int(s) for s in self.sizes.split(",") if s.strip()]
+            sizes = [parse_size(s.strip()) for s in self.sizes.split(",") if s.strip()]
         except ValueError:
             raise PosbiasError(f"bad `sizes` {self.sizes!r}",
-                               "write comma-separated whole numbers, e.g. `sizes=5,10,20`") from None
+                               "write comma-separated whole numbers, e.g. `sizes=5,10,20` (tokens: `sizes=1k,2k`)") from None
         if not sizes or min(sizes) < 2:
             raise PosbiasError(f"`sizes` must be whole numbers of at least 2, got {self.sizes!r}", "e.g. `sizes=5,10,20`")
         if len(set(sizes)) != len(sizes):
@@ -98,7 +116,8 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
     def depth_list(self) -> list[float]:
         """`depths` as percents in 0..100 ('50%' or '50'), each once, in the order given."""
         out: list[float] = []
-        for part in (p.strip() for p in self.depths.split(",") if p.strip()):
+        spaced = depth_spacing(self.depths)
+        for part in (p.strip() for p in (spaced or self.depths.split(",")) if p.strip()):
             try:
                 d = float(part.removesuffix("%"))
             except ValueError:
@@ -148,15 +167,21 @@ def size_option(task: str | Task) -> tuple[str, tuple[int, ...] | None]:
     return SIZE_OPTIONS[name]
 
 
-def depth_slots(depths: list[float], size: int) -> list[int]:
-    """The slot of each depth at `size` items: round(d/100 * (size-1)), as `positions=d%` resolves it."""
-    return [resolve_positions(f"{d}%", size)[0] for d in depths]
+def depth_slots(depths: list[float], task: Task) -> list[int]:
+    """The slot of each depth: as `positions=d%` resolves it on the task (round(d/100 * (size-1)) for a count of
+    items; niah: d x 10 of its 0.1% slots)."""
+    return [task.placements(f"{d}%")[0] for d in depths]
 
 
-def _sweep_config(cfg: GridConfig, size: int, slots: list[int], method: Method) -> SweepConfig:
+def _answer_room(cfg: GridConfig, task: Task) -> int:
+    """Tokens a full window keeps free for the answer: the generation limit and a margin for token merges."""
+    return (cfg.max_new_tokens or task.max_new_tokens) + 8
+
+
+def _sweep_config(cfg: GridConfig, size: int, slots: list[int], method: Method, **extra) -> SweepConfig:
     option, _ = size_option(cfg.task)
     return SweepConfig(model=cfg.model, dtype=cfg.dtype, device=cfg.device, device_map=cfg.device_map, chat=cfg.chat,
-                       task=cfg.task, task_options={**cfg.task_options, option: size}, data_dir=cfg.data_dir,
+                       task=cfg.task, task_options={**cfg.task_options, option: size, **extra}, data_dir=cfg.data_dir,
                        engine=cfg.engine, max_new_tokens=cfg.max_new_tokens, batch_tokens=cfg.batch_tokens,
                        max_batch=cfg.max_batch, prefix_sharing=cfg.prefix_sharing,
                        positions=",".join(map(str, sorted(set(slots)))), n=cfg.n, seed=cfg.seed, skip=cfg.skip,
@@ -172,7 +197,7 @@ def check_window(loaded: Backend, cfg: GridConfig, tasks: dict[int, Task]) -> No
     over = []
     for size, task in tasks.items():
         scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch)
-        slots = sorted(set(depth_slots(cfg.depth_list(), size)))
+        slots = sorted(set(depth_slots(cfg.depth_list(), task)))
         rows = [encode(loaded.tokenizer, task.build(ex, p), scorer.chat)
                 for ex in task.examples(cfg.n, cfg.seed, cfg.skip) for p in slots]
         need = max(scorer.engine.need(r, scorer.max_new_tokens) for r in rows)
@@ -193,16 +218,18 @@ def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, lo
     cfg = (cfg or GridConfig()).validate()
     method = get_method(cfg.method)  # parse (and read factor files) before loading anything
     option, _ = size_option(cfg.task)
-    sizes, depths = cfg.size_list(), cfg.depth_list()
-    tasks = {s: get_task(cfg.task, data_dir=cfg.data_dir, **{**cfg.task_options, option: s}) for s in sizes}
-    method = method.for_task(tasks[sizes[0]])  # every size is the same kind of task; recorded resolved
-    folder = RunFolder(out, "grid", "grid.json", (*(f"size-{s}" for s in sizes), "heatmap.png", "timing.json"))
+    depths = cfg.depth_list()
+    probe = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)  # its options checked before loading
+    method = method.for_task(probe)  # every size is the same kind of task; recorded resolved
+    folder = RunFolder(out, "grid", "grid.json", ("size-*", "ref-*", "heatmap.png", "timing.json"))
     folder.check(resume, overwrite)
     start_processes()  # several processes: join their group first (each rank's own GPU)
     opened = loaded is None
     loaded = as_backend(loaded) if loaded is not None else open_backend(cfg.spec, cfg.dtype, cfg.device, progress,
                                                                         cfg.device_map)
     try:
+        sizes = cfg.size_list() if not cfg.fill else fill_sizes(cfg.fill, loaded.context_window, _answer_room(cfg, probe))
+        tasks = {s: get_task(cfg.task, data_dir=cfg.data_dir, **{**cfg.task_options, option: s}) for s in sizes}
         return _grid(cfg, out, loaded, method, tasks, folder, option, sizes, depths, resume, overwrite, progress)
     finally:
         if opened:
@@ -212,7 +239,7 @@ def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, lo
 def _grid(cfg, out, loaded: Backend, method, tasks, folder, option, sizes, depths, resume, overwrite, progress):
     loaded.check_method(method)
     check_window(loaded, cfg, tasks)  # every size, before the first one runs
-    slots = {s: depth_slots(depths, s) for s in sizes}
+    slots = {s: depth_slots(depths, t) for s, t in tasks.items()}
     fingerprint = {"config": cfg.to_dict(), "size_option": option, "slots": {str(s): v for s, v in slots.items()},
                    "model": loaded.info, "method": method.config()}
     with folder.open(fingerprint, resume, overwrite):
@@ -223,12 +250,42 @@ def _grid(cfg, out, loaded: Backend, method, tasks, folder, option, sizes, depth
             started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
             results[s] = run_sweep(_sweep_config(cfg, s, slots[s], method), sub, loaded=loaded,
                                    resume=folder.resuming and started, progress=progress)
+        refs = _references(cfg, folder, loaded, method, tasks, sizes[0], progress)
         record = grid_record(cfg, option, depths, slots, results, loaded, method)
+        if refs:
+            _long_record(record, cfg, results, refs, loaded.context_window)
         if folder.path is not None and is_main_process():  # several processes: rank 0 writes
             _write(folder, record, time.perf_counter() - t0)
     rows = [{**row, "size": s, "depth": d} for s, res in results.items() for d, p in zip(depths, slots[s])
             for row in res.rows if row["position"] == p]
     return GridResult(record["cells"], record["sizes"], record["config"], record, folder.path, rows)
+
+
+def _references(cfg, folder, loaded, method, tasks, size, progress) -> dict[str, SweepResult]:
+    """niah with a haystack: the closed-book and needle-alone sweeps on the same examples (eval/longctx.py)."""
+    if getattr(tasks[size], "context", None) != "full":
+        return {}
+    out = {}
+    for name, context in REFERENCES.items():
+        sub = folder.file(f"ref-{name}") if folder.path is not None else None
+        started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
+        out[name] = run_sweep(_sweep_config(cfg, size, [0], method, context=context), sub, loaded=loaded,
+                              resume=folder.resuming and started, progress=progress)
+    return out
+
+
+def _long_record(record: dict, cfg: GridConfig, results: dict, refs: dict, window: int) -> None:
+    """References, effective length, each length's fill of the window and its needles' hit rates, into grid.json."""
+    ids = [r["example_id"] for r in refs["needle"].rows]
+    record["references"] = {k: reference_record(v.rows, ids) for k, v in refs.items()}
+    per = {s: per_example(res.rows, ids) for s, res in results.items()}
+    record["effective"] = effective_length(per, per_example(refs["needle"].rows, ids), cfg.threshold or THRESHOLD)
+    record["window"] = window
+    for s in record["sizes"]:
+        s["fill"] = s["tokens"]["mean"] / window
+        hits = needle_hits(results[s["size"]].rows)
+        if hits:
+            s["needles"] = hits
 
 
 def grid_record(cfg: GridConfig, option: str, depths: list[float], slots: dict[int, list[int]],
@@ -297,11 +354,13 @@ def format_grid(res: GridResult | dict) -> str:
              f"{'tokens':>6}" + "".join(f"{'~' + str(round(s['tokens']['mean'])):>{w}}" for s in sizes)]
     for d in rec["depths"]:
         cells = [acc[(s["size"], d)] for s in sizes]
-        lines.append(f"{str(d) + '%':>6}" + "".join(f"{_cell(c):>{w}}" for c in cells))
+        lines.append(f"{str(d) + '%':>6}" + "".join(f"{_cell(c, option):>{w}}" for c in cells))
     lines.append(f"{'avg':>6}" + "".join(f"{s['summary']['average']:>{w}.3f}" for s in sizes))
     lines.append(f"{'gap':>6}" + "".join(f"{s['summary']['gap']:>{w}.3f}" for s in sizes))
-    lines.append("cells: accuracy (slot); 95% Wilson CIs per cell in grid.json; gap = best - worst slot "
-                 "(paired-bootstrap CI in grid.json)")
+    lines.append(f"cells: accuracy{'' if option == 'tokens' else ' (slot)'}; 95% Wilson CIs per cell in grid.json; gap = "
+                 "best - worst slot (paired-bootstrap CI in grid.json)")
+    if option == "tokens":
+        lines += format_long(rec)
     for s in sizes:
         for m in s["merged_depths"]:
             lines.append(f"note: at {s['size']} {option}, depths {', '.join(f'{d}%' for d in m['depths'])} "
@@ -309,5 +368,5 @@ def format_grid(res: GridResult | dict) -> str:
     return "\n".join(lines)
 
 
-def _cell(c: dict) -> str:
-    return f"{c['accuracy']:.2f} ({c['position']})"
+def _cell(c: dict, option: str) -> str:
+    return f"{c['accuracy']:.2f}" if option == "tokens" else f"{c['accuracy']:.2f} ({c['position']})"

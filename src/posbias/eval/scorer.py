@@ -21,7 +21,7 @@ from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..tasks import Placement, Prompt, Task, as_json, placement_key
-from .encode import BATCH_TOKENS, MAX_BATCH, Encoded, encode, plan_batches
+from .encode import BATCH_TOKENS, MAX_BATCH, Encoded, encode, plan_batches, render
 from .engines import get_engine
 from .prefix import MIN_TOKENS, plan_shared
 from .relevance import item_attention
@@ -69,6 +69,8 @@ class Scorer:
         else:
             self.max_new_tokens, self.limit_from = task.generation_limit(self.count_tokens)
         self.chat = use_chat(self.backend, chat)
+        task.check_engine(self.engine.name)
+        task.bind_tokens(*self._counters())  # a task sized in tokens (niah) counts with the model's own tokenizer
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
         self.prefix_sharing = prefix_sharing
         self._model_note: str | None = None  # why this model cannot share prefixes ("" if it can), once decided
@@ -91,6 +93,15 @@ class Scorer:
             out["scoring_path"] = "prefix-shared" if shared else "plain"
             out.update({"scoring_note": note} if note else {})
         return out
+
+    def _counters(self) -> tuple:
+        """(a prompt's length in tokens after the template, the lengths of a list of texts), or (None, None) without a
+        tokenizer."""
+        tok = self.backend.tokenizer
+        if tok is None:
+            return None, None
+        return (lambda p: len(tok(render(tok, p, self.chat), add_special_tokens=not self.chat)["input_ids"]),
+                lambda texts: [len(x) for x in tok(list(texts), add_special_tokens=False)["input_ids"]])
 
     def count_tokens(self, text: str) -> int:
         """An answer's length in the model's tokens (a chat-only server without a tokenizer: two per word, a rough
@@ -140,7 +151,7 @@ class Scorer:
                 f"prompt for example {ex} at position {pos} needs {need} tokens "
                 f"({len(worst.prompt_ids)} prompt + {need - len(worst.prompt_ids)} answer) "
                 f"but the model's context window is {window}",
-                "use fewer facts/documents/pairs, a lower `max_new_tokens`, or a model with a longer context",
+                f"use {self.task.shrink}, a lower `max_new_tokens`, or a model with a longer context",
             )
 
     def method(self, method: str | Method | None) -> Method:
@@ -166,7 +177,7 @@ class Scorer:
 
         def emit(batch: list[Encoded], scored: list[dict]) -> None:
             new = [{"example_id": r.key[0], "position": as_json(r.key[1]), **s, "answers": list(r.prompt.answers),
-                    "prompt_tokens": len(r.prompt_ids), **({"arranged_slot": moved[r.key]} if r.key in moved else {})}
+                    "prompt_tokens": len(r.prompt_ids), **r.prompt.meta, **({"arranged_slot": moved[r.key]} if r.key in moved else {})}
                    for r, s in zip(batch, scored) if r.key not in done]
             out.extend(new)
             if on_batch:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from .blocks import Raw, details, esc, figure, figures, fmt, key_values, para, pos_label, rows_table, scalars, table
+from .longctx_blocks import long_blocks
 
 
 @dataclass
@@ -241,10 +242,9 @@ def distillation(run: Run) -> str:
 @renderer("grid")
 def grid(run: Run) -> str:
     """Rows = depth, columns = context size (with its prompt tokens): accuracy [95% CI] (slot) per cell; per size the
-    sweep's average and gap; the heatmap the run drew."""
+    sweep's average and gap; lengths in tokens (niah) add references, ratios, shapes, effective length; the heatmap."""
     cells = run.result.get("cells") or []
-    need = {"size", "depth", "position", "accuracy", "ci_low", "ci_high"}
-    if not cells or not all(need <= set(c) for c in cells):
+    if not cells or not all({"size", "depth", "position", "accuracy", "ci_low", "ci_high"} <= set(c) for c in cells):
         return generic(run)
     sizes = sorted({c["size"] for c in cells})
     depths = sorted({c["depth"] for c in cells}, key=float)
@@ -259,7 +259,7 @@ def grid(run: Run) -> str:
             for x in run.result.get("sizes") or [] if isinstance(x.get("summary"), dict)]
     return "".join([table(head, rows, "accuracy [95% CI] (slot) per depth and context size"),
                     table(["size", "prompt tokens (mean)", "average", "gap", "gap 95% CI"], summ, "per size") if summ else "",
-                    figures(run.path, ("heatmap.png",))])
+                    long_blocks(run.result), figures(run.path, ("heatmap.png",))])
 
 
 def _grid_cell(c: dict | None):

@@ -3,6 +3,7 @@
 
 from .base import Doc, Prompt, Task, move
 from .docqa import JSONL_SCHEMA, DocQA, jsonl_task, nq_task
+from .haystack import Haystack, content_words, sigmoid_depths
 from .kv_lookup import KVLookup
 from .kv_uuid import KVUUID
 from .order import ORDER_SCHEMAS, OrderItem, OrderTask
@@ -12,7 +13,7 @@ from .registry import FILE_SCHEMAS, TASKS, TaskEntry, get_task, register_task, s
 from .twohop import PROMPTS, KV2Hop, TwoHop, TwoHopQA, move2, musique_task
 
 __all__ = [
-    "FILE_SCHEMAS", "MODES", "PROMPTS", "Doc", "as_json", "DocQA", "JSONL_SCHEMA", "KV2Hop", "KVLookup", "KVUUID", "Placement", "Prompt", "TASKS",
+    "FILE_SCHEMAS", "Haystack", "MODES", "content_words", "sigmoid_depths", "PROMPTS", "Doc", "as_json", "DocQA", "JSONL_SCHEMA", "KV2Hop", "KVLookup", "KVUUID", "Placement", "Prompt", "TASKS",
     "Task", "TaskEntry", "ORDER_SCHEMAS", "OrderItem", "OrderTask", "TwoHop", "TwoHopQA", "get_task", "jsonl_task", "label", "mode_of", "mode_summary", "move",
     "move2", "musique_task", "nq_task", "placement_key", "positions_spec", "register_task", "resolve_pairs", "resolve_positions",
     "split_task",

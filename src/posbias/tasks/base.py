@@ -7,9 +7,9 @@ import json
 import random
 import zlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..errors import PosbiasError
 from .placement import Placement, positions_spec, resolve_positions
@@ -26,6 +26,7 @@ class Prompt:
     one, and the gold answer is the label of the slot the correct candidate sits in.
     items: the item texts in slot order, verbatim as they appear in `user` (`Task.prompt` fills them where the
     task lists its items): what reordering and attention calibration rearrange or measure (tasks/arrange.py).
+    meta: facts about this prompt a row records beside its score (a haystack's true needle depths and length).
     """
 
     example_id: str
@@ -35,6 +36,7 @@ class Prompt:
     answers: tuple[str, ...]
     options: tuple[str, ...] = ()
     items: tuple[str, ...] = ()
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -68,12 +70,20 @@ class Task(ABC):
     # the body of the content-free item that attention calibration puts in a slot to measure its positional prior
     slot_label: str | None = None  # a regex, e.g. r"Document \[\d+\]"
     dummy: str = "This line holds no information."
+    shrink: str = "fewer facts/documents/pairs"  # how a prompt over the context window is made shorter
 
     def generation_limit(self, count_tokens) -> tuple[int, str | None]:
         """(the default max_new_tokens of generation on this task, how it was derived or None for the task's fixed
         default); count_tokens(text) -> the model's token count of an answer, for a task that derives its limit
         from its data (a user's QA file)."""
         return self.max_new_tokens, None
+
+    def bind_tokens(self, prompt_tokens: Callable[[Prompt], int] | None, text_tokens: Callable | None) -> None:
+        """The Scorer hands over the model's token counters (a whole prompt after the template; a list of texts),
+        None without a tokenizer: a task that sizes its prompts in tokens (tasks/haystack.py) keeps them."""
+
+    def check_engine(self, engine: str) -> None:
+        """Refuse (one line) a scoring protocol this task cannot be scored with; most take both."""
 
     def gold_target(self, prompt: Prompt) -> str:
         """The gold answer as a response the task scores correct (what SFT trains on)."""

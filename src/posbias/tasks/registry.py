@@ -19,6 +19,7 @@ from ..errors import PosbiasError
 from ..specs import Param, bind, is_pairs, split_pairs
 from .base import Task
 from .docqa import jsonl_task, nq_task
+from .haystack import Haystack
 from .kv_lookup import KVLookup
 from .kv_uuid import KVUUID
 from .order import kv_order_task, nq_order_task, order_file_task
@@ -74,6 +75,12 @@ register_task("jsonl", lambda arg, data_dir, **o: jsonl_task(arg, **o),
 register_task("musique", lambda arg, data_dir, **o: musique_task(data_dir=data_dir, **o),
               "MuSiQue 2-hop reasoning, 20 paragraphs, the two hops placed (options: prompt = reasoning | coc; docs = 20 "
               "or 10)", {"docs": int, "prompt": str})
+register_task("niah", lambda arg, data_dir, **o: Haystack(data_dir=data_dir, **o),
+              "a needle at a depth of a natural haystack of `tokens` model tokens (RULER / NIAH; options: tokens, "
+              "needle = kv | nq | nq-sentence | PATH.jsonl, haystack = nq | PATH (text file or folder), keys, values, "
+              "queries (multi-needle), overlap = any | none (NoLiMa), context = full | needle | none)",
+              {"tokens": int, "needle": str, "haystack": str, "keys": int, "values": int, "queries": int,
+               "overlap": str, "context": str})
 register_task("kv-2hop", lambda arg, data_dir, **o: KV2Hop(**o),
               "chain lookup 'The code for A is B.' ... 'The code for B is C.', two hops placed (options: facts, digits, "
               "style = direct | cot)", {"facts": int, "digits": int, "style": str})

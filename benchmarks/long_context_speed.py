@@ -1,0 +1,190 @@
+"""Long-context sweep cost: task niah (a needle at depth percents of a haystack of `tokens` model tokens) scored on
+the plain path (prefix_sharing=False) and the prefix-shared path, against the unique-token ideal, in CPU seconds.
+
+    python benchmarks/long_context_speed.py [--lengths 2k,4k,8k] [--depths linear:5] [--n 2] [--threads 2]
+                                            [--model smollm2-135m] [--paths plain,shared]
+
+Per length L (1k = 1024 tokens) and per path, one cold subprocess (this file with --child) loads the model, sets
+`--threads` torch threads and runs `posbias.run_sweep(SweepConfig(task="niah", task_options={"tokens": L},
+positions=<depths>, n=N, prefix_sharing=...), out=None, loaded=<the model>)` once, nothing warmed up. Rows: N
+examples x every depth; all depths of an example share the haystack up to the needle.
+
+  wall s, CPU s   the child's perf_counter and process_time around run_sweep only (the model already loaded)
+  CPU s/row       that CPU over the rows
+  child CPU       the whole child (interpreter start and model load included): this process's
+                  getrusage(RUSAGE_CHILDREN) user + system, before and after it
+  RSS MiB         the child's peak resident set (getrusage(RUSAGE_SELF).ru_maxrss)
+  ideal s/row     plain CPU s/row x tree_tokens / total tokens of the same rows' prompts (posbias.eval.prefix.
+                  tree_tokens: the prefix tree's tokens, what a perfectly shared computation runs); the rows are
+                  built here once more, after the timed children, with posbias's Scorer
+  shared/plain, shared/ideal   ratios of CPU s/row (below 1 on shared/plain: sharing saves)
+
+Figures go in docs/long-context.md, with the command and the machine line this prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+PATHS = {"plain": False, "shared": True}
+
+
+def length(s: str) -> int:
+    s = s.strip().lower()
+    return int(float(s[:-1]) * 1024) if s.endswith("k") else int(s)
+
+
+def depths(spec: str) -> list[str]:
+    """Depth percents as the sweep's positions take them: "0%", "25%", ..."""
+    from posbias.eval.longctx import depth_spacing
+
+    pts = depth_spacing(spec) or [x.strip() for x in spec.split(",") if x.strip()]
+    return [p if p.endswith("%") else f"{p}%" for p in pts]
+
+
+def child(a) -> None:
+    """One cold path: load, run the sweep once, print one JSON line."""
+    import torch
+
+    import posbias
+
+    torch.set_num_threads(a.threads)
+    loaded = posbias.load_model(a.model, "bf16", "cpu", progress=False)
+    cfg = posbias.SweepConfig(task="niah", task_options={"tokens": a.length}, model=a.model,
+                              positions=",".join(depths(a.depths)), n=a.n, prefix_sharing=PATHS[a.child])
+    w0, c0 = time.perf_counter(), time.process_time()
+    res = posbias.run_sweep(cfg, out=None, loaded=loaded, progress=False)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    rows = res.rows
+    print(json.dumps({"rows": len(rows), "wall": wall, "cpu": cpu,
+                      "prompt_tokens": sum(r["prompt_tokens"] for r in rows) / len(rows),
+                      "correct": sum(bool(r["correct"]) for r in rows),
+                      "path": res.config.get("scoring_path"), "note": res.config.get("scoring_note"),
+                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_child(a, path: str, L: int) -> dict:
+    """Start one path cold in its own process; its JSON plus the whole child's CPU seconds."""
+    cmd = [sys.executable, __file__, "--child", path, "--length", str(L), "--depths", a.depths, "--n", str(a.n),
+           "--model", a.model, "--threads", str(a.threads)]
+    c0 = children_cpu()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    whole = children_cpu() - c0
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr)
+        raise SystemExit(f"{path} at {L} tokens failed (exit {p.returncode}): {' '.join(cmd)}")
+    rec = json.loads(p.stdout.strip().splitlines()[-1])
+    if rec["path"] != ("prefix-shared" if PATHS[path] else "plain"):
+        print(f"  note: {path} at {L} tokens ran the {rec['path']} path ({rec['note']})")
+    print(f"  {L} tokens, {path}: {rec['rows']} rows, wall {rec['wall']:.1f} s, CPU {rec['cpu']:.1f} s "
+          f"(whole child {whole:.1f} s)", flush=True)
+    return {**rec, "child_cpu": whole}
+
+
+def ideal_tokens(a, lengths: list[int]) -> dict[int, tuple[int, int, int]]:
+    """Per length: (rows, total prompt tokens, prefix-tree tokens) of the rows the sweeps score."""
+    import torch
+
+    import posbias
+    from posbias.eval.prefix import tree_tokens
+    from posbias.eval.scorer import Scorer
+
+    torch.set_num_threads(a.threads)
+    loaded = posbias.load_model(a.model, "bf16", "cpu", progress=False)
+    out = {}
+    for L in lengths:
+        task = posbias.get_task("niah", tokens=L)
+        rows = Scorer(loaded, task).rows(task.examples(a.n, 0), task.placements(",".join(depths(a.depths))))
+        seqs = [r.prompt_ids for r in rows]
+        out[L] = (len(seqs), sum(map(len, seqs)), tree_tokens(seqs))
+    return out
+
+
+COLS = (("wall s", 7, ".1f"), ("CPU s", 7, ".1f"), ("CPU s/row", 9, ".3f"), ("child CPU", 9, ".1f"),
+        ("RSS MiB", 7, ".0f"))
+KEYS = ("wall", "cpu", "per_row", "child_cpu", "rss_mib")
+
+
+def header(paths: list[str]) -> str:
+    cells = [f"{'length':>6s}", f"{'rows':>4s}", f"{'mean tok':>8s}", f"{'tree/total':>10s}"]
+    cells += [f"{f'{p} {name}':>{w + len(p) + 1}s}" for p in paths for name, w, _ in COLS]
+    return " ".join(cells + [f"{'ideal s/row':>11s}", f"{'shared/plain':>12s}", f"{'shared/ideal':>12s}"])
+
+
+def line(L: int, res: dict, tok: tuple[int, int, int], paths: list[str]) -> str:
+    n, total, tree = tok
+    cells = [f"{L:6d}", f"{n:4d}", f"{total / n:8.0f}", f"{tree / total:10.3f}"]
+    per_row = {p: r["cpu"] / r["rows"] for p, r in res.items()}
+    for p in paths:
+        r = {**res[p], "per_row": per_row[p]}
+        cells += [f"{format(r[k], fmt):>{w + len(p) + 1}s}" for k, (_, w, fmt) in zip(KEYS, COLS)]
+    ideal = per_row["plain"] * tree / total if "plain" in per_row else None
+    shared = per_row.get("shared")
+    sp = f"{shared / per_row['plain']:.3f}" if ideal is not None and shared is not None else "-"
+    si = f"{shared / ideal:.3f}" if ideal is not None and shared is not None else "-"
+    return " ".join(cells + [f"{ideal:11.3f}" if ideal is not None else f"{'-':>11s}", f"{sp:>12s}", f"{si:>12s}"])
+
+
+def checks(L: int, res: dict, tok: tuple[int, int, int]) -> list[str]:
+    """Notes where a child's rows are not the rows the ideal counts, or the paths' verdicts differ in number."""
+    notes = []
+    for p, r in res.items():
+        if r["rows"] != tok[0] or abs(r["prompt_tokens"] - tok[1] / tok[0]) > 1e-6:
+            notes.append(f"note: {L} tokens, {p}: {r['rows']} rows of mean {r['prompt_tokens']:.1f} tokens, the "
+                         f"ideal counts {tok[0]} rows of mean {tok[1] / tok[0]:.1f}")
+    if len({r["correct"] for r in res.values()}) > 1:
+        notes.append(f"note: {L} tokens: correct rows differ by path: "
+                     + ", ".join(f"{p} {r['correct']}" for p, r in res.items()))
+    return notes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lengths", default="2k,4k,8k", help="prompt lengths in model tokens (1k = 1024)")
+    ap.add_argument("--depths", default="linear:5", help="linear:N | sigmoid:N | a list of percents")
+    ap.add_argument("--n", type=int, default=2, help="examples; rows = n x depths")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of every child")
+    ap.add_argument("--paths", default="plain,shared", help="plain and/or shared")
+    ap.add_argument("--child", choices=sorted(PATHS), help=argparse.SUPPRESS)
+    ap.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return child(a)
+    lengths, paths = [length(x) for x in a.lengths.split(",")], [p.strip() for p in a.paths.split(",")]
+    if bad := [p for p in paths if p not in PATHS]:
+        raise SystemExit(f"unknown path(s) {bad}: use plain and/or shared")
+    la0, t0 = os.getloadavg(), time.perf_counter()
+    print(f"niah, {a.model} bf16 on the CPU, {a.threads} torch thread(s), {a.n} example(s) x depths "
+          f"{','.join(depths(a.depths))}")
+    res = {L: {p: run_child(a, p, L) for p in paths} for L in lengths}
+    toks = ideal_tokens(a, lengths)
+    la1 = os.getloadavg()
+    print()
+    print(header(paths))
+    for L in lengths:
+        print(line(L, res[L], toks[L], paths))
+    for L in lengths:
+        for note in checks(L, res[L], toks[L]):
+            print(note)
+    print("CPU s: the child's process_time around run_sweep (scoring only); child CPU: the whole child, model load "
+          "included (RUSAGE_CHILDREN); ideal s/row = plain CPU s/row x tree/total (prefix-tree / all prompt tokens)")
+    print(f"every path started cold in its own process; machine: {os.cpu_count()} logical cores "
+          f"({len(os.sched_getaffinity(0))} usable), load average (1/5/15 min) at start "
+          f"{la0[0]:.2f} {la0[1]:.2f} {la0[2]:.2f}, at end {la1[0]:.2f} {la1[1]:.2f} {la1[2]:.2f}; "
+          f"total {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

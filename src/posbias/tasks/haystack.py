@@ -1,0 +1,371 @@
+"""niah: a needle in a natural haystack, the context's length counted in the model's own tokens.
+
+The long-context tests users compare with (needle in a haystack; RULER, Hsieh et al. 2024; NoLiMa, Modarressi et
+al. 2025) put a needle at a depth percent of a context of T tokens of natural text. Here:
+
+  tokens     the prompt's length in the model's own tokens after its template (the Scorer binds the counter:
+             Task.bind_tokens); the haystack is filled sentence by sentence up to it, never over at depth 0% or
+             100%, and every row records its true count (prompt_tokens) and its needles' true depths
+  depth      slot k = depth k/10 % (1001 slots, so `positions=50%` is slot 500): the needle goes to the boundary
+             between two sentences whose token offset in the haystack is nearest to that percent of its tokens
+  haystack   `nq`: the Wikipedia passages of ../shared/data/nq (both files, ~9,000 passages, ~1.3M tokens) in a
+             seeded order per example; or PATH: a text file or a folder of .txt / .md files, read from a seeded
+             sentence offset (wrapping round). Sentences holding the needle's key or an answer are dropped.
+  needle     `kv`: RULER's "One of the special magic numbers for {key} is: {value}."; `nq`: an NQ-open gold
+             passage with its question; `nq-sentence`: the sentences of that passage that hold an answer; or PATH:
+             your own JSONL, one {"needle": str, "question": str, "answers": [str, ...]} per line
+  keys, values, queries   RULER's multi-key (keys - 1 distractor needles of the same form), multi-value (one key,
+             `values` numbers, all asked) and multi-query (`queries` keys asked, all to be answered): the first
+             needle moves with the depth, the others sit at depths drawn from the seed, the same at every depth
+  overlap    `any`, or `none`: keep only needles sharing no content word with the question (NoLiMa's idea; how it
+             is checked: `content_words`)
+  context    `full`; `needle` (the needles alone: the short-context reference) or `none` (closed book)
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..core.metrics import normalize_answer
+from ..errors import PosbiasError
+from .base import Prompt, Task, file_stamp, read_jsonl, shared_data_dir
+from .placement import resolve_positions
+
+SLOTS = 1001  # slot k = depth k/10 percent
+DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
+NEEDLES, CONTEXTS, OVERLAPS = ("kv", "nq", "nq-sentence"), ("full", "needle", "none"), ("any", "none")
+# RULER's niah template (Hsieh et al. 2024, App. B), the answer prefix as its own prompt ends
+KV_INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+            "I will quiz you about the numbers afterwards.")
+QA_INTRO = "Write a high-quality answer for the given question using only the provided text."
+_ADJ = ("amber ancient bitter brave bright calm clever cold curious daring eager early fancy fierce gentle giant "
+        "golden hollow humble icy jolly lively lonely loud lucky mellow misty noble odd proud quiet rapid rare "
+        "rough rusty silent silver smooth steady sturdy swift tender tidy vivid wild witty young").split()
+_NOUN = ("anchor badger basket beacon canyon castle cedar comet compass crystal dolphin ember falcon feather forest "
+         "garden glacier harbor helmet island jacket kettle lantern meadow mirror monkey needle orchard otter "
+         "painter pebble pillow quarry rabbit river saddle shadow spider temple thunder tunnel valley violin "
+         "walnut window").split()
+_STOP = frozenset((
+    "a an and are as at be been being but by can could did do does for from had has have he her his how i if in "
+    "into is it its may me might more most my no not of on or our she should so some such than that the their "
+    "them then there these they this those to was we were what when where which who whom whose why will with "
+    "would you your also after before about over under between during other one two first last many much very "
+    "s t").split())
+
+
+def content_words(text: str) -> set[str]:
+    """NoLiMa's overlap check, made concrete: lower-cased alphanumeric words, English stop words dropped, a crude
+    stem (a trailing 's', 'es', 'ed' or 'ing' cut from words of 5 letters or more)."""
+    out = set()
+    for w in re.findall(r"[a-z0-9]+", text.lower()):
+        if w in _STOP:
+            continue
+        for suf in ("ing", "es", "ed", "s"):
+            if len(w) >= 5 and w.endswith(suf):
+                w = w[: -len(suf)]
+                break
+        out.add(w)
+    return out
+
+
+_SENT = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+
+
+def sentences(text: str) -> list[str]:
+    """Sentences of running text (paragraph breaks end one too), white space collapsed."""
+    out = []
+    for para in re.split(r"\n\s*\n|\n", text):
+        out += [" ".join(s.split()) for s in _SENT.split(para) if s.strip()]
+    return out
+
+
+@dataclass(frozen=True)
+class Needle:
+    text: str  # what is placed, one unit between two haystack sentences
+    role: str  # gold | distractor | value | query
+    answer: str = ""  # the value it carries (kv), "" for a passage
+
+
+@dataclass(frozen=True)
+class NiahExample:
+    id: str
+    index: int  # seeds the haystack's order and the other needles' depths
+    needles: tuple[Needle, ...]  # [0] moves with the depth
+    question: str
+    answer_prefix: str
+    answers: tuple[str, ...]
+    avoid: tuple[str, ...]  # normalised strings no haystack sentence may hold (the key, every answer)
+
+
+@functools.lru_cache(maxsize=4)
+def _nq_passages(data_dir: str, stamps: tuple) -> tuple[str, ...]:
+    """Every distinct passage "Title. text" of the shared NQ files."""
+    seen: dict[str, None] = {}
+    for name in ("nq-open-20docs-gold_at_0.jsonl.gz", "nq-open-oracle.jsonl.gz"):
+        for _, rec in read_jsonl(Path(data_dir) / "nq" / name):
+            for c in rec.get("ctxs", []):
+                seen.setdefault(f"{c['title']}. {c['text']}", None)
+    return tuple(seen)
+
+
+@functools.lru_cache(maxsize=4)
+def _text_units(path: str, stamps: tuple) -> tuple[str, ...]:
+    p = Path(path)
+    files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".md") and f.is_file()) if p.is_dir() else [p]
+    if not files:
+        raise PosbiasError(f"haystack folder '{p}' holds no .txt or .md file", "pass a text file or a folder of them")
+    out = []
+    for f in files:
+        if not f.is_file():
+            raise PosbiasError(f"haystack file '{f}' does not exist", "pass `haystack=nq` or a text file / folder")
+        try:
+            out += sentences(f.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise PosbiasError(f"haystack file '{f}' is not UTF-8 text", "save it as UTF-8") from None
+    if len(out) < 2:
+        raise PosbiasError(f"haystack '{p}' holds fewer than 2 sentences", "give it more natural text")
+    return tuple(out)
+
+
+class Haystack(Task):
+    """A needle (or several) at a depth percent of a natural haystack of `tokens` tokens (module docstring)."""
+
+    name = "niah"
+    default_positions = DEPTHS
+    documents = True
+    shrink = "fewer `tokens` (grid: shorter `sizes` or a lower `fill`)"
+
+    def __init__(self, tokens: int = 2048, needle: str = "kv", haystack: str = "nq", keys: int = 1, values: int = 1,
+                 queries: int = 1, overlap: str = "any", context: str = "full", data_dir: str | None = None):
+        for k, v in (("keys", keys), ("values", values), ("queries", queries)):
+            if not 1 <= v <= 16:
+                raise PosbiasError(f"niah `{k}` must be 1..16, got {v}", f"use `{k}=1` (one needle) up to 16")
+        if sum(v > 1 for v in (keys, values, queries)) > 1:
+            raise PosbiasError("niah takes one of multi-key, multi-value and multi-query at a time",
+                               "set only one of `keys`, `values`, `queries` above 1")
+        if (values > 1 or queries > 1) and needle not in ("kv",):
+            raise PosbiasError(f"multi-value and multi-query needles are kv needles, not {needle}", "use `needle=kv`")
+        if overlap not in OVERLAPS or context not in CONTEXTS:
+            raise PosbiasError(f"niah overlap={overlap} / context={context} is not known",
+                               f"use overlap = {' | '.join(OVERLAPS)} and context = {' | '.join(CONTEXTS)}")
+        if overlap == "none" and needle == "kv":
+            raise PosbiasError("a kv needle names its key, which the question asks for: it always overlaps",
+                               "use `needle=nq-sentence` (or your own JSONL) with `overlap=none`")
+        if tokens < 64:
+            raise PosbiasError(f"niah `tokens` must be at least 64, got {tokens}", "use e.g. `tokens=2048`")
+        self.tokens, self.needle, self.haystack = tokens, needle, haystack
+        self.keys, self.values, self.queries, self.overlap, self.context = keys, values, queries, overlap, context
+        self.data_dir = str(data_dir or shared_data_dir())
+        self.multi = values > 1 or queries > 1
+        self.metric = "all_subspan" if self.multi else "substring" if needle == "kv" else "best_subspan_em"
+        self.max_new_tokens = 12 * values * queries if needle == "kv" else 24
+        self.default_engine = "generate" if self.multi else "teacher-forced"
+        self._records = None if needle == "kv" else self._read_needles()
+        self._count: Callable | None = None  # (prompt_tokens(Prompt), text_tokens(list[str])) once bound
+        self._fits: dict = {}
+
+    # -- the Task interface --------------------------------------------------------------------------------------
+    @property
+    def n_slots(self) -> int:
+        return SLOTS if self.context == "full" else 1
+
+    @property
+    def pool_size(self) -> int | None:
+        return None if self._records is None else len(self._records)
+
+    def placements(self, spec):
+        if self.context != "full":
+            return [0]  # no haystack: the needles (or nothing) have one place
+        return super().placements(spec)
+
+    def check_engine(self, engine: str) -> None:
+        if self.multi and engine == "teacher-forced":
+            raise PosbiasError("multi-value and multi-query needles are scored on the generated answer (every value "
+                               "in it)", "use `engine=generate`")
+
+    def bind_tokens(self, prompt_tokens: Callable[[Prompt], int] | None, text_tokens: Callable | None) -> None:
+        self._count = None if prompt_tokens is None else (prompt_tokens, text_tokens)
+        self._fits = {}
+
+    def config(self) -> dict:
+        return {**super().config(), "tokens": self.tokens, "needle": self.needle, "haystack": self.haystack,
+                "keys": self.keys, "values": self.values, "queries": self.queries, "overlap": self.overlap,
+                "context": self.context}
+
+    def _example(self, index: int) -> NiahExample:
+        return self._kv(index) if self._records is None else self._records[index]
+
+    def build(self, ex: NiahExample, position: int) -> Prompt:
+        if self.context == "none":
+            return self._prompt(ex, position, "", {})
+        if self.context == "needle":
+            return self._prompt(ex, position, " ".join(n.text for n in ex.needles), {})
+        units, offsets = self._fit(ex)
+        total = offsets[-1]
+        at = [self._boundary(offsets, position / 10)] + self._others(ex, offsets)
+        slots: dict[int, list[str]] = {}
+        for i, b in enumerate(at):
+            slots.setdefault(b, []).append(ex.needles[i].text)
+        parts = [t for j in range(len(units) + 1) for t in slots.get(j, []) + ([units[j]] if j < len(units) else [])]
+        meta = {"needle_depths": [round(100 * offsets[b] / total, 2) for b in at],
+                "needle_roles": [n.role for n in ex.needles], "haystack_tokens": total, "target_tokens": self.tokens}
+        if self.multi or self.keys > 1:
+            meta["needle_answers"] = [n.answer for n in ex.needles]
+        return self._prompt(ex, position, " ".join(parts), meta)
+
+    # -- prompts --------------------------------------------------------------------------------------------------
+    def _prompt(self, ex: NiahExample, position: int, context: str, meta: dict) -> Prompt:
+        intro = KV_INTRO if self.needle == "kv" else QA_INTRO
+        body = f"{intro}\n\n{context}\n\n" if context else f"{intro}\n\n"
+        return Prompt(ex.id, position, body + ex.question, ex.answer_prefix, ex.answers, meta=meta)
+
+    def _kv(self, index: int) -> NiahExample:
+        rng = random.Random(f"niah-kv/{self.keys}/{self.values}/{self.queries}/{index}")
+        n_keys = max(self.keys, self.queries)
+        names = rng.sample([f"{a}-{b}" for a in _ADJ for b in _NOUN], n_keys)
+        nums = [str(x) for x in rng.sample(range(10**6, 10**7), n_keys * self.values)]
+        sent = "One of the special magic numbers for {} is: {}."
+        if self.values > 1:  # multi-value: one key, every value asked
+            needles = tuple(Needle(sent.format(names[0], v), "gold" if i == 0 else "value", v)
+                            for i, v in enumerate(nums))
+            q = f"What are all the special magic numbers for {names[0]} mentioned in the provided text?"
+            prefix, answers = f"The special magic numbers for {names[0]} mentioned in the provided text are", nums
+        elif self.queries > 1:  # multi-query: several keys, each asked
+            needles = tuple(Needle(sent.format(k, v), "gold" if i == 0 else "query", v)
+                            for i, (k, v) in enumerate(zip(names, nums)))
+            asked = ", ".join(names[:-1]) + f" and {names[-1]}"
+            q = f"What are all the special magic numbers for {asked} mentioned in the provided text?"
+            prefix, answers = f"The special magic numbers for {asked} mentioned in the provided text are", nums
+        else:  # single, or multi-key: distractor needles with other keys
+            needles = tuple(Needle(sent.format(k, v), "gold" if i == 0 else "distractor", v)
+                            for i, (k, v) in enumerate(zip(names, nums)))
+            q = f"What is the special magic number for {names[0]} mentioned in the provided text?"
+            prefix, answers = f"The special magic number for {names[0]} mentioned in the provided text is", nums[:1]
+        avoid = tuple(normalize_answer(s) for s in (*names, *nums))
+        return NiahExample(f"niah{index}", index, needles, q, prefix, tuple(answers), avoid)
+
+    def _read_needles(self) -> list[NiahExample]:
+        if self.needle in ("nq", "nq-sentence"):
+            path = Path(self.data_dir) / "nq" / "nq-open-oracle.jsonl.gz"
+            recs = [(f"nq{i}", r["question"], r["answers"], f"{r['ctxs'][0]['title']}. {r['ctxs'][0]['text']}")
+                    for i, (_, r) in enumerate(read_jsonl(path))]
+        else:
+            recs = []
+            for line, r in read_jsonl(self.needle):
+                if not (isinstance(r.get("needle"), str) and isinstance(r.get("question"), str) and r.get("answers")):
+                    raise PosbiasError(f"{self.needle}:{line}: a needle line needs \"needle\" (text), \"question\" "
+                                       "(text) and \"answers\" (a list)", "fix that line, or use needle=kv / nq")
+                ans = [r["answers"]] if isinstance(r["answers"], str) else list(r["answers"])
+                recs.append((str(r.get("id", f"line{line}")), r["question"], ans, r["needle"]))
+        out = []
+        for rid, q, ans, text in recs:
+            if self.needle == "nq-sentence":  # the passage's sentences that hold an answer
+                norm = [normalize_answer(a) for a in ans]
+                text = " ".join(s for s in sentences(text) if any(a and a in normalize_answer(s) for a in norm))
+            if not text:
+                continue
+            if self.overlap == "none" and content_words(text) & content_words(q):
+                continue
+            avoid = tuple(a for a in (normalize_answer(x) for x in ans) if a)
+            out.append(NiahExample(rid, len(out), (Needle(text, "gold", ans[0]),), q, "", tuple(ans), avoid))
+        if not out:
+            raise PosbiasError(f"no needle of {self.needle} is left with overlap={self.overlap}",
+                               "use `overlap=any`, or a needle file whose needles share no word with their questions")
+        return out
+
+    # -- the haystack ---------------------------------------------------------------------------------------------
+    def _units(self) -> tuple[tuple[str, ...], bool]:
+        """(the haystack's units, whether they are passages to shuffle (nq) or sentences read in order (a file))."""
+        if self.haystack == "nq":
+            d = Path(self.data_dir) / "nq"
+            stamps = tuple(file_stamp(d / n) for n in ("nq-open-20docs-gold_at_0.jsonl.gz", "nq-open-oracle.jsonl.gz"))
+            return _nq_passages(self.data_dir, stamps), True
+        p = Path(self.haystack)
+        if not p.exists():
+            raise PosbiasError(f"haystack '{p}' does not exist", "use `haystack=nq` or a text file / folder of .txt files")
+        stamps = tuple(file_stamp(f) for f in sorted(p.rglob("*"))) if p.is_dir() else (file_stamp(p),)
+        return _text_units(str(p), stamps), False
+
+    def _stream(self, ex: NiahExample):
+        """The example's haystack sentences in order, those holding its key or an answer left out."""
+        units, passages = self._units()
+        rng = random.Random(f"niah-haystack/{self.haystack}/{ex.index}")
+        if passages:
+            order = list(range(len(units)))
+            rng.shuffle(order)
+            seq = (s for i in order for s in sentences(units[i]))
+        else:
+            start = rng.randrange(len(units))
+            seq = (units[(start + i) % len(units)] for i in range(len(units)))
+        return (s for s in seq if not any(a in normalize_answer(s) for a in ex.avoid))
+
+    def _fit(self, ex: NiahExample) -> tuple[list[str], list[int]]:
+        """The haystack sentences that fill the prompt up to `tokens`, and their cumulative token offsets."""
+        if (ex.id, self.tokens) in self._fits:
+            return self._fits[ex.id, self.tokens]
+        if self._count is None:
+            raise PosbiasError("niah measures its context in the model's tokens, and this model has no tokenizer",
+                               "give the served model its tokenizer (`tokenizer=DIR` in the model spec)")
+        prompt_len, text_len = self._count
+        bare = self._prompt(ex, 0, " ".join(n.text for n in ex.needles), {})
+        budget = self.tokens - prompt_len(bare)
+        if budget <= 0:
+            raise PosbiasError(f"`tokens={self.tokens}` is shorter than the needles and question alone "
+                               f"({prompt_len(bare)} tokens)", f"use `tokens={2 * prompt_len(bare)}` or more")
+        units, offsets, stream = [], [0], self._stream(ex)
+        while offsets[-1] < budget:
+            chunk = [s for _, s in zip(range(64), stream)]
+            if not chunk:
+                raise PosbiasError(f"haystack '{self.haystack}' holds only {offsets[-1]} tokens, {budget} were needed",
+                                   "use a larger haystack or fewer `tokens`")
+            for s, t in zip(chunk, text_len([" " + s for s in chunk])):
+                if offsets[-1] + t > budget:
+                    break
+                units.append(s)
+                offsets.append(offsets[-1] + t)
+            else:
+                continue
+            break
+        while units and max(prompt_len(self._at(ex, units, b)) for b in (0, len(units))) > self.tokens:
+            units.pop()  # token merges across joins: the edges' exact counts decide
+            offsets.pop()
+        if not units:
+            need = prompt_len(bare)
+            raise PosbiasError(f"`tokens={self.tokens}` leaves no room for a haystack sentence beside the needles and "
+                               f"question of {ex.id} ({need} tokens)", f"use `tokens={2 * need}` or more")
+        self._fits[ex.id, self.tokens] = (units, offsets)
+        return units, offsets
+
+    def _at(self, ex: NiahExample, units: list[str], b: int) -> Prompt:
+        text = " ".join(units[:b] + [n.text for n in ex.needles] + units[b:])
+        return self._prompt(ex, 0, text, {})
+
+    @staticmethod
+    def _boundary(offsets: list[int], pct: float) -> int:
+        """The boundary (0 = before the first sentence, len = after the last) nearest pct% of the haystack's tokens."""
+        target = pct / 100 * offsets[-1]
+        return min(range(len(offsets)), key=lambda j: (abs(offsets[j] - target), j))
+
+    def _others(self, ex: NiahExample, offsets: list[int]) -> list[int]:
+        """The boundaries of needles 1.. (distractors, further values or keys): drawn from the seed, fixed."""
+        rng = random.Random(f"niah-depths/{ex.index}")
+        return [self._boundary(offsets, rng.uniform(0, 100)) for _ in ex.needles[1:]]
+
+
+def depth_slot(depth: float) -> int:
+    """The slot of a depth percent (0.1% steps)."""
+    return resolve_positions(f"{depth}%", SLOTS)[0]
+
+
+def sigmoid_depths(n: int) -> list[float]:
+    """NIAH's sigmoid spacing (gkamradt/LLMTest_NeedleInAHaystack, `logistic`): n points, denser at both ends,
+    0% and 100% kept exact, rounded to the 0.1% slots."""
+    import math
+
+    xs = [100 * i / (n - 1) for i in range(n)]
+    return [x if x in (0, 100) else round(100 / (1 + math.exp(-0.1 * (x - 50))), 1) for x in xs]
