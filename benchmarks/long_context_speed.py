@@ -111,29 +111,24 @@ def ideal_tokens(a, lengths: list[int]) -> dict[int, tuple[int, int, int]]:
     return out
 
 
-COLS = (("wall s", 7, ".1f"), ("CPU s", 7, ".1f"), ("CPU s/row", 9, ".3f"), ("child CPU", 9, ".1f"),
-        ("RSS MiB", 7, ".0f"))
-KEYS = ("wall", "cpu", "per_row", "child_cpu", "rss_mib")
+HEAD = (f"{'length':>6} {'path':>8} {'rows':>4} {'mean tok':>8} {'wall s':>7} {'CPU s':>7} {'CPU s/row':>9} "
+        f"{'x ideal':>7} {'child CPU':>9} {'RSS MiB':>7}")
 
 
-def header(paths: list[str]) -> str:
-    cells = [f"{'length':>6s}", f"{'rows':>4s}", f"{'mean tok':>8s}", f"{'tree/total':>10s}"]
-    cells += [f"{f'{p} {name}':>{w + len(p) + 1}s}" for p in paths for name, w, _ in COLS]
-    return " ".join(cells + [f"{'ideal s/row':>11s}", f"{'shared/plain':>12s}", f"{'shared/ideal':>12s}"])
-
-
-def line(L: int, res: dict, tok: tuple[int, int, int], paths: list[str]) -> str:
+def lines(L: int, res: dict, tok: tuple[int, int, int]) -> list[str]:
+    """One line per path, then the unique-token ideal (plain CPU s/row x prefix-tree tokens / all tokens)."""
     n, total, tree = tok
-    cells = [f"{L:6d}", f"{n:4d}", f"{total / n:8.0f}", f"{tree / total:10.3f}"]
     per_row = {p: r["cpu"] / r["rows"] for p, r in res.items()}
-    for p in paths:
-        r = {**res[p], "per_row": per_row[p]}
-        cells += [f"{format(r[k], fmt):>{w + len(p) + 1}s}" for k, (_, w, fmt) in zip(KEYS, COLS)]
     ideal = per_row["plain"] * tree / total if "plain" in per_row else None
-    shared = per_row.get("shared")
-    sp = f"{shared / per_row['plain']:.3f}" if ideal is not None and shared is not None else "-"
-    si = f"{shared / ideal:.3f}" if ideal is not None and shared is not None else "-"
-    return " ".join(cells + [f"{ideal:11.3f}" if ideal is not None else f"{'-':>11s}", f"{sp:>12s}", f"{si:>12s}"])
+    out = []
+    for p, r in res.items():
+        x = f"{per_row[p] / ideal:7.2f}" if ideal else f"{'-':>7}"
+        out.append(f"{L:6d} {p:>8} {r['rows']:4d} {r['prompt_tokens']:8.0f} {r['wall']:7.1f} {r['cpu']:7.1f} "
+                   f"{per_row[p]:9.3f} {x} {r['child_cpu']:9.1f} {r['rss_mib']:7.0f}")
+    if ideal is not None:
+        out.append(f"{L:6d} {'ideal':>8} {n:4d} {total / n:8.0f} {'':>7} {'':>7} {ideal:9.3f} {1:7.2f} "
+                   f"{'':>9} {'':>7}   (prefix tree {tree} of {total} tokens, {tree / total:.3f})")
+    return out
 
 
 def checks(L: int, res: dict, tok: tuple[int, int, int]) -> list[str]:
@@ -172,9 +167,9 @@ def main() -> None:
     toks = ideal_tokens(a, lengths)
     la1 = os.getloadavg()
     print()
-    print(header(paths))
+    print(HEAD)
     for L in lengths:
-        print(line(L, res[L], toks[L], paths))
+        print("\n".join(lines(L, res[L], toks[L])))
     for L in lengths:
         for note in checks(L, res[L], toks[L]):
             print(note)
