@@ -140,7 +140,7 @@ def format_long(rec: dict) -> list[str]:
         else:
             e = eff["effective_length"]
             lines.append(f"effective length (>= {eff['threshold']:.0%} of the needle-alone score): "
-                         f"{e if e else 'below the shortest length'} tokens, 95% CI [{eff['ci'][0]}, {eff['ci'][1]}]"
+                         f"{f'{e} tokens' if e else 'below the shortest length'}, 95% CI [{eff['ci'][0]}, {eff['ci'][1]}]"
                          " (0 = below the shortest)")
             lines.append("ratio to needle alone: " + "; ".join(
                 f"{r['length']}: {r['ratio']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]" for r in eff["ratios"]))
