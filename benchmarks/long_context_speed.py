@@ -35,11 +35,6 @@ import time
 PATHS = {"plain": False, "shared": True}
 
 
-def length(s: str) -> int:
-    s = s.strip().lower()
-    return int(float(s[:-1]) * 1024) if s.endswith("k") else int(s)
-
-
 def depths(spec: str) -> list[str]:
     """Depth percents as the sweep's positions take them: "0%", "25%", ..."""
     from posbias.eval.longctx import depth_spacing
@@ -157,7 +152,9 @@ def main() -> None:
     a = ap.parse_args()
     if a.child:
         return child(a)
-    lengths, paths = [length(x) for x in a.lengths.split(",")], [p.strip() for p in a.paths.split(",")]
+    from posbias.eval.longctx import parse_size
+
+    lengths, paths = [parse_size(x.strip()) for x in a.lengths.split(",")], [p.strip() for p in a.paths.split(",")]
     if bad := [p for p in paths if p not in PATHS]:
         raise SystemExit(f"unknown path(s) {bad}: use plain and/or shared")
     la0, t0 = os.getloadavg(), time.perf_counter()

@@ -252,12 +252,11 @@ class RunFolder:
         return self.path / name
 
     def started(self) -> bool:
-        if self.path is None or not self.path.is_dir():
-            return False
-        return any(p.exists() for p in self._paths())
+        return self.path is not None and self.path.is_dir() and any(p.exists() for p in self._paths())
 
     def _paths(self) -> list[Path]:  # what the folder's pipeline owns; a name with '*' (size-*): every match
-        return [q for n in (self.result, MARKER, *self.owned) for q in (sorted(self.path.glob(n)) if "*" in n else [self.path / n])]
+        names = (self.result, MARKER, *self.owned)
+        return [q for n in names for q in (sorted(self.path.glob(n)) if "*" in n else [self.path / n])]
 
     def complete(self) -> bool:
         return self.path is not None and (self.path / self.result).exists()

@@ -246,10 +246,7 @@ def _grid(cfg, out, loaded: Backend, method, tasks, folder, option, sizes, depth
         t0 = time.perf_counter()
         results = {}
         for s in sizes:
-            sub = folder.file(f"size-{s}") if folder.path is not None else None
-            started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
-            results[s] = run_sweep(_sweep_config(cfg, s, slots[s], method), sub, loaded=loaded,
-                                   resume=folder.resuming and started, progress=progress)
+            results[s] = _sub_sweep(folder, f"size-{s}", _sweep_config(cfg, s, slots[s], method), loaded, progress)
         refs = _references(cfg, folder, loaded, method, tasks, sizes[0], progress)
         record = grid_record(cfg, option, depths, slots, results, loaded, method)
         if refs:
@@ -267,11 +264,16 @@ def _references(cfg, folder, loaded, method, tasks, size, progress) -> dict[str,
         return {}
     out = {}
     for name, context in REFERENCES.items():
-        sub = folder.file(f"ref-{name}") if folder.path is not None else None
-        started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
-        out[name] = run_sweep(_sweep_config(cfg, size, [0], method, context=context), sub, loaded=loaded,
-                              resume=folder.resuming and started, progress=progress)
+        out[name] = _sub_sweep(folder, f"ref-{name}", _sweep_config(cfg, size, [0], method, context=context), loaded,
+                               progress)
     return out
+
+
+def _sub_sweep(folder: RunFolder, name: str, sweep: SweepConfig, loaded: Backend, progress: bool) -> SweepResult:
+    """One sweep in the grid's folder (OUT/name), resumed where a resumed grid had started it."""
+    sub = folder.file(name) if folder.path is not None else None
+    started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
+    return run_sweep(sweep, sub, loaded=loaded, resume=folder.resuming and started, progress=progress)
 
 
 def _long_record(record: dict, cfg: GridConfig, results: dict, refs: dict, window: int) -> None:

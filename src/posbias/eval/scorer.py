@@ -177,7 +177,8 @@ class Scorer:
 
         def emit(batch: list[Encoded], scored: list[dict]) -> None:
             new = [{"example_id": r.key[0], "position": as_json(r.key[1]), **s, "answers": list(r.prompt.answers),
-                    "prompt_tokens": len(r.prompt_ids), **r.prompt.meta, **({"arranged_slot": moved[r.key]} if r.key in moved else {})}
+                    "prompt_tokens": len(r.prompt_ids), **r.prompt.meta,
+                    **({"arranged_slot": moved[r.key]} if r.key in moved else {})}
                    for r, s in zip(batch, scored) if r.key not in done]
             out.extend(new)
             if on_batch:

@@ -34,7 +34,6 @@ from typing import Callable
 from ..core.metrics import normalize_answer
 from ..errors import PosbiasError
 from .base import Prompt, Task, file_stamp, read_jsonl, shared_data_dir
-from .placement import resolve_positions
 
 SLOTS = 1001  # slot k = depth k/10 percent
 DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
@@ -355,11 +354,6 @@ class Haystack(Task):
         """The boundaries of needles 1.. (distractors, further values or keys): drawn from the seed, fixed."""
         rng = random.Random(f"niah-depths/{ex.index}")
         return [self._boundary(offsets, rng.uniform(0, 100)) for _ in ex.needles[1:]]
-
-
-def depth_slot(depth: float) -> int:
-    """The slot of a depth percent (0.1% steps)."""
-    return resolve_positions(f"{depth}%", SLOTS)[0]
 
 
 def sigmoid_depths(n: int) -> list[float]:
