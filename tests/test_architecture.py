@@ -22,10 +22,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "posbias"
 
 LAYERS = [  # lowest first; units in one layer may not import each other
     ("version", "errors"),
-    ("runs", "specs"),
+    ("runs", "specs", "policy"),
     ("core",),
     ("report",),
-    ("models", "tasks"),
+    ("models", "tasks", "integrations"),
     ("methods",),
     ("backends",),
     ("eval",),

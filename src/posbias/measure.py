@@ -10,7 +10,11 @@
 - `field_docs(Config)`: each field's meaning, as the config's docstring states it (the CLI's option help);
 - `set_threads` (honours POSBIAS_THREADS) and `is_main_process` (rank 0 under `accelerate launch`);
 - `show_prompt(task, position, example)` -> `ShownPrompt`: one row's prompt exactly as the model receives it (chat
-  template, system turn, answer prefix), where its gold item sits and its token count (`posbias show`).
+  template, system turn, answer prefix), where its gold item sits and its token count (`posbias show`);
+- slot policies (docs/rag.md): `read_policy` (a policy file, a finished sweep folder or its sweep.json),
+  `policy_from_sweep` (a sweep record's), `check_policy` (refuses another model, task shape or slot count),
+  `write_policy`, `apply_ranking(best_first, ranking)` (items placed, the best into the best-read slot) and
+  `resampled_ranking(policy, m)` (the curve mapped to m slots by relative depth).
 """
 
 from .backends import Backend as Backend
@@ -26,11 +30,18 @@ from .eval.show import show_prompt as show_prompt
 from .methods import split_specs as split_specs
 from .models.load import export_model as export_model
 from .models.load import set_threads as set_threads
+from .policy import apply_ranking as apply_ranking
+from .policy import check_policy as check_policy
+from .policy import policy_from_sweep as policy_from_sweep
+from .policy import read_policy as read_policy
+from .policy import resampled_ranking as resampled_ranking
+from .policy import write_policy as write_policy
 from .runs import is_main_process as is_main_process
 from .tasks import JSONL_SCHEMA as JSONL_SCHEMA
 from .tasks import ORDER_SCHEMAS as ORDER_SCHEMAS
 from .tasks import resolve_positions as resolve_positions
 
 __all__ = ["Backend", "COLLAPSE_MARGIN", "ENGINES", "JSONL_SCHEMA", "ModelSpec", "ORDER_SCHEMAS", "Scorer", "ShownPrompt",
-           "export_model", "field_docs", "is_main_process", "parse_spec", "resolve_positions", "set_threads", "show_prompt",
-           "split_models", "split_specs"]
+           "apply_ranking", "check_policy", "export_model", "field_docs", "is_main_process", "parse_spec",
+           "policy_from_sweep", "read_policy", "resampled_ranking", "resolve_positions", "set_threads", "show_prompt",
+           "split_models", "split_specs", "write_policy"]

@@ -125,6 +125,7 @@ class Backend(ABC):
     def check_method(self, method) -> None:
         """Refuse a training-free method the backend cannot apply (in one line), else the method's own check."""
         check_method(self.caps, self.name, method)
+        method.check_info(self.info)
 
     @property
     def context_window(self) -> int:

@@ -25,6 +25,7 @@ from .hidden import hidden_app
 from .measure import backends, compare, export, models, show, sweep, tasks
 from .mitigate import distill_app, lpes_app
 from .moice import moice_app
+from .policy import policy_app
 from .report import report
 
 app = typer.Typer(
@@ -38,6 +39,7 @@ app.add_typer(distill_app, name="distill")
 app.add_typer(moice_app, name="moice")
 app.add_typer(hidden_app, name="hidden")
 app.add_typer(analyze_app, name="analyze")
+app.add_typer(policy_app, name="policy")
 
 # Python parameter -> flag, where the flag is not --the-parameter-name
 _FLAGS = {"n_parents": "--parents", "n_crossover": "--crossovers", "n_mutation": "--mutations", "n_points": "--points",

@@ -102,6 +102,11 @@ class Method(ABC):
         """Raise PosbiasError if the method cannot be applied to this model (called before a run writes anything)."""
         return  # any model
 
+    def check_info(self, info: dict) -> None:
+        """Raise PosbiasError if the method cannot run on the model `info` describes (a served model's record; in
+        process `check` gets the loaded model and may call this)."""
+        return  # any model
+
     def check_task(self, task: Task, positions: list, engine: str) -> None:
         """Raise PosbiasError, in one line, if the method cannot run on this task, these placements and this scoring
         engine (called before any model loads; the conformance matrix, tests/test_conformance.py, expects every
@@ -149,3 +154,10 @@ class Baseline(Method):
     @contextmanager
     def apply(self, loaded: Loaded) -> Iterator[Active]:
         yield Active()
+
+
+def refuse_without_items(method: Method, task: Task) -> None:
+    """Refuse, in one line, a method that moves or measures the items of a task whose prompts list none (a haystack)."""
+    if not getattr(task, "lists_items", True):
+        raise PosbiasError(f"{method.key} moves or measures the prompt's items, and {task.name} lists none (its slots "
+                           "are depths in one text)", "use a task with items: kv-lookup, kv-uuid, nq, jsonl:PATH")

@@ -29,7 +29,7 @@ from ..errors import PosbiasError
 from ..models.load import Loaded
 from ..tasks import Prompt, Task
 from ..tasks.arrange import arrange
-from .base import Active, Method
+from .base import Active, Method, refuse_without_items
 from .registry import register_method
 
 SIGNALS = ("bm25", "oracle", "attention")
@@ -119,6 +119,7 @@ class Reorder(Method):
         return  # any model; the items are checked when the prompts are rearranged
 
     def check_task(self, task: Task, positions: list, engine: str) -> None:
+        refuse_without_items(self, task)
         if getattr(task, "order", False):  # the candidates' order is what an order task measures, slot by slot
             raise PosbiasError(f"{self.label} moves items between slots, and {task.name} already shows every order of "
                                "its candidates", "use swap or pride on an order task")
@@ -134,8 +135,12 @@ class Reorder(Method):
         for _ in range(self.rounds if self.signal == "attention" else 1):
             scores = (attention(out) if self.signal == "attention"
                       else [bm25_scores(p) if self.signal == "bm25" else oracle_scores(p) for p in out])
-            out = [arrange(p, place(s, self.rule), task.slot_label) for p, s in zip(out, scores)]
+            out = [arrange(p, self.place(s), task.slot_label) for p, s in zip(out, scores)]
         return out
+
+    def place(self, scores: list[float]) -> list[int]:
+        """order[s] = the slot whose item goes to slot s, by this method's rule."""
+        return place(scores, self.rule)
 
     @contextmanager
     def apply(self, loaded: Loaded) -> Iterator[Active]:

@@ -1,0 +1,181 @@
+"""A slot policy: where one model reads best, measured, as a small JSON file a RAG pipeline can apply.
+
+`posbias sweep` measures a model's accuracy with the gold item at every slot; the policy is that curve turned into a
+ranking of the slots (best first), with each slot's accuracy and 95% interval and how it was measured. Placing a
+retriever's best-ranked item into the best slot, its second into the second best and so on is `reorder:curve`
+(methods/curve.py) inside posbias, and the LangChain / LlamaIndex reorderers outside it (integrations/).
+
+    {"posbias_policy": 1, "model": "smollm2-135m", "task": {...task.config()}, "n_slots": 10,
+     "ranking": [0, 9, 1, ...],                       slots, best first (ties: the lower slot first)
+     "slots": [{"slot": 0, "accuracy": 1.0, "ci": [0.886, 1.0], "n": 30}, ...],   in slot order
+     "measured": {"run": ".../sweep.json", "engine": ..., "n": 30, "seed": 0, "skip": 1000, "chat_used": true,
+                  "template": {...}, "posbias": "0.x", "sha256": "..."},
+     "fitted_on": {"task": "kv-lookup", "seed": 0, "skip": 1000, "n": 30}}   the examples a comparison must avoid
+
+read_policy accepts a policy file, a finished sweep folder or its sweep.json; check_policy refuses, in one line, a
+policy from another model, task shape or slot count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import json
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
+
+from .errors import PosbiasError
+
+VERSION = 1
+T = TypeVar("T")
+
+
+def slot_ranking(accuracy: Sequence[float]) -> list[int]:
+    """The slots from the best-read to the worst (ties: the lower slot first)."""
+    return sorted(range(len(accuracy)), key=lambda s: (-accuracy[s], s))
+
+
+def arrangement(ranking: Sequence[int]) -> list[int]:
+    """order[s] = the rank (0: the retriever's best) of the item that goes to slot s: the r-th best item goes to the
+    r-th best slot."""
+    order = [0] * len(ranking)
+    for r, s in enumerate(ranking):
+        order[s] = r
+    return order
+
+
+def apply_ranking(best_first: Sequence[T], ranking: Sequence[int]) -> list[T]:
+    """The items (the retriever's order, best first) as the policy places them, slot 0 first."""
+    if len(best_first) != len(ranking):
+        raise PosbiasError(f"the policy ranks {len(ranking)} slots, and {len(best_first)} items came",
+                           f"retrieve {len(ranking)} items, or measure a policy for {len(best_first)}")
+    return [best_first[r] for r in arrangement(ranking)]
+
+
+def resampled_ranking(policy: dict, m: int) -> list[int]:
+    """The policy's curve mapped to m slots by relative depth, ranked (ties: the lower slot first): slot j of m takes
+    the accuracy of measured slot round(j*(n-1)/(m-1)) (Python's round: a half goes to the even slot; m=1: slot 0).
+    A caveat: a curve measured on n items says nothing sure about m; this assumes the shape scales with depth."""
+    n = int(policy["n_slots"])
+    acc = {int(s["slot"]): float(s["accuracy"]) for s in policy.get("slots") or []}
+    if sorted(acc) != list(range(n)):
+        raise PosbiasError(f"the policy has no accuracy for each of its {n} slots, so it cannot be resampled",
+                           "export the policy again (posbias policy export RUN)")
+    if m < 0:
+        raise PosbiasError(f"cannot rank {m} slots", "pass the number of retrieved items, 0 or more")
+    measured = [0] if m == 1 else [round(j * (n - 1) / (m - 1)) for j in range(m)]
+    return slot_ranking([acc[s] for s in measured])
+
+
+def policy_from_sweep(record: dict, source: str = "") -> dict:
+    """The policy of a finished sweep's record (sweep.json): the unmodified model, one gold item, every slot."""
+    cfg, task = record.get("config") or {}, record.get("task") or {}
+    where = source or "the sweep"
+    if (record.get("method") or {}).get("name", "none") != "none":
+        raise PosbiasError(f"{where} measured the model under method {record['method'].get('name')}; a policy is the "
+                           "unmodified model's curve", "sweep the model without a method and export that")
+    if "style" in task:  # an order task (tasks/order.py): judge or multiple choice
+        raise PosbiasError(f"{where} is an order task ({task.get('name')}): its slots are the candidates' order",
+                           "use swap or pride on an order task; a policy places retrieved items")
+    per = record.get("per_position") or []
+    n = int(task.get("n_slots", 0))
+    if any(not isinstance(p.get("position"), int) for p in per):
+        raise PosbiasError(f"{where} places two items (a two-hop task); a policy ranks the slots of one gold item",
+                           "sweep a one-gold task (kv-lookup, nq, jsonl:PATH)")
+    got = sorted(p["position"] for p in per)
+    if not n or got != list(range(n)):
+        raise PosbiasError(f"{where} measured slots {','.join(map(str, got))} of {n}; a policy needs every slot",
+                           "sweep every slot (positions all, the default)")
+    per = sorted(per, key=lambda p: p["position"])
+    acc = [float(p["accuracy"]) for p in per]
+    return {"posbias_policy": VERSION, "model": (record.get("model") or {}).get("name", cfg.get("model")), "task": task,
+            "n_slots": n, "ranking": slot_ranking(acc),
+            "slots": [{"slot": p["position"], "accuracy": p["accuracy"], "ci": [p["ci_low"], p["ci_high"]], "n": p["n"]}
+                      for p in per],
+            "measured": {"run": source, "engine": cfg.get("engine"), "n": cfg.get("n"), "seed": cfg.get("seed"),
+                         "skip": cfg.get("skip"), "chat_used": cfg.get("chat_used"), "template": cfg.get("template"),
+                         "posbias": (record.get("versions") or {}).get("posbias")},
+            "fitted_on": {"task": task.get("name"), "seed": cfg.get("seed"), "skip": cfg.get("skip"), "n": cfg.get("n")}}
+
+
+def read_policy(path: str | Path) -> dict:
+    """A policy from a policy file, a finished sweep folder or its sweep.json, checked; with the file's sha256."""
+    p = Path(path)
+    f = p / "sweep.json" if p.is_dir() else p
+    if not f.is_file():
+        raise PosbiasError(f"no policy or finished sweep at {p}",
+                           "pass a policy file (posbias policy export RUN) or a finished sweep folder")
+    try:
+        rec = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PosbiasError(f"{f} is not JSON ({type(e).__name__})", "export the policy again") from None
+    if not isinstance(rec, dict):
+        raise PosbiasError(f"{f} is not a policy or a sweep record", "pass a policy file or a finished sweep folder")
+    pol = rec if "posbias_policy" in rec else policy_from_sweep(rec, str(f))
+    _validate(pol, f)
+    return {**pol, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+
+
+def _validate(pol: dict, f: Path) -> None:
+    if pol.get("posbias_policy") != VERSION:
+        raise PosbiasError(f"{f} is policy version {pol.get('posbias_policy')!r}, this posbias reads {VERSION}",
+                           "export the policy again with this posbias")
+    try:
+        n, ranking = int(pol["n_slots"]), [int(s) for s in pol["ranking"]]
+        pol["model"], pol["task"]  # noqa: B018 - the fields every policy has
+    except (KeyError, TypeError, ValueError) as e:
+        raise PosbiasError(f"{f} is not a posbias policy ({type(e).__name__}: {e})", "export it again") from None
+    if sorted(ranking) != list(range(n)):
+        raise PosbiasError(f"{f} ranks slots {ranking}, not each of 0..{n - 1} once", "export the policy again")
+
+
+def check_policy(policy: dict, model: str | None = None, task: dict | None = None, n_slots: int | None = None) -> None:
+    """Refuse, in one line, a policy measured on another model, task shape or slot count."""
+    where = policy.get("measured", {}).get("run") or "the policy"
+    fix = "measure this model's curve on this task (posbias sweep) and use that"
+    if model is not None and policy["model"] != model:
+        raise PosbiasError(f"the curve in {where} belongs to model {policy['model']}, not {model}", fix)
+    if n_slots is not None and policy["n_slots"] != n_slots:
+        raise PosbiasError(f"the curve in {where} ranks {policy['n_slots']} slots, the task has {n_slots}", fix)
+    if task is not None and policy["task"] != task:
+        diff = sorted(k for k in {*task, *policy["task"]} if task.get(k) != policy["task"].get(k))
+        raise PosbiasError(f"the curve in {where} was measured on another task shape (differs in {', '.join(diff)}: "
+                           + "; ".join(f"{k} {policy['task'].get(k)!r} there, {task.get(k)!r} here" for k in diff) + ")",
+                           fix)
+
+
+def write_policy(policy: dict, path: str | Path) -> Path:
+    """Write the policy as indented JSON (atomic: a temporary file, then renamed)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".partial")
+    tmp.write_text(json.dumps({k: v for k, v in policy.items() if k != "sha256"}, indent=2) + "\n")
+    tmp.replace(out)
+    return out
+
+
+def as_policy(policy: Any) -> dict:
+    """A policy read from a path (read_policy checks it) or given as a dict (its version and ranking checked)."""
+    if isinstance(policy, (str, os.PathLike)):
+        return read_policy(policy)
+    if not isinstance(policy, dict):
+        raise PosbiasError(f"a policy is a path or a dict, not {type(policy).__name__}",
+                           "pass a policy file (posbias policy export RUN) or read_policy(path)")
+    if policy.get("posbias_policy") != VERSION:
+        raise PosbiasError(f"the policy dict is version {policy.get('posbias_policy')!r}, this posbias reads {VERSION}",
+                           "export the policy again with this posbias (posbias policy export RUN)")
+    ranking, n = policy.get("ranking"), policy.get("n_slots")
+    if not isinstance(ranking, list) or not isinstance(n, int) or sorted(ranking) != list(range(n)):
+        raise PosbiasError(f"the policy dict ranks {ranking!r}, not each of its {n!r} slots once", "read it with read_policy")
+    return policy
+
+
+def ranking_for(policy: dict, m: int, resample: bool, what: str = "documents") -> list[int]:
+    """The slot ranking for m documents: the policy's own, or (resample) its curve mapped to m; else refused."""
+    n = policy["n_slots"]
+    if m == n:
+        return list(policy["ranking"])
+    if not resample:
+        raise PosbiasError(f"the policy ranks {n} slots, and {m} {what} came",
+                           f"retrieve {n} {what} (k={n}), or pass `resample=True` to map the curve by relative depth")
+    return resampled_ranking(policy, m)

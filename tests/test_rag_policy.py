@@ -1,0 +1,246 @@
+"""Slot policies (posbias/policy.py) and the RAG integrations that apply them, on the real installed langchain-core and
+llama-index-core: a policy from a sweep record, the placement, the refusals, resampling, and `posbias policy export`.
+
+The sweep records here are built like a finished sweep's sweep.json (config, task, model, method, versions,
+per_position, summary), on a five-slot curve whose ranking is not the slots' order: [0.9, 0.3, 0.1, 0.5, 0.7] ranks
+the slots 0, 4, 3, 1, 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from langchain_core.documents import Document
+from llama_index.core.schema import NodeWithScore, TextNode
+
+from posbias.cli import main
+from posbias.errors import PosbiasError
+from posbias.integrations.langchain import PolicyReorder
+from posbias.integrations.llama_index import PolicyNodePostprocessor
+from posbias.measure import apply_ranking, policy_from_sweep, read_policy, resampled_ranking, write_policy
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CURVE = [0.9, 0.3, 0.1, 0.5, 0.7]
+RANKING = [0, 4, 3, 1, 2]  # the slots of CURVE, best-read first
+N = 20
+
+
+def sweep_record(curve=CURVE, method="none", task=None, positions=None) -> dict:
+    """A finished sweep's record, shaped like sweep.json."""
+    task = task or {"name": "kv-lookup", "n_slots": len(curve), "metric": "substring", "facts": len(curve), "digits": 6}
+    per = [{"position": p, "n": N, "correct": round(a * N), "accuracy": a, "ci_low": max(0.0, a - 0.2),
+            "ci_high": min(1.0, a + 0.2)} for p, a in enumerate(curve)]
+    per = [r for r in per if positions is None or r["position"] in positions]
+    return {"config": {"model": "smollm2-135m", "dtype": "bf16", "device": "cpu", "task": task["name"],
+                       "engine": "teacher-forced", "n": N, "seed": 0, "skip": 1000, "method": method, "chat_used": True,
+                       "template": {"sha256": "ab" * 32, "system": "You are a helpful AI assistant"}},
+            "task": task, "model": {"name": "smollm2-135m", "kind": "registered"}, "method": {"name": method},
+            "versions": {"posbias": "0.1.0", "python": "3.11.7"}, "per_position": per,
+            "summary": {"average": sum(curve) / len(curve), "best_position": 0}}
+
+
+def sweep_dir(root: Path, name: str = "sweep", **kw) -> Path:
+    d = root / name
+    d.mkdir()
+    (d / "sweep.json").write_text(json.dumps(sweep_record(**kw), indent=2))
+    return d
+
+
+def policy_of(curve) -> dict:
+    return policy_from_sweep(sweep_record(curve), "sweep.json")
+
+
+def one_line(e: pytest.ExceptionInfo) -> str:
+    text = str(e.value)
+    assert isinstance(e.value, PosbiasError) and "\n" not in text and " -- " in text, text
+    return text
+
+
+# ----------------------------------------------------------------------------- the policy
+
+
+def test_a_sweep_record_gives_the_slots_ranked_by_accuracy_with_their_intervals():
+    pol = policy_from_sweep(sweep_record(), "runs/x/sweep.json")
+    assert pol["posbias_policy"] == 1 and pol["model"] == "smollm2-135m" and pol["n_slots"] == 5
+    assert pol["ranking"] == RANKING
+    assert [s["accuracy"] for s in pol["slots"]] == CURVE and pol["slots"][2]["ci"] == [0.0, pytest.approx(0.3)]
+    assert pol["fitted_on"] == {"task": "kv-lookup", "seed": 0, "skip": 1000, "n": N}
+
+
+def test_export_then_read_round_trips(tmp_path):
+    run = sweep_dir(tmp_path)
+    from_sweep = read_policy(run)
+    path = write_policy(from_sweep, tmp_path / "out" / "policy.json")
+    back = read_policy(path)
+    assert {k: v for k, v in back.items() if k != "sha256"} == {k: v for k, v in from_sweep.items() if k != "sha256"}
+    assert back["ranking"] == RANKING and "sha256" not in json.loads(path.read_text())
+
+
+def test_apply_ranking_puts_the_best_item_in_the_best_slot():
+    placed = apply_ranking(["r0", "r1", "r2", "r3", "r4"], RANKING)
+    assert placed[RANKING[0]] == "r0" and placed[RANKING[-1]] == "r4"
+    assert placed == ["r0", "r3", "r4", "r2", "r1"]  # slot 0 <- r0, slot 4 <- r1, slot 3 <- r2, slot 1 <- r3, slot 2 <- r4
+
+
+# ----------------------------------------------------------------------------- the integrations place as apply_ranking
+
+
+def docs(n: int) -> list[Document]:
+    return [Document(page_content=f"doc {i}", metadata={"rank": i}) for i in range(n)]
+
+
+@pytest.mark.parametrize("given", ["file", "folder", "dict"])
+def test_the_langchain_transformer_places_as_apply_ranking(tmp_path, given):
+    run = sweep_dir(tmp_path)
+    policy = {"file": write_policy(read_policy(run), tmp_path / "policy.json"), "folder": run, "dict": read_policy(run)}[given]
+    reorder = PolicyReorder(policy)
+    got = reorder.transform_documents(docs(5))
+    assert [d.metadata["rank"] for d in got] == apply_ranking(list(range(5)), RANKING) == [0, 3, 4, 2, 1]
+    assert [d.metadata["rank"] for d in asyncio.run(reorder.atransform_documents(docs(5)))] == [0, 3, 4, 2, 1]
+
+
+def nodes(scores) -> list[NodeWithScore]:
+    return [NodeWithScore(node=TextNode(text=f"node {i}", id_=f"n{i}"), score=s) for i, s in enumerate(scores)]
+
+
+def test_the_llama_index_postprocessor_sorts_by_score_then_places_as_apply_ranking(tmp_path):
+    post = PolicyNodePostprocessor(write_policy(read_policy(sweep_dir(tmp_path)), tmp_path / "policy.json"))
+    got = post.postprocess_nodes(nodes([0.2, 0.9, 0.4, 0.8, 0.1]))  # by score: n1, n3, n2, n0, n4
+    assert [n.node.node_id for n in got] == apply_ranking(["n1", "n3", "n2", "n0", "n4"], RANKING)
+    assert [n.node.node_id for n in got] == ["n1", "n0", "n4", "n2", "n3"]
+    assert [n.node.node_id for n in asyncio.run(post.apostprocess_nodes(nodes([0.2, 0.9, 0.4, 0.8, 0.1])))] == \
+        ["n1", "n0", "n4", "n2", "n3"]
+
+
+def test_the_llama_index_postprocessor_keeps_the_retrievers_order_where_scores_are_missing(tmp_path):
+    post = PolicyNodePostprocessor(policy=read_policy(sweep_dir(tmp_path)))
+    unscored = post.postprocess_nodes(nodes([None] * 5))
+    assert [n.node.node_id for n in unscored] == apply_ranking(["n0", "n1", "n2", "n3", "n4"], RANKING)
+    mixed = post.postprocess_nodes(nodes([None, 0.5, None, -0.2, 0.7]))  # scored first (n4, n1, n3), then n0, n2
+    assert [n.node.node_id for n in mixed] == apply_ranking(["n4", "n1", "n3", "n0", "n2"], RANKING)
+
+
+def test_the_llama_index_postprocessor_is_a_pydantic_component(tmp_path):
+    post = PolicyNodePostprocessor(sweep_dir(tmp_path), resample=True)
+    assert post.resample is True and post.policy["ranking"] == RANKING
+    back = PolicyNodePostprocessor.from_dict(post.to_dict())
+    assert back.policy == post.policy and back.resample and post.class_name() == "PolicyNodePostprocessor"
+
+
+# ----------------------------------------------------------------------------- refusals, one line each
+
+
+def test_a_count_mismatch_is_refused_naming_the_count_to_retrieve(tmp_path):
+    pol = read_policy(sweep_dir(tmp_path))
+    with pytest.raises(PosbiasError) as e:
+        PolicyReorder(pol).transform_documents(docs(3))
+    assert "ranks 5 slots, and 3 documents came" in one_line(e) and "retrieve 5 documents" in str(e.value)
+    with pytest.raises(PosbiasError) as e:
+        PolicyNodePostprocessor(pol).postprocess_nodes(nodes([0.1] * 7))
+    assert "ranks 5 slots, and 7 nodes came" in one_line(e) and "retrieve 5 nodes" in str(e.value)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "absent.json", "no policy or finished sweep at"),
+    (lambda d: (d / "bad.json").write_text("{not json") and d / "bad.json", "is not JSON"),
+    (lambda d: (d / "v2.json").write_text(json.dumps({**policy_of(CURVE), "posbias_policy": 2})) and d / "v2.json",
+     "is policy version 2, this posbias reads 1"),
+])
+@pytest.mark.parametrize("build", [PolicyReorder, PolicyNodePostprocessor], ids=["langchain", "llama_index"])
+def test_a_bad_policy_file_is_refused_in_one_line(tmp_path, make, message, build):
+    with pytest.raises(PosbiasError) as e:
+        build(make(tmp_path))
+    assert message in one_line(e)
+
+
+@pytest.mark.parametrize("build", [PolicyReorder, PolicyNodePostprocessor], ids=["langchain", "llama_index"])
+def test_a_policy_dict_of_another_version_or_a_broken_ranking_is_refused(build):
+    with pytest.raises(PosbiasError) as e:
+        build({**policy_of(CURVE), "posbias_policy": 2})
+    assert "version 2, this posbias reads 1" in one_line(e)
+    with pytest.raises(PosbiasError) as e:
+        build({**policy_of(CURVE), "ranking": [0, 0, 1, 2, 3]})
+    assert "not each of its 5 slots once" in one_line(e)
+
+
+@pytest.mark.parametrize("module, package", [("langchain", "langchain_core.documents"),
+                                             ("llama_index", "llama_index.core.postprocessor.types")])
+def test_a_missing_framework_is_one_line_naming_the_rag_extra(monkeypatch, module, package):
+    monkeypatch.setitem(sys.modules, package, None)  # an import of it fails, as when it is not installed
+    monkeypatch.delitem(sys.modules, f"posbias.integrations.{module}")
+    with pytest.raises(PosbiasError) as e:
+        importlib.import_module(f"posbias.integrations.{module}")
+    assert "install posbias[rag]" in one_line(e)
+
+
+# ----------------------------------------------------------------------------- resampling by relative depth
+
+
+def test_resampling_maps_slot_j_of_m_to_measured_slot_round_j_n1_over_m1():
+    pol = policy_of(CURVE)  # n = 5
+    assert resampled_ranking(pol, 5) == RANKING  # the identity mapping
+    assert resampled_ranking(pol, 3) == [0, 2, 1]  # slots 0, 2, 4: 0.9, 0.1, 0.7
+    assert resampled_ranking(pol, 7) == [0, 6, 4, 5, 1, 2, 3]  # slots 0,1,1,2,3,3,4: ties go to the lower slot
+    assert resampled_ranking(pol, 1) == [0]
+    assert resampled_ranking(policy_of([0.9, 0.2, 0.6, 0.5]), 3) == [0, 1, 2]  # 1.5 rounds to slot 2 (0.6), not 1 (0.2)
+    six = policy_of([0.9, 0.2, 0.6, 0.1, 0.5, 0.4])
+    assert resampled_ranking(six, 3) == [0, 1, 2]  # Python's round: 2.5 goes to the even slot 2 (0.6), not 3 (0.1)
+
+
+def test_the_integrations_resample_only_when_asked(tmp_path):
+    pol = read_policy(sweep_dir(tmp_path))
+    got = PolicyReorder(pol, resample=True).transform_documents(docs(3))
+    assert [d.metadata["rank"] for d in got] == apply_ranking([0, 1, 2], [0, 2, 1]) == [0, 2, 1]
+    placed = PolicyNodePostprocessor(pol, resample=True).postprocess_nodes(nodes([0.3, 0.2, 0.1, 0.05, 0.01, 0.0, 0.4]))
+    assert [n.node.node_id for n in placed] == apply_ranking(["n6", "n0", "n1", "n2", "n3", "n4", "n5"],
+                                                             [0, 6, 4, 5, 1, 2, 3])
+
+
+# ----------------------------------------------------------------------------- posbias policy export
+
+
+def cli(monkeypatch, capsys, *args) -> tuple[int, str, list[str]]:
+    monkeypatch.setattr(sys, "argv", ["posbias", "policy", "export", *map(str, args)])
+    with pytest.raises(SystemExit) as e:
+        main()
+    out = capsys.readouterr()
+    return e.value.code, out.out, [line for line in out.err.splitlines() if line.strip()]
+
+
+def test_policy_export_writes_the_policy_and_prints_the_ranking(tmp_path, monkeypatch, capsys):
+    run = sweep_dir(tmp_path)
+    code, out, err = cli(monkeypatch, capsys, run)
+    assert code == 0, err
+    assert read_policy(run / "policy.json")["ranking"] == RANKING
+    assert "ranking, best first: 0 4 3 1 2" in out and f"wrote {run / 'policy.json'}" in out
+    assert "   4     0.700  [0.500, 0.900]     2" in out  # slot 4: accuracy, 95% CI, rank 2
+    code, out, err = cli(monkeypatch, capsys, run / "sweep.json", "--out", tmp_path / "elsewhere" / "p.json")
+    assert code == 0 and read_policy(tmp_path / "elsewhere" / "p.json")["ranking"] == RANKING
+
+
+BAD = [
+    ("missing", lambda d: d / "absent", "no sweep folder or file at"),
+    ("unfinished", lambda d: (d / "unfinished").mkdir() or d / "unfinished", "holds no sweep.json"),
+    ("method", lambda d: sweep_dir(d, method="pi"), "under method pi"),
+    ("order task", lambda d: sweep_dir(d, task={"name": "judge-nq", "n_slots": 2, "style": "judge"}, curve=[0.9, 0.1]),
+     "is an order task"),
+    ("some slots", lambda d: sweep_dir(d, positions={0, 2, 4}), "measured slots 0,2,4 of 5"),
+    ("not json", lambda d: (d / "broken").mkdir() or (d / "broken" / "sweep.json").write_text("{") and d / "broken",
+     "is not JSON"),
+]
+
+
+@pytest.mark.parametrize("make, message", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_policy_export_refuses_bad_input_with_exit_2_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, make,
+                                                                                  message):
+    run = make(tmp_path)
+    code, out, err = cli(monkeypatch, capsys, run, "--out", tmp_path / "out" / "policy.json")
+    assert code == 2 and len(err) == 1 and err[0].startswith("posbias: error: ") and " -- " in err[0], err
+    assert message in err[0], err[0]
+    assert not list(tmp_path.rglob("policy.json*")) and not (tmp_path / "out").exists()
