@@ -16,7 +16,10 @@ Figures (each with a bootstrap CI over items, `order_figures`):
                        0 = fair, -1 = always the first, +1 = always the last.
   rstd                 PriDe's RStd: the standard deviation of the recall of each option label; the gold sits
                        under label s exactly when it is placed at slot s, so this is the std of accuracy by slot
+  strict_accuracy      CircularEval (OpenCompass, MMBench): share of items right under every order shown (an
+                       unread verdict counts as wrong); the per-slot accuracy curve beside it is the lenient view
   choice_share         how often each slot is chosen (all rows; an unbiased model chooses each 1/k of the time)
+`label_margin`: how decided one teacher-forced verdict is (top label minus the second, in nats).
 PriDe (Zheng et al., ICLR 2024): `pride_prior` (Eqs. 5-6) and `pride_choice`; balanced position calibration
 (FairEval) / swap-and-average: `balanced_choice`.
 """
@@ -51,6 +54,13 @@ def _log_normalize(logp: np.ndarray) -> np.ndarray:
     """log-softmax over the last axis (the option labels)."""
     m = logp.max(axis=-1, keepdims=True)
     return logp - (m + np.log(np.exp(logp - m).sum(axis=-1, keepdims=True)))
+
+
+def label_margin(logp: Sequence[float]) -> float:
+    """The margin of a teacher-forced verdict: the top option's log-probability minus the second's, over the k
+    labels after log-normalising them (nats; 0 = a tie, large = decided)."""
+    lp = np.sort(_log_normalize(np.asarray(logp, dtype=float)))
+    return float(lp[-1] - lp[-2]) if len(lp) > 1 else float("inf")
 
 
 def pride_prior(logp: np.ndarray) -> np.ndarray:
@@ -110,8 +120,10 @@ def _figures(choices: np.ndarray, placements: list[int], k: int) -> dict:
     cand = np.where(choices < 0, -1, (choices - np.asarray(placements)[None, :]) % k)
     read, consistent = _consistency(cand)
     conflicts = _conflicts(cand)
-    acc = (choices == np.asarray(placements)[None, :]).mean(axis=0)
-    out = {"consistency": float(consistent.sum() / read.sum()) if read.any() else float("nan"),
+    right = choices == np.asarray(placements)[None, :]  # [items, orders]
+    acc = right.mean(axis=0)
+    out = {"strict_accuracy": float(right.all(axis=1).mean()) if len(right) else float("nan"),
+           "consistency": float(consistent.sum() / read.sum()) if read.any() else float("nan"),
            "conflict_rate": float(np.nanmean(conflicts)) if not np.isnan(conflicts).all() else float("nan"),
            "rstd": float(np.std(acc)) if len(placements) == k else float("nan")}
     if k == 2 and sorted(placements) == [0, 1]:

@@ -7,6 +7,13 @@ order of each item and calls `decide` on the rows (core/order.py holds the maths
                the candidates is read and the candidate with the best mean normalised label log-probability wins;
                with generated verdicts, a vote, where a tie (two answers: the orders disagree) is no verdict.
                Cost: k forward passes per verdict (k candidates).
+  aswap[:T]    adaptive swap: the verdict of the order each item is first shown in stands when its label margin
+               (top normalised label log-probability minus the second, nats) is >= T (default 1.0); else the full
+               swap decides. The first order is not placement 0, which always shows the correct candidate first
+               (a judge that always names the first answer would score 1.0): it is drawn per item, balanced over
+               the k orders (`first_placements`). Generated verdicts have no margin: one read and not cut short counts as
+               decided (margin inf), an unread or cut one as a tie (margin 0). T = 0 keeps every first verdict
+               (1 pass each), T = inf is the swap (k each). Cost: the mean of 1 or k passes per verdict.
   pride[:F|N]  PriDe (Zheng et al., ICLR 2024): the option-ID prior estimated on calibration items (all k cyclic
                orders each; F a share of the evaluated items, default 0.05 as in the paper, or N items) taken
                after the evaluated ones in the seeded order, so never among them; each verdict is then
@@ -21,7 +28,10 @@ from typing import Iterator
 
 import numpy as np
 
-from ..core.order import balanced_choice, pride_choice, pride_prior
+import hashlib
+import math
+
+from ..core.order import balanced_choice, candidate, label_margin, pride_choice, pride_prior
 from ..errors import PosbiasError
 from ..models.load import Loaded
 from .base import Active, Method
@@ -85,14 +95,97 @@ class Swap(DecisionRule):
     def decide(self, rows: list[dict], calibration: list[dict], k: int) -> tuple[list[dict], dict]:
         out, ties = [], 0
         for rs in _by_item(rows).values():
-            placements = [r["position"] for r in rs]
-            if all("option_logprobs" in r for r in rs):
-                c = balanced_choice(placements, k, logps=[r["option_logprobs"] for r in rs])
-            else:
-                c = balanced_choice(placements, k, choices=[r["choice"] for r in rs])
+            c = _swap_verdict(rs, k)
             ties += c < 0
-            out += [_decided(r, -1 if c < 0 else (c + r["position"]) % k) for r in rs]
+            out += _verdict_rows(rs, c, k)
         return out, {"rule": "swap", "forward_passes_per_verdict": k, "no_verdict_items": ties}
+
+
+def _swap_verdict(rs: list[dict], k: int) -> int:
+    """The candidate the swap names from an item's rows in every order (-1: no verdict)."""
+    placements = [r["position"] for r in rs]
+    if all("option_logprobs" in r for r in rs):
+        return balanced_choice(placements, k, logps=[r["option_logprobs"] for r in rs])
+    return balanced_choice(placements, k, choices=[r["choice"] for r in rs])
+
+
+def _verdict_rows(rs: list[dict], c: int, k: int) -> list[dict]:
+    """An item's rows, each choosing the slot where candidate c sits in its order (-1 everywhere: no verdict)."""
+    return [_decided(r, -1 if c < 0 else (c + r["position"]) % k) for r in rs]
+
+
+def verdict_margin(row: dict) -> float:
+    """How decided one row's verdict is: the label margin (core.order.label_margin) of a teacher-forced row; a
+    generated one has none, so read and not cut short counts as decided (inf), unread or cut as a tie (0)."""
+    if "option_logprobs" in row:
+        return label_margin(row["option_logprobs"])
+    return math.inf if row.get("choice", -1) >= 0 and not row.get("cut") else 0.0
+
+
+@register_method
+class AdaptiveSwap(DecisionRule):
+    """Swap only when the first order's verdict is unsure (module docstring)."""
+
+    name = "aswap"
+    usage = "aswap|aswap:T"
+
+    def __init__(self, threshold: float = 1.0):
+        if not threshold >= 0:  # NaN too
+            raise PosbiasError(f"aswap's margin threshold must be a number >= 0 (nats), got {threshold}",
+                               "write it as aswap, aswap:1.0 or aswap:inf (the full swap)")
+        self.threshold = float(threshold)
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "AdaptiveSwap":
+        try:
+            return cls(float(arg)) if arg else cls()
+        except ValueError:
+            raise PosbiasError(f"bad aswap threshold {arg!r}", "write it as aswap, aswap:1.0 or aswap:inf") from None
+
+    def config(self) -> dict:
+        return {"name": "aswap", "threshold": self.threshold}
+
+    @property
+    def label(self) -> str:
+        return f"aswap:{self.threshold:g}"
+
+    def decide(self, rows: list[dict], calibration: list[dict], k: int) -> tuple[list[dict], dict]:
+        items = _by_item(rows)
+        shown = first_placements(list(items), k)
+        out, early, swaps, verdicts = [], [], [], []
+        for e, rs in items.items():
+            first = next(r for r in rs if r["position"] == shown[e])  # the order the item is first shown in
+            full = _swap_verdict(rs, k)
+            stop = self.threshold < math.inf and verdict_margin(first) >= self.threshold
+            c = candidate(first.get("choice", -1), shown[e], k) if stop else full
+            early.append(stop)
+            swaps.append(full)
+            verdicts.append(c)
+            out += _verdict_rows(rs, c, k)
+        record = adaptive_record(self.threshold, np.array(early, bool), np.array(verdicts), np.array(swaps), k)
+        return out, {**record, "first_placements": np.bincount(list(shown.values()), minlength=k).tolist()}
+
+
+def first_placements(example_ids: list[str], k: int) -> dict[str, int]:
+    """The order each item is first shown in (the adaptive swap's single pass): the items ranked by a hash of their
+    id, the one of rank i shown in placement i mod k. Balanced over the k orders (counts differ by at most one),
+    reproducible, and blind to which candidate is correct; placement 0 for every item would show the correct one
+    first every time and credit a judge's primacy bias as accuracy."""
+    ranked = sorted(example_ids, key=lambda e: hashlib.sha256(f"aswap/{e}".encode()).hexdigest())
+    return {e: i % k for i, e in enumerate(ranked)}
+
+
+def adaptive_record(threshold: float, early: np.ndarray, verdicts: np.ndarray, swaps: np.ndarray, k: int) -> dict:
+    """The adaptive swap's decision record: passes per verdict (the mean of 1 or k), the share stopped early, how
+    often the verdicts agree with the full swap's (on the early items, and on all), and both accuracies (the correct
+    candidate is 0; an item without a verdict is wrong). Agreement compares candidates, -1 (no verdict) included."""
+    n, agree = len(early), verdicts == swaps
+    mean = lambda x: float(np.mean(x)) if len(x) else None  # noqa: E731 - four uses
+    return {"rule": "aswap", "threshold": threshold,
+            "forward_passes_per_verdict": round(float(np.where(early, 1, k).mean()), 4) if n else k,
+            "items": n, "early_items": int(early.sum()), "early_stop_share": mean(early),
+            "early_agreement": mean(agree[early]), "agreement_with_swap": mean(agree),
+            "accuracy": mean(verdicts == 0), "swap_accuracy": mean(swaps == 0), "no_verdict_items": int((verdicts < 0).sum())}
 
 
 @register_method

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from .blocks import Raw, details, esc, figure, figures, fmt, key_values, para, pos_label, rows_table, scalars, table
+from .flip_blocks import flips_block
 from .longctx_blocks import long_blocks
 
 
@@ -93,7 +94,7 @@ def summary_line(s: dict) -> Raw:
     return Raw(f'<p class="summary">{esc(text)}</p>')
 
 
-ORDER_FIGURES = (("consistency", "consistency"), ("conflict_rate", "conflict rate"),
+ORDER_FIGURES = (("strict_accuracy", "strict accuracy"), ("consistency", "consistency"), ("conflict_rate", "conflict rate"),
                  ("preference_fairness", "preference fairness"), ("rstd", "RStd"))
 
 
@@ -121,7 +122,7 @@ def sweep(run: Run) -> str:
     what = (f"task {cfg.get('task', r.get('task', {}).get('name', '?'))}, model {cfg.get('model', '?')}, "
             f"method {method.get('label') or method.get('name') or cfg.get('method', '?')}, engine {cfg.get('engine', '?')}, "
             f"n = {cfg.get('n', '?')} examples per position")
-    order = [order_table([("this run", r["summary"])])] if "order" in r["summary"] else []
+    order = [order_table([("this run", r["summary"])]), flips_block(run.path, r["summary"])] if "order" in r["summary"] else []
     measure = r["summary"].get("measure", "accuracy")
     return "".join([para(what), summary_line(r["summary"]), curve_table(r["per_position"], measure), *order,
                     figures(run.path, ("curve.png", "heatmap.png", "order.png"))])

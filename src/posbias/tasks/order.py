@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import random
 import string
 from dataclasses import dataclass, replace
@@ -37,7 +38,9 @@ Pairwise judge file (judge:PATH), one JSON object per line:
    "preferred": 0,                     (optional: the better one; without it, on every line, the curve is the
                                          rate of choosing answers[0] and the consistency figures still hold;
                                          a tie is null or "tie": refused, or left out with the option ties=drop)
-   "context": "..."}                   (optional reference text shown before the question)
+   "context": "...",                   (optional reference text shown before the question)
+   "scores": [8, 6.5]}                 (optional: the two answers' quality scores, numbers in answers' order, e.g.
+                                         MT-Bench human or GPT-4 grades; the sweep bins the order figures by their gap)
 Multiple-choice file (mc:PATH):
   {"id": "q1", "question": "...", "options": ["...", "...", ...],   (2 to 10, all different)
    "gold": 2,                          (0-based index of the correct option)
@@ -67,6 +70,7 @@ class OrderItem:
     candidates: tuple[str, ...]
     context: str = ""
     labels: tuple[str, ...] | None = None  # the item's own labels (a user's file), else the task's
+    scores: tuple[float, ...] | None = None  # a judge file's quality scores, in candidate order (correct first)
 
 
 class OrderTask(Task):
@@ -145,7 +149,11 @@ class OrderTask(Task):
             user = (f"{ref}Question: {item.question}\n" + "\n".join(self.items(item, position))
                     + f"\nAnswer with the {what} of the correct option.")
             prefix = "Answer:"
-        return Prompt(item.id, position, user, prefix, (labels[position],), tuple(labels))
+        # rows record the candidates' lengths (and a judge file's scores), in candidate order: eval/judging.py bins
+        # the order figures by them and tells a length-driven flip
+        meta = {"candidate_chars": [len(c) for c in item.candidates],
+                **({"candidate_scores": list(item.scores)} if item.scores is not None else {})}
+        return Prompt(item.id, position, user, prefix, (labels[position],), tuple(labels), meta=meta)
 
 
 # --- NQ: the oracle file's questions, wrong candidates from questions of the same kind ---------------------------
@@ -288,11 +296,23 @@ def _order_record(where: str, r: dict, style: str, default_id: str) -> tuple[Ord
         labels = tuple(_strings(where, "labels", labels, len(cands), len(cands)))
         if style == "judge":
             raise _bad(where, "'labels' belongs to multiple-choice files; a judge file's answers are labelled A and B")
+    scores = _scores(where, r.get("scores"), len(cands), style)
     rid = r.get("id", default_id)
     if isinstance(rid, bool) or not isinstance(rid, (str, int)):
         raise _bad(where, f"'id' must be a string or an integer, got {rid!r}")
     ordered = (cands[gold], *cands[:gold], *cands[gold + 1:])  # the correct one first, the others in file order
-    return OrderItem(str(rid), r["question"], ordered, context, labels), key in r
+    ranked = None if scores is None else (scores[gold], *scores[:gold], *scores[gold + 1:])  # as the candidates
+    return OrderItem(str(rid), r["question"], ordered, context, labels, ranked), key in r
+
+
+def _scores(where: str, scores, n: int, style: str) -> tuple[float, ...] | None:
+    """A judge line's optional "scores": one finite number per answer, in the answers' order."""
+    if scores is None:
+        return None
+    if style != "judge" or not isinstance(scores, list) or len(scores) != n or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in scores):
+        raise _bad(where, f"'scores' must be a list of {n} numbers, one per answer (judge files only), got {scores!r}"[:160])
+    return tuple(float(x) for x in scores)
 
 
 def order_file_task(style: str, path: str | Path, labels: str | None = None, ask: str | None = None,
