@@ -47,6 +47,8 @@ class Opt:
     type: Any = str
     flags: tuple[str, ...] = ()  # explicit declarations, e.g. ("--resume",); default: --name-with-dashes
     values: Optional[Callable[[], str]] = None  # the registry's values, appended to the field's doc
+    panel: Optional[str] = None  # a help heading of its own (default: the group's)
+    only: Optional[Callable[[type], bool]] = None  # the option exists only on commands whose config passes this test
 
 
 class Group:
@@ -73,13 +75,18 @@ class Group:
         g.config = config
         return g
 
+    def active(self) -> dict[str, Opt]:
+        """The options this group's command has (an `only` option where its config passes the test)."""
+        return {k: o for k, o in self.opts.items() if o.only is None or (self.config is not None and o.only(self.config))}
+
     def parameters(self) -> list[inspect.Parameter]:
         out = []
-        for k, o in self.opts.items():
+        for k, o in self.active().items():
             default = field_default(self.config, k) if o.default is FIELD else o.default
             help = o.help if o.help is not None else field_help(self.config, k, o.values)
+            panel = o.panel or self.panel
             out.append(inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, annotation=o.type,
-                                         default=typer.Option(default, *o.flags, help=help, rich_help_panel=self.panel)))
+                                         default=typer.Option(default, *o.flags, help=help, rich_help_panel=panel)))
         return out
 
 
@@ -98,7 +105,7 @@ def uses(config: type, *groups: Group) -> Callable:
         @functools.wraps(fn)
         def command(**kw: Any) -> Any:
             for g in groups:
-                kw[g.name] = Args(**{k: kw.pop(k) for k in g.opts})
+                kw[g.name] = Args(**{k: kw.pop(k) for k in g.active()})
             return fn(**kw)
 
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -228,6 +235,13 @@ TASK = Group(
 
 SPLIT = Group("split", "Examples", n=Opt(type=int), seed=Opt(type=int), skip=Opt(type=int))
 
+def costed(config: type) -> bool:
+    """Whether a command's config takes prices and a budget (the `Cost` fields: sweep, compare)."""
+    return "price_in" in {f.name for f in dataclasses.fields(config)}
+
+
+COST = "Cost and budget (served models; docs/backends.md)"
+
 SCORING = Group(
     "scoring", "Scoring",
     engine=Opt(type=Optional[str], values=engine_values),
@@ -235,6 +249,10 @@ SCORING = Group(
     batch_tokens=Opt(type=int),
     max_batch=Opt(type=int),
     prefix_sharing=Opt(type=bool, flags=("--prefix-sharing/--no-prefix-sharing",)),
+    # what the run may cost, where the config counts it (`costed`): under a heading of their own
+    price_in=Opt(type=Optional[float], panel=COST, only=costed),
+    price_out=Opt(type=Optional[float], panel=COST, only=costed),
+    budget=Opt(type=Optional[float], panel=COST, only=costed),
 )
 
 RUN = Group(

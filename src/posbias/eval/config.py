@@ -128,6 +128,45 @@ class Scoring:
             raise PosbiasError("`batch_tokens` and `max_batch` must be at least 1", "pass positive batch sizes")
 
 
+NOT_RECORDED = {"record": "never"}  # a field that never enters to_dict(): not in the recorded config, nor the fingerprint
+
+
+@dataclass
+class Cost:
+    """What a run may cost (eval/cost.py; docs/backends.md, "Cost and budget"). Not part of the run's fingerprint: a
+    resume may change them (a larger budget).
+
+    price_in: USD per 1M prompt tokens (with `price_out`): the cost estimate and what the run spent, in dollars.
+    price_out: USD per 1M completion tokens.
+    budget: USD the run may spend (needs the prices): before each further piece of work (served: a window of rows,
+        the requests the backend keeps in flight; in process: a batch) the spent cost plus the piece's estimate must
+        stay within it, else the run stops, every scored row kept (resume it with a larger budget). None: no limit.
+    """
+
+    price_in: float | None = field(default=None, metadata=NOT_RECORDED)
+    price_out: float | None = field(default=None, metadata=NOT_RECORDED)
+    budget: float | None = field(default=None, metadata=NOT_RECORDED)
+
+    def _validate_cost(self) -> None:
+        for name in ("price_in", "price_out", "budget"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float)) and 0 <= v < float("inf"))):
+                raise PosbiasError(f"`{name}` must be a number of US dollars of at least 0, got {v}",
+                                   f"pass e.g. `{name}={'1.0' if name == 'budget' else '0.15'}`")
+        if (self.price_in is None) != (self.price_out is None):
+            given, missing = ("price_in", "price_out") if self.price_out is None else ("price_out", "price_in")
+            raise PosbiasError(f"`{given}` without `{missing}`", f"pass both (USD per 1M prompt / completion tokens), "
+                               f"e.g. `{missing}=0`")
+        if self.budget is not None and self.price_in is None:
+            raise PosbiasError("a `budget` needs the prices to count dollars", "pass `price_in` and `price_out` (USD per "
+                               "1M prompt / completion tokens)")
+
+    @property
+    def prices(self) -> tuple[float, float] | None:
+        """(USD per 1M prompt tokens, per 1M completion tokens), or None."""
+        return None if self.price_in is None else (float(self.price_in), float(self.price_out))
+
+
 def spec_identity(model: Any) -> Any:
     """What a run records (and a resume compares) for a model: the spec less its transport keys (timeout, retries,
     concurrency, ...: `ModelSpec.identity`); an in-process spec, or a name no spec parses, as it is."""
@@ -172,9 +211,10 @@ def plain(value: Any) -> Any:
 
 
 def config_dict(cfg) -> dict:
-    """A dataclass config as a JSON-able dict (field order kept; a field marked record="if set" only when not None)."""
-    return {f.name: plain(getattr(cfg, f.name)) for f in fields(cfg)
-            if not (f.metadata.get("record") == "if set" and getattr(cfg, f.name) is None)}
+    """A dataclass config as a JSON-able dict (field order kept; a field marked record="if set" only when not None,
+    one marked record="never" (NOT_RECORDED: the `Cost` fields) never)."""
+    return {f.name: plain(getattr(cfg, f.name)) for f in fields(cfg) if f.metadata.get("record") != "never"
+            and not (f.metadata.get("record") == "if set" and getattr(cfg, f.name) is None)}
 
 
 _ENTRY = re.compile(r"([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*): (.*)")

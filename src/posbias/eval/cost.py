@@ -1,0 +1,291 @@
+"""What a sweep costs on a served model: the estimate printed before scoring, a budget checked before each further
+piece of work, and sweep.json's "cost" record (docs/backends.md, "Cost and budget").
+
+  estimate  from the rendered rows and the requests the engine sends for each (`Engine.requests`): a request's
+            prompt tokens are its token ids (a chat prompt without ids: its characters / 4, "estimated"); its
+            completion tokens 1 for a logprobs request (sent with max_tokens 1) and max_tokens for a generation (an
+            upper bound). In process, rows are priced as the requests of a server with prompt logprobs: teacher
+            forcing one request per answer (or option label) of prompt + answer tokens, generation one request of
+            the prompt and max_new_tokens.
+  spent     this invocation's rows: the served backend's counters (the tokens the server counted) where it counts
+            them, else each row's estimate with its generated answer's own tokens; rows an earlier invocation left in
+            examples.jsonl (resume) are priced the second way; rows compare hands over (`scored`) are not counted.
+  budget    before each further piece (in process: a unit of the batch plan, `Scorer.units`; served: a window of rows
+            whose requests fill the backend's in-flight capacity, sent together) the spent USD plus the piece's
+            estimate must stay within it, else `BudgetReached`: every scored row logged, no sweep.json (resumable).
+
+The sweep's own code (eval/sweep.py) reaches its `Meter` through `current_meter()`, set by run_sweep for the run.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Iterator
+
+from ..backends import Request
+from ..errors import PosbiasError
+from ..runs import RunFolder, is_main_process, num_processes
+from ..tasks import placement_key
+
+PER = 1_000_000  # prices are USD per 1M tokens
+CHARS_PER_TOKEN = 4  # a chat prompt without token ids (a chat-only server): its tokens estimated from its characters
+IN_FLIGHT = 64  # requests a window holds on a backend that names no concurrency (the vllm backend's chunk)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    requests: int = 0
+    prompt: int = 0
+    completion: int = 0
+
+    def __add__(self, other: "Tokens") -> "Tokens":
+        return Tokens(self.requests + other.requests, self.prompt + other.prompt, self.completion + other.completion)
+
+    def usd(self, prices: tuple[float, float] | None) -> float | None:
+        return None if prices is None else (self.prompt * prices[0] + self.completion * prices[1]) / PER
+
+
+def total(items) -> Tokens:
+    return sum(items, Tokens())
+
+
+def usd(x: float) -> str:
+    """$1.00, $0.15, $0.0912, $0.000123: cents where they say it all, else four significant digits."""
+    return f"${x:,.2f}" if abs(x - round(x, 2)) < 1e-12 else f"${x:,.4g}"
+
+
+class BudgetReached(PosbiasError):
+    """The run stopped at its budget: every scored row is in examples.jsonl, no result file (the folder resumes)."""
+
+    def __init__(self, budget: float, done: int, rows: int, spent: float):
+        self.budget, self.done, self.rows, self.spent = budget, done, rows, spent
+        super().__init__(f"budget of {usd(budget)} reached after {done} of {rows} rows ({usd(spent)} spent)",
+                         "resume with `resume` and a larger `budget`")
+        self.fix_before_resume = "raise `budget`"  # where a caller adds its own resume hint (compare: with_resume_hint)
+
+
+def request_tokens(q: Request) -> tuple[Tokens, bool]:
+    """(one request's tokens: its prompt, its completion at most; whether the prompt tokens are counted, not estimated)."""
+    if q.ids is not None:
+        prompt, counted = len(q.ids), True
+    else:
+        chars = sum(len(str(m.get("content") or "")) for m in q.messages or [])
+        prompt, counted = -(-chars // CHARS_PER_TOKEN), False
+    return Tokens(1, prompt, 1 if q.kind == "logprobs" else q.max_tokens), counted
+
+
+def _view(scorer):
+    """The scorer as the engine's request builder reads it; in process: as a server with prompt logprobs and token
+    prompts (what the rows would cost as requests)."""
+    if scorer.backend.caps.batching == "requests":
+        return scorer
+    caps = replace(scorer.backend.caps, teacher_forcing="prompt_logprobs", token_prompts=True)
+    return SimpleNamespace(loaded=scorer.loaded, task=scorer.task, max_new_tokens=scorer.max_new_tokens,
+                           count_tokens=scorer.count_tokens, backend=SimpleNamespace(caps=caps, tokenizer=scorer.backend.tokenizer))
+
+
+def _key(row: dict) -> tuple:
+    return (row["example_id"], placement_key(row["position"]))
+
+
+class Meter:
+    """One sweep's cost: `begin` before scoring (the estimate, printed; what the logged rows cost), `end` after (this
+    invocation's spent: `rec`, sweep.json's "cost", given prices, which `recorded` and `CostFolder` put in the
+    record). Off (counts and prints nothing) in process without prices.
+    elsewhere: USD that runs sharing the budget spent before this one (a compare's earlier entries); handed: the
+    keys of rows handed over, not scored here (compare's `scored`)."""
+
+    def __init__(self, prices: tuple[float, float] | None = None, budget: float | None = None, elsewhere: float = 0.0,
+                 handed: frozenset = frozenset()):
+        self.prices, self.budget, self.elsewhere, self.handed = prices, budget, elsewhere, handed
+        self.on, self.rec = False, None
+
+    @classmethod
+    def of(cls, cfg, elsewhere: float = 0.0, scored: list[dict] | None = None) -> "Meter":
+        """A sweep config's meter (cost.Cost fields); a budget under several processes is refused here."""
+        if cfg.budget is not None and num_processes() > 1:
+            raise PosbiasError("a `budget` is checked by one process, and this run has several",
+                               "run it in one process, or drop `budget`")
+        return cls(cfg.prices, cfg.budget, elsewhere, frozenset(_key(r) for r in scored or []))
+
+    def begin(self, scorer, rows: list, done_rows: list[dict]):
+        """Before scoring: the estimate (printed on stderr) and the rows already paid for -> the scorer to score with
+        (with a budget, a `Budgeted` one)."""
+        self.on = scorer.backend.caps.batching == "requests" or self.prices is not None
+        if not self.on:
+            return scorer
+        self.scorer, self.rows, self.est, self.counted = scorer, rows, {}, True
+        view = scorer if scorer.backend.caps.batching == "requests" else _view(scorer)
+        for r in rows:
+            priced = [request_tokens(q) for q in scorer.engine.requests(view, r)]
+            self.est[r.key] = total(t for t, _ in priced)
+            self.counted = self.counted and all(c for _, c in priced)
+        done = {_key(d) for d in done_rows}
+        self.left = [r for r in rows if r.key not in done]
+        self.estimate = total(self.est[r.key] for r in self.left)
+        paid = [d for d in done_rows if _key(d) not in self.handed and _key(d) in self.est]
+        self.before, self.rows_before, self.done_before = total(map(self.scored, paid)), len(paid), len(done_rows)
+        self.counters0 = dict(scorer.backend.counters())
+        if self.left and is_main_process():  # (a resumed run with nothing left to score says nothing)
+            print(self.line(), file=sys.stderr, flush=True)
+        return Budgeted(scorer, self) if self.budget is not None else scorer
+
+    def scored(self, row: dict) -> Tokens:
+        """A scored row's cost from its estimate: a generated answer that stopped before the limit, its own tokens
+        (and the stop)."""
+        est = self.est[_key(row)]
+        if row.get("cut") is False and est.requests == 1:
+            return replace(est, completion=min(est.completion, self.scorer.count_tokens(row.get("prediction") or "") + 1))
+        return est
+
+    def measured(self, new_rows: list[dict]) -> tuple[Tokens, str]:
+        """This invocation's spent tokens: the backend's counters (since `begin`) where they count the tokens, else
+        the rows' estimates -> (tokens, how counted)."""
+        now = self.scorer.backend.counters()
+        d = {k: v - self.counters0.get(k, 0) for k, v in now.items() if isinstance(v, (int, float))}
+        sent = d.get("replies", d.get("requests", 0))  # replies (the openai backend) leave out cache hits
+        if "prompt_tokens" in d and (d["prompt_tokens"] > 0 or sent == 0):
+            return Tokens(0, int(d["prompt_tokens"]), int(d.get("completion_tokens", 0))), "server"
+        return total(map(self.scored, new_rows)), "estimate"
+
+    def spent(self, new_rows: list[dict]) -> float:
+        """USD spent so far: elsewhere, the logged rows, and this invocation's."""
+        return self.elsewhere + (self.before + self.measured(new_rows)[0]).usd(self.prices)
+
+    def fits(self, cost: Tokens, spent: float) -> bool:
+        """Whether `cost` more, after `spent` USD, stays within the budget."""
+        return spent + cost.usd(self.prices) <= self.budget * (1 + 1e-12)
+
+    def stop(self, new_rows: list[dict]) -> None:
+        raise BudgetReached(self.budget, self.done_before + len(new_rows), len(self.rows), self.spent(new_rows))
+
+    def end(self, new_rows: list[dict]) -> None:
+        """After scoring: the record, with this invocation's spent (given prices: without them a served run's sweep.json
+        keeps only its backend counters, how requests went, beside results two runs of the same rows share)."""
+        if not self.on or self.prices is None:
+            return
+        this, how = self.measured(new_rows)
+        rows, p = self.rows_before + len(new_rows), self.prices
+        spent = {"this_run": {"rows": len(new_rows), "prompt_tokens": this.prompt, "completion_tokens": this.completion,
+                              "usd": this.usd(p), "counted_by": how},
+                 "total": {"rows": rows, "prompt_tokens": self.before.prompt + this.prompt,
+                           "completion_tokens": self.before.completion + this.completion,
+                           "usd": (self.before + this).usd(p)}}
+        if self.elsewhere:
+            spent["elsewhere_usd"] = self.elsewhere
+        e = self.estimate
+        self.rec = {"prices": {"prompt": p[0], "completion": p[1], "per": "USD per 1M tokens"},
+                    "budget": self.budget,
+                    "estimate": {"rows": len(self.left), "of": len(self.rows), "requests": e.requests,
+                                 "prompt_tokens": e.prompt, "completion_tokens": e.completion, "usd": e.usd(p),
+                                 "prompt": "counted" if self.counted else "estimated (characters / 4)",
+                                 "completion": "upper bound"},
+                    "spent": spent}
+
+    def line(self) -> str:
+        """cost estimate: 412 requests, 301,220 prompt + 3,296 completion tokens (upper bound) = $0.0912 at $0.15/$0.60
+        per 1M"""
+        e, p = self.estimate, self.prices
+        head = "cost estimate" + (f" for the {len(self.left)} rows left of {len(self.rows)}"
+                                  if len(self.left) < len(self.rows) else "")
+        prompt = f"{e.prompt:,} prompt" + ("" if self.counted else " (estimated: characters / 4)")
+        out = f"{head}: {e.requests:,} requests, {prompt} + {e.completion:,} completion tokens (upper bound)"
+        if p is not None:
+            out += f" = {usd(e.usd(p))} at {usd(p[0])}/{usd(p[1])} per 1M"
+        if self.budget is not None:
+            out += f"; budget {usd(self.budget)}, {usd(self.elsewhere + self.before.usd(p))} spent before"
+        return out
+
+    def recorded(self, res):
+        """A SweepResult with the record's "cost" (where the meter ran)."""
+        if self.rec is not None:
+            res.record["cost"] = self.rec
+        return res
+
+
+class Budgeted:
+    """The scorer, scoring in pieces, each only when the spent cost plus its estimate stays within the budget. In
+    process the pieces are units of the one-call plan (each planned into the very same batches: identical numbers);
+    served, windows of rows whose requests fill the backend's in-flight capacity (each sent, then its cost counted)."""
+
+    def __init__(self, scorer, meter: Meter):
+        self.scorer, self.meter = scorer, meter
+
+    def __getattr__(self, name: str):
+        return getattr(self.scorer, name)
+
+    def score(self, rows: list, method=None, done: set | None = None, on_batch=None) -> list[dict]:
+        done, out = set(done or ()), []
+        pieces = self._units if self.scorer.loaded is not None else self._windows
+        for piece in pieces(rows, method, done, out):
+            out += self.scorer.score(piece, method, done, on_batch)
+        return out
+
+    def _units(self, rows: list, method, done: set, out: list[dict]) -> Iterator[list]:
+        for unit in self.scorer.units(rows, method):
+            left = [rows[i] for i in unit if rows[i].key not in done]
+            if left and not self.meter.fits(total(self.meter.est[r.key] for r in left), self.meter.spent(out)):
+                self.meter.stop(out)
+            if left:
+                yield [rows[i] for i in unit]
+
+    def _windows(self, rows: list, method, done: set, out: list[dict]) -> Iterator[list]:
+        todo, cap = [r for r in rows if r.key not in done], in_flight(self.scorer.backend)
+        while todo:
+            window, cost, spent = [], Tokens(), self.meter.spent(out)  # nothing in flight: every reply is counted
+            for r in todo:
+                e = self.meter.est[r.key]
+                if window and cost.requests + e.requests > cap or not self.meter.fits(cost + e, spent):
+                    break
+                window.append(r)
+                cost = cost + e
+            if not window:
+                self.meter.stop(out)
+            yield window
+            todo = todo[len(window):]
+
+
+def in_flight(backend) -> int:
+    """Requests a served backend keeps in flight: concurrency x batch (the openai backend), else IN_FLIGHT."""
+    n = getattr(backend, "concurrency", None)
+    return max(1, int(n) * int(getattr(backend, "batch", 1))) if n else IN_FLIGHT
+
+
+class CostFolder(RunFolder):
+    """A sweep's RunFolder whose result file gets the meter's "cost" record as it is written."""
+
+    def __init__(self, meter: Meter, *args, **kw):
+        super().__init__(*args, **kw)
+        self.meter = meter
+
+    def finish(self, record: dict, *args, **kw) -> None:
+        if self.meter.rec is not None:
+            record["cost"] = self.meter.rec
+        super().finish(record, *args, **kw)
+
+
+_CURRENT: ContextVar[Meter | None] = ContextVar("posbias_cost_meter", default=None)
+
+
+@contextmanager
+def metering(meter: Meter) -> Iterator[Meter]:
+    """`meter` is the run's (`current_meter()`) inside the block."""
+    token = _CURRENT.set(meter)
+    try:
+        yield meter
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_meter() -> Meter:
+    """The running sweep's meter (an off one outside run_sweep)."""
+    return _CURRENT.get() or Meter()
+
+
+def spent_usd(record: dict) -> float:
+    """USD a finished sweep spent in total (its record's cost; 0 without one)."""
+    return ((record.get("cost") or {}).get("spent", {}).get("total", {}).get("usd")) or 0.0
