@@ -303,8 +303,22 @@ def method_examples(tmp_path, layers: int = 4) -> dict[str, str]:
     return {"none": "none", "pi": "pi:1.5", "layers": "layers:" + ",".join(["1", "2"] * layers)[: 2 * layers - 1],
             "lpes": f"lpes:{factors}", "mspoe": "mspoe:1.2-1.8", "mspoe-query": "mspoe:1.2-1.8:query",
             "buckets": "buckets:10000,30000", "moice": f"moice:{routers}", "calib": "calib:prompt",
-            "hidden": "hidden:5:-1:1-2", "swap": "swap", "pride": "pride:1", "reorder": "reorder:oracle:first",
-            "attnsort": "attnsort"}
+            "hidden": "hidden:5:-1:1-2", "swap": "swap", "aswap": "aswap", "pride": "pride:1", "reorder": "reorder:oracle:first",
+            "attnsort": "attnsort", "curve": f"curve:{_policy(tmp_path)}", "ensemble": "ensemble:3"}
+
+
+def _policy(tmp_path) -> str:
+    """A slot policy (posbias/policy.py) for the tiny Llama on the default kv-lookup, best slot last."""
+    import json
+
+    from posbias import get_task
+
+    task = get_task("kv-lookup").config()
+    n = task["n_slots"]
+    f = tmp_path / "policy.json"
+    f.write_text(json.dumps({"posbias_policy": 1, "model": "tiny-llama", "task": task, "n_slots": n,
+                             "ranking": list(range(n))[::-1], "measured": {"run": "tests"}}))
+    return str(f)
 
 
 def prime_calibration(active, seqs: list[list[int]], end=None) -> None:

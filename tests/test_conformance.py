@@ -143,15 +143,18 @@ def _applies(spec: str, task, cfg: SweepConfig) -> bool:
 
 def _assign(examples: dict[str, str], root: Path) -> dict[tuple[str, str], str]:
     """Each cell's method besides `none`: in cell order, the applicable method that the fewest cells run so far (ties:
-    the rotation that starts at the cell's index), so every method lands where it applies."""
+    the one that applies to the fewest cells, e.g. a curve measured on one task shape; then the rotation that starts
+    at the cell's index), so every method lands where it applies."""
     names = sorted(n for n in examples if n != "none")
     used = dict.fromkeys(names, 0)
+    configs = [_config(*cell, root) for cell in CELLS]
+    fit = {cell: {n for n in names if _applies(examples[n], task, cfg)} for cell, (cfg, task) in zip(CELLS, configs)}
+    reach = {n: sum(n in f for f in fit.values()) for n in names}
     out = {}
     for i, cell in enumerate(CELLS):
-        cfg, task = _config(*cell, root)
-        fits = [n for n in names[i % len(names):] + names[: i % len(names)] if _applies(examples[n], task, cfg)]
+        fits = [n for n in names[i % len(names):] + names[: i % len(names)] if n in fit[cell]]
         assert fits, f"no registered method applies to {cell}"
-        best = min(fits, key=lambda n: used[n])
+        best = min(fits, key=lambda n: (used[n], reach[n]))
         used[best] += 1
         out[cell] = examples[best]
     return out
@@ -242,7 +245,8 @@ def test_served_cells(name, vllm_server, tmp_path):
     spec = (f"openai:model=smollm2,base_url={vllm_server['url']},tokenizer={vllm_server['dir']}")
     for engine in sorted(ENGINES):
         cfg, task = _config(name, engine, tmp_path, model=spec)
-        methods = ["none"] + (["swap"] if getattr(task, "order", False) else ["reorder:bm25:first"])
+        methods = ["none"] + (["swap", "aswap"] if getattr(task, "order", False) else
+                              ["reorder:bm25:first", "ensemble:3:shift:adaptive", f"curve:{_served_policy(task, tmp_path)}"])
         res = run_compare(cfg, methods, tmp_path / engine, progress=False)
         for e in res.entries:
             _check_entry(tmp_path / engine, e, res.rows, cfg, task, "served")
@@ -251,6 +255,14 @@ def test_served_cells(name, vllm_server, tmp_path):
             run_sweep(replace(cfg, method="calib:prompt"), tmp_path / "refused", progress=False)
         assert not (tmp_path / "refused").exists()
     build_report([tmp_path / e for e in sorted(ENGINES)], tmp_path / "report.html")
+
+
+def _served_policy(task, root: Path) -> Path:
+    """A slot policy for the served model on this task (the last slot best), as `posbias policy export` writes it."""
+    n, f = task.n_slots, root / "policy.json"
+    f.write_text(json.dumps({"posbias_policy": 1, "model": "openai:smollm2", "task": task.config(), "n_slots": n,
+                             "ranking": list(range(n))[::-1], "measured": {"run": "tests"}}))
+    return f
 
 
 torch.set_num_threads(2)

@@ -64,7 +64,7 @@ def _ids(n: int = 48, seed: int = 0) -> torch.Tensor:
 
 def test_every_registered_method_has_an_example(tmp_path):
     assert set(_examples(tmp_path)) == (set(METHODS) - DECISIONS) | set(EXTRA)
-    assert DECISIONS == {"swap", "pride", "reorder", "attnsort"}
+    assert DECISIONS == {"swap", "aswap", "pride", "reorder", "attnsort", "curve"}
 
 
 def test_spec_and_config_round_trip(method):

@@ -24,12 +24,14 @@ from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process
 from ..tasks import label, placement_key
 from .config import plain, spec_identity, spec_label
+from .cost import spent_usd
 from .scaleout import start_processes
 from .sweep import ROW_KEYS, SweepConfig, preflight, run_sweep, with_resume_hint
 
 PATH_KEYS = ("scoring_path", "scoring_note")
 COLLAPSE_MARGIN = 0.10  # the collapse guard: a larger loss at any one position flags an entry
-ORDER_COLUMNS = {"consistency": "consistency", "conflict_rate": "conflict rate", "preference_fairness": "pref. fairness",
+ORDER_COLUMNS = {"strict_accuracy": "strict accuracy", "consistency": "consistency", "conflict_rate": "conflict rate",
+                 "preference_fairness": "pref. fairness",
                  "rstd": "RStd"}  # which scoring path each entry ran (Scorer.settings), and why
 
 
@@ -174,13 +176,14 @@ def _entries(cfg, folder: RunFolder, opened: list[Backend], model_list: list, me
              resume: bool, overwrite: bool, progress: bool):
     """Every (model, method) entry, each model loaded once (the first is `opened`'s) -> (entries, {model: info}, the
     last SweepResult)."""
-    results, infos, res = [], {}, None
+    results, infos, res, spent = [], {}, None, 0.0  # spent: USD of the entries so far (the budget is the comparison's)
     for i, mo in enumerate(model_list):
         lo = opened.pop() if i == 0 else _load(mo, cfg, progress)
         infos[model_name(mo)] = lo.info
         plain = None  # the unmodified model's rows: the order decision rules (swap, pride) reuse them
         for m in methods:
-            res, entry = _entry(cfg, folder, lo, mo, m, named, resume, overwrite, progress, plain)
+            res, entry = _entry(cfg, folder, lo, mo, m, named, resume, overwrite, progress, plain, spent)
+            spent += spent_usd(res.record)
             results.append(entry)
             plain = res.rows if m.name == "none" else plain
         if not isinstance(mo, (Loaded, Backend)):
@@ -196,7 +199,7 @@ def _load(model: str | Loaded | Backend, cfg: SweepConfig, progress: bool) -> Ba
 
 
 def _entry(cfg, folder: RunFolder, lo: Backend, mo, m: Method, named: bool, resume: bool, overwrite: bool, progress: bool,
-           plain: list[dict] | None = None):
+           plain: list[dict] | None = None, spent: float = 0.0):
     """One sweep of the comparison -> (SweepResult, entry dict with the rows for the paired differences)."""
     name = model_label(mo)
     label = (name if m.name == "none" else f"{name} + {m.label}") if named else m.label
@@ -204,7 +207,7 @@ def _entry(cfg, folder: RunFolder, lo: Backend, mo, m: Method, named: bool, resu
     sub = folder.file(d) if folder.path is not None else None
     started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
     res = run_sweep(replace(cfg, model=model_name(mo), method=m), sub, loaded=lo, resume=resume and started,
-                    overwrite=overwrite, progress=progress, scored=plain)
+                    overwrite=overwrite, progress=progress, scored=plain, spent=spent)
     return res, {"model": model_name(mo), "method": m.key, "label": label, "dir": d, "method_config": res.record["method"],
                  **{k: res.config[k] for k in PATH_KEYS if k in res.config},
                  "per_position": res.per_position, "summary": res.summary, "rows": res.rows}
@@ -307,13 +310,16 @@ def format_compare(record: dict | CompareResult) -> str:
     flagged = [r for r in rows if (r.get("collapse") or {}).get("flagged")]
     lines += [f"COLLAPSED {r['label']}: {'; '.join(r['collapse']['reasons'])}" for r in flagged]
     lines += _measure_line(rows[0])
+    if "order" not in rows[0]["summary"] and any("passes" in str(r["summary"].get("decision")) for r in rows):
+        lines.append("forward passes per verdict: " + "; ".join(  # an order ensemble's cost beside its gain
+            f"{r['label']} {(r['summary'].get('decision') or {}).get('forward_passes_per_verdict', 1):g}" for r in rows))
     if "order" in rows[0]["summary"]:  # order tasks: consistency, conflict, fairness, RStd (95% CIs) per entry
         lines += ["", f"{what:<{w}} " + "  ".join(f"{t:>22}" for t in ORDER_COLUMNS.values()) + "  forward passes per verdict"]
         for r in rows:
             o, dec = r["summary"]["order"], r["summary"].get("decision") or {}
             cells = [f"{o[k]['value']:.3f} [{o[k]['ci'][0]:.2f},{o[k]['ci'][1]:.2f}]"
                      if k in o and o[k]["value"] == o[k]["value"] else "-" for k in ORDER_COLUMNS]
-            cost = str(dec.get("forward_passes_per_verdict", 1))
+            cost = f"{dec.get('forward_passes_per_verdict', 1):g}"  # an adaptive swap's is a mean (1.36)
             cost += f" + {dec['calibration_forward_passes']} calibration" if "calibration_forward_passes" in dec else ""
             lines.append(f"{r['label']:<{w}} " + "  ".join(f"{c:>22}" for c in cells) + f"  {cost}")
     if "modes" in rows[0]["summary"]:  # two-hop placements: the average of each mode and the gap between modes

@@ -168,6 +168,10 @@ class Scorer:
         `done` are skipped (resume). Returns the new result dicts, in batch order (prefix-shared: in row order)."""
         method = self.method(method)
         done = done or set()
+        if getattr(method, "orders", 0):  # an order ensemble: each row read under several orders (eval/ensemble.py)
+            from .ensemble import score_ensemble
+
+            return score_ensemble(self, rows, method, done, on_batch)
         out: list[dict] = []
         moved: dict = {}  # a reordering method: where each row's gold item went (its row key is kept)
         if method.rearranges:

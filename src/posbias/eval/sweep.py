@@ -7,6 +7,7 @@ Files in the output folder (runs.RunFolder protocol):
   curve.png       accuracy against position with a 95% CI band
   timing.json     seconds, rows, a served backend's counters: totals over every invocation, and "this_run"'s
   order.png       order tasks: the share of rows choosing each slot (and PriDe's prior), with the order figures
+  flips.jsonl     order tasks: each item whose verdict differs between orders, with its causes (eval/judging.py)
 
 Under `accelerate launch` with several processes the rows are split by example across them and gathered in
 rounds; rank 0 alone reads and writes the folder, and the result is the one-process result (eval/scaleout.py).
@@ -22,7 +23,6 @@ import numpy as np
 
 from ..backends import Backend, as_backend, check_method, open_backend
 from ..core.metrics import curve_shape, format_shape, summarize_curve, wilson_ci
-from ..core.order import order_figures
 from ..errors import PosbiasError
 from ..methods import DecisionRule, Method, get_method
 from ..models.load import Loaded
@@ -30,17 +30,20 @@ from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, read_jso
 from ..runs import write_json_atomic, write_jsonl_atomic
 from ..runs import progress as progress_bar
 from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, placement_key, positions_spec
-from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
+from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
+from .cost import BudgetReached, CostFolder, Meter, current_meter, metering
 from .engines import get_engine
+from .judging import format_order, order_summary, write_flips
 from .scaleout import broadcast_rows, score_split, start_processes
+from .ensemble import ensemble_record
 from .scorer import Scorer, in_row_order
 
 ROW_KEYS = ("example_id", "position", "correct")
-SWEEP_FILES = ("examples.jsonl", "curve.png", "heatmap.png", "order.png", "timing.json", "sweep.partial.json")
+SWEEP_FILES = ("examples.jsonl", "curve.png", "heatmap.png", "order.png", "flips.jsonl", "timing.json", "sweep.partial.json")
 
 
 @dataclass
-class SweepConfig(Scoring, TaskChoice, ModelChoice):
+class SweepConfig(Cost, Scoring, TaskChoice, ModelChoice):
     """One sweep: every example at every requested gold position, scored by one model under one method.
 
     positions: where the gold item goes: a list of slots [0, 4, 9], one slot 5, or the CLI's string "all" |
@@ -54,6 +57,7 @@ class SweepConfig(Scoring, TaskChoice, ModelChoice):
     model, dtype, device, chat, device_map: see `ModelChoice`.
     task, task_options, data_dir: see `TaskChoice`.
     engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing: see `Scoring`.
+    price_in, price_out, budget: see `Cost`.
     """
 
     positions: str | list | int | None = None  # validate() normalises it to the string form the run records
@@ -66,6 +70,7 @@ class SweepConfig(Scoring, TaskChoice, ModelChoice):
         self._validate_task()
         self._validate_model()
         self._validate_scoring()
+        self._validate_cost()
         check_split(self.n, self.skip)
         self.positions = positions_spec(self.positions)  # [0, 5, 9] or 5 -> "0,5,9": the recorded config is a spec
         return self
@@ -117,13 +122,14 @@ def per_position_stats(rows: list[dict], positions: list[Placement], example_ids
 
 def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | Backend | None = None,
               resume: bool = False, overwrite: bool = False, progress: bool = True,
-              scored: list[dict] | None = None) -> SweepResult:
+              scored: list[dict] | None = None, spent: float = 0.0) -> SweepResult:
     """Run (or resume) a sweep. out=None writes nothing; `loaded` reuses an already loaded model (`load_model`,
     `wrap_model`) or an open backend, and the run records its name, dtype and device (a cfg.dtype / cfg.device set
     to a non-default value it contradicts is refused); else cfg.model is a model spec (backends/spec.py: in
     process, vllm:..., openai:...).
     scored: rows the unmodified model already gave on this configuration (compare hands the `none` entry's rows
-    to the order decision rules, which leave the model as it is): they are logged, not scored again."""
+    to the order decision rules, which leave the model as it is): they are logged, not scored again.
+    spent: USD that runs sharing cfg.budget spent before this one (compare's earlier entries; eval/cost.py)."""
     cfg = (cfg or SweepConfig()).validate()
     method = get_method(cfg.method)  # parse (and read factor files) before loading anything
     task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
@@ -131,7 +137,9 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     positions = task.placements(cfg.positions)
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
     calibration = preflight(cfg, method, task, positions)
-    folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)
+    scored = scored if isinstance(method, DecisionRule) else None
+    meter = Meter.of(cfg, spent, scored)  # the cost estimate, budget and record of a served or priced run (eval/cost.py)
+    folder = CostFolder(meter, out, "sweep", "sweep.json", SWEEP_FILES)
     folder.check(resume, overwrite)
     if resume and out is not None and is_main_process():  # a row log a resume cannot read: refused before the model loads
         JsonlLog(folder.file("examples.jsonl")).read(ROW_KEYS)
@@ -145,8 +153,9 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     if loaded is not None:  # the run records (and titles) the model it ran, with its dtype and device
         cfg = cfg.bound_to(backend.info)
     try:
-        return _run(cfg, out, backend, task, method, positions, examples, calibration, folder, resume, overwrite, progress,
-                    scored if isinstance(method, DecisionRule) else None)
+        with metering(meter):
+            return meter.recorded(_run(cfg, out, backend, task, method, positions, examples, calibration, folder, resume,
+                                       overwrite, progress, scored))
     finally:
         if loaded is None:
             backend.close()
@@ -203,7 +212,7 @@ def _run(cfg, out, backend, task, method, positions, examples, calibration, fold
         if backend.caps.batching == "requests":  # how requests went (totals over every invocation): not compared
             record["backend"] = {"settings": backend.settings(), **timing.backend_record()}
         if out is not None and is_main_process():
-            _write(folder, record, method, task.name, cfg, timing)
+            _write(folder, record, method, task.name, cfg, timing, all_rows)
     return SweepResult(resolved, per, summary, all_rows, record, folder.path)
 
 
@@ -223,9 +232,14 @@ def _logged(folder: RunFolder, log: JsonlLog | None, rows: list, scored: list[di
 
 def _score_kept(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: JsonlLog | None, show: bool,
                 desc: str, timing: "Timing") -> list[dict]:
-    """`_score`, counted in `timing` (saved on a failure); a PosbiasError says how to go on (`with_resume_hint`)."""
+    """`_score`, counted in `timing` (saved on a failure) and priced by the run's cost meter (eval/cost.py: the estimate
+    printed first, a budget checked before each piece); a PosbiasError says how to go on (`with_resume_hint`)."""
+    meter = current_meter()
     try:
-        new_rows = _score(scorer, rows, method, done_rows, log, show, desc, timing.tick)
+        new_rows = _score(meter.begin(scorer, rows, done_rows), rows, method, done_rows, log, show, desc, timing.tick)
+    except BudgetReached:  # every scored row is logged and no sweep.json written: resume with a larger budget
+        timing.save()
+        raise
     except PosbiasError as e:
         timing.save()
         raise with_resume_hint(e, len(log.read(ROW_KEYS)) if log is not None and is_main_process() else 0) from None
@@ -233,6 +247,7 @@ def _score_kept(scorer: Scorer, rows, method: Method, done_rows: list[dict], log
         timing.save()
         raise
     timing.stop(len(new_rows))
+    meter.end(new_rows)
     return new_rows
 
 
@@ -300,14 +315,8 @@ def _decide(method: Method, rows: list[dict], evaluated: set, k: int) -> tuple[l
     """The evaluated rows (a decision rule's verdicts on them, from every order and its calibration rows)."""
     mine = [r for r in rows if r["example_id"] in evaluated]
     if not isinstance(method, DecisionRule):
-        return mine, None
+        return mine, ensemble_record(mine)
     return method.decide(mine, [r for r in rows if r["example_id"] not in evaluated], k)
-
-
-def order_summary(rows: list[dict], positions: list, example_ids: list[str], k: int) -> dict:
-    """core.order.order_figures of the rows' choices, item by placement."""
-    by_key = {(r["example_id"], placement_key(r["position"])): r.get("choice", -1) for r in rows}
-    return order_figures(np.array([[by_key[(e, p)] for p in positions] for e in example_ids]), positions, k)
 
 
 def _score(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: JsonlLog | None, show: bool,
@@ -332,7 +341,8 @@ def _score(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: Jso
         bar.close()
 
 
-def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg: SweepConfig, timing: Timing) -> None:
+def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg: SweepConfig, timing: Timing,
+           rows: list[dict]) -> None:
     from ..report.plots import plot_curve, plot_order, plot_pair_heatmap
 
     label = "" if method.name == "none" else f", {method.label}"
@@ -342,6 +352,7 @@ def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg:
         plot_pair_heatmap(record["per_position"], record["task"]["n_slots"], title, folder.file("heatmap.png"))
     if "order" in record["summary"]:  # the order of candidates: the share each slot is chosen (and PriDe's prior)
         plot_order(record["summary"], title, folder.file("order.png"))
+        write_flips(folder, record, rows)  # each item whose verdict the order changes, with its causes
     timing.save()
     folder.finish(record)  # last: its presence means "complete"
 
@@ -375,20 +386,3 @@ def format_table(per: list[dict], summary: dict) -> str:
     if "order" in s:
         lines += format_order(s["order"], s.get("decision"))
     return "\n".join(lines)
-
-
-def format_order(o: dict, decision: dict | None = None) -> list[str]:
-    """The order figures (core/order.py) with their 95% CIs, the choice share per slot, and a decision's cost."""
-    names = (("consistency", "consistency"), ("conflict_rate", "conflict rate"),
-             ("preference_fairness", "preference fairness"), ("rstd", "RStd"))
-    figs = [f"{text} {o[k]['value']:.3f} [{o[k]['ci'][0]:.3f}, {o[k]['ci'][1]:.3f}]" for k, text in names
-            if k in o and o[k]["value"] == o[k]["value"]]  # NaN (not defined here) left out
-    shares = " ".join(f"{s}:{v:.2f}" for s, v in enumerate(o["choice_share"]))
-    out = ["order: " + " | ".join(figs), f"chosen by slot: {shares} | unread verdicts {o['unread']:.3f}"]
-    if decision:
-        cost = f"{decision['forward_passes_per_verdict']} forward pass(es) per verdict"
-        if "calibration_forward_passes" in decision:
-            cost += f" + {decision['calibration_forward_passes']} on calibration items"
-        prior = f" | prior by slot {' '.join(f'{p:.2f}' for p in decision['prior'])}" if "prior" in decision else ""
-        out.append(f"decision {decision['rule']}: {cost}{prior}")
-    return out

@@ -10,6 +10,8 @@
   hidden:DIR | hidden:C:S[:A-B]  positional hidden-channel scaling (a `posbias hidden search` folder, or explicit)
   swap | pride[:0.05]            order tasks only: verdict rules over the candidates' orders (decision.py)
   reorder[:bm25|oracle|attention][:litm|first|last]   reordering the items by a relevance signal (reorder.py)
+  ensemble[:K][:shift|perm][:adaptive]   the majority answer over K orders of the items (ensemble.py)
+  curve:RUN[:bm25|oracle]   the most relevant items into the slots a sweep measured best (curve.py)
   attnsort[:ROUNDS]              attention sorting: most attended item last, repeated
   calib:prompt | calib:DIR       Found-in-the-Middle attention calibration (calibration.py)
 
@@ -20,6 +22,8 @@ Every method also takes the generic `name:key=value,...` (posbias/specs.py), its
 from .base import Active, Baseline, Method
 from .buckets import Buckets
 from .calibration import Calibration
+from .curve import Curve
+from .ensemble import Ensemble
 from .decision import DecisionRule, PriDe, Swap
 from .hidden import HiddenScale
 from .moice import MoICE
@@ -29,7 +33,7 @@ from .reorder import AttentionSort, Reorder
 from .scaling import LPES, LayerScaling, UniformScaling, read_factors
 
 __all__ = [
-    "LPES", "METHODS", "Active", "AttentionSort", "Calibration", "Reorder", "Baseline", "Buckets", "DecisionRule", "LayerScaling", "PriDe", "Swap", "Method", "MoICE", "MsPoE", "UniformScaling",
+    "LPES", "METHODS", "Active", "AttentionSort", "Calibration", "Curve", "Ensemble", "Reorder", "Baseline", "Buckets", "DecisionRule", "LayerScaling", "PriDe", "Swap", "Method", "MoICE", "MsPoE", "UniformScaling",
     "get_method", "read_factors", "register_method", "split_specs",
     "HiddenScale",
 ]

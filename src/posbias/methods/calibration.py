@@ -29,7 +29,7 @@ from ..errors import PosbiasError
 from ..models.load import Loaded
 from ..tasks import Task
 from ..tasks.arrange import with_dummy
-from .base import Active, Method
+from .base import Active, Method, refuse_without_items
 from .registry import register_method
 
 PRIOR = "prior.json"
@@ -81,6 +81,9 @@ class Calibration(Method):
     def config(self) -> dict:
         return {"name": self.name, "prior": self.prior_path, "sha256": (self.record or {}).get("sha256"), "t": self.t,
                 "layers": self.layers}
+
+    def check_task(self, task: Task, positions: list, engine: str) -> None:
+        refuse_without_items(self, task)
 
     def for_task(self, task: Task) -> "Calibration":
         if self.record is not None and self.record["task"] != task.config():

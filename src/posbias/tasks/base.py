@@ -58,6 +58,7 @@ class Task(ABC):
     default_engine: str = "teacher-forced"
     max_new_tokens: int = 16
     n_gold: int = 1  # gold items an example places: 1 (retrieval) or 2 (two-hop reasoning)
+    lists_items: bool = True  # Prompt.items holds the items (False: a haystack, whose slots are depths in a text)
     multiline: bool = False  # generation goes on past a newline (a chain of thought) instead of stopping there
     also: tuple[str, ...] = ()  # further metrics scored beside `metric` (keys of core.metrics.METRICS)
     default_positions: str = "all"

@@ -134,6 +134,8 @@ def _text_units(path: str, stamps: tuple) -> tuple[str, ...]:
 class Haystack(Task):
     """A needle (or several) at a depth percent of a natural haystack of `tokens` tokens (module docstring)."""
 
+    lists_items = False  # the needle's depth is a place in one text, not one of several items
+
     name = "niah"
     default_positions = DEPTHS
     documents = True

@@ -1,0 +1,160 @@
+"""reorder:curve (methods/curve.py) and order ensembles (methods/ensemble.py, eval/ensemble.py) on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posbias import PosbiasError, SweepConfig, get_method, get_task, run_compare, run_sweep
+from posbias.tasks.arrange import split_label
+
+KV = {"facts": 6}
+
+
+def _sweep(model_dir, tmp_path, **kw):
+    cfg = SweepConfig(model=str(model_dir), task="kv-lookup", task_options=KV, n=4, skip=100, dtype="fp32", **kw)
+    return run_sweep(cfg, tmp_path / "curve", progress=False)
+
+
+def _policy_with(tmp_path, ranking, model="tiny", task=None):
+    """A policy file that ranks the slots as given (the exported format, posbias/policy.py)."""
+    task = task or get_task("kv-lookup", **KV).config()
+    n = len(ranking)
+    rec = {"posbias_policy": 1, "model": model, "task": task, "n_slots": n, "ranking": ranking,
+           "slots": [{"slot": s, "accuracy": 1 - ranking.index(s) / n, "ci": [0, 1], "n": 10} for s in range(n)],
+           "measured": {"run": "hand"}, "fitted_on": {"task": "kv-lookup", "seed": 0, "skip": 500, "n": 10}}
+    f = tmp_path / "policy.json"
+    f.write_text(json.dumps(rec))
+    return f
+
+
+def _body(prompt, slot, task):
+    return split_label(prompt.items[slot], task.slot_label)[1]
+
+
+def test_curve_puts_the_rth_best_item_in_the_rth_best_slot(tmp_path):
+    task = get_task("kv-lookup", **KV)
+    ranking = [3, 0, 5, 1, 4, 2]
+    m = get_method(f"curve:{_policy_with(tmp_path, ranking)}:oracle").for_task(task)
+    p = task.prompt(task.examples(1)[0], 4)  # gold at slot 4
+    out = m.rearrange([p], task, None)[0]
+    assert _body(out, 3, task) == _body(p, 4, task)  # the gold (the oracle's best) in the best slot
+    # the rest in prompt order (the oracle's ties): slot 0 (2nd best) gets item 0, slot 5 gets item 1, ...
+    assert [_body(out, s, task) for s in (0, 5, 1, 4, 2)] == [_body(p, s, task) for s in (0, 1, 2, 3, 5)]
+
+
+def test_curve_from_a_sweep_folder_follows_its_measured_ranking(model_dir, tmp_path):
+    res = _sweep(model_dir, tmp_path)
+    m = get_method(f"curve:{tmp_path / 'curve'}:oracle")
+    acc = [p["accuracy"] for p in res.per_position]
+    best = max(range(len(acc)), key=lambda s: (acc[s], -s))
+    assert m.policy["ranking"][0] == best and m.fitted_on == {"task": "kv-lookup", "seed": 0, "skip": 100, "n": 4}
+    cmp = run_compare(SweepConfig(model=str(model_dir), task="kv-lookup", task_options=KV, n=3, dtype="fp32",
+                                  positions=[0, 5]), ["none", f"curve:{tmp_path / 'curve'}:oracle"], tmp_path / "c",
+                      progress=False)
+    rows = cmp.entries[1]["rows"] if "rows" in cmp.entries[1] else None
+    logged = [json.loads(x) for x in (tmp_path / "c" / cmp.entries[1]["dir"] / "examples.jsonl").read_text().splitlines()]
+    assert {r["arranged_slot"] for r in logged} == {best}, rows  # the gold always went to the measured best slot
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model": "another"}, "belongs to model another, not"),
+    ({"task": {**get_task("kv-lookup", facts=6).config(), "digits": 9}}, r"another task shape \(differs in digits"),
+])
+def test_curve_from_another_model_or_task_shape_is_refused_in_one_line(model_dir, tmp_path, change, message):
+    f = _policy_with(tmp_path, [0, 1, 2, 3, 4, 5], model=change.get("model", "tiny-llama"), task=change.get("task"))
+    cfg = SweepConfig(model=str(model_dir), task="kv-lookup", task_options=KV, n=2, dtype="fp32", method=f"curve:{f}")
+    with pytest.raises(PosbiasError, match=message) as e:
+        run_sweep(cfg, None, progress=False)
+    assert "\n" not in str(e.value)
+
+
+def test_curve_with_another_slot_count_and_on_its_own_examples_is_refused(model_dir, tmp_path):
+    f = _policy_with(tmp_path, [0, 1, 2, 3])
+    with pytest.raises(PosbiasError, match="ranks 4 slots, the task has 6"):
+        get_method(f"curve:{f}").check_task(get_task("kv-lookup", **KV), [0], "teacher-forced")
+    res_dir = tmp_path / "s"
+    run_sweep(SweepConfig(model=str(model_dir), task="kv-lookup", task_options=KV, n=2, dtype="fp32"), res_dir,
+              progress=False)
+    with pytest.raises(PosbiasError, match="overlap"):  # the curve's own examples are not held out
+        run_compare(SweepConfig(model=str(model_dir), task="kv-lookup", task_options=KV, n=2, dtype="fp32"),
+                    ["none", f"curve:{res_dir}"], tmp_path / "c", progress=False)
+
+
+def test_a_curve_measured_under_a_method_or_on_some_slots_is_not_a_policy(model_dir, tmp_path):
+    run_sweep(SweepConfig(model=str(model_dir), task="kv-lookup", task_options=KV, n=2, dtype="fp32", positions=[0, 5]),
+              tmp_path / "some", progress=False)
+    with pytest.raises(PosbiasError, match="needs every slot"):
+        get_method(f"curve:{tmp_path / 'some'}")
+
+
+@pytest.mark.parametrize("mode", ["shift", "perm"])
+def test_ensemble_orders_are_permutations_and_order_0_is_the_prompt(mode):
+    task = get_task("kv-lookup", facts=10)
+    m = get_method(f"ensemble:4:{mode}")
+    p = task.prompt(task.examples(1)[0], 2)
+    orders = [m.order(p, j) for j in range(4)]
+    assert orders[0] == list(range(10)) and all(sorted(o) == list(range(10)) for o in orders)
+    assert len({tuple(o) for o in orders}) == 4
+    if mode == "shift":  # the gold visits evenly spread slots: 2, 2+3 (round 2.5), 2+5, 2+8 (round 7.5)
+        assert [o.index(2) for o in orders] == [2, 4, 7, 0]
+    assert orders == [m.order(p, j) for j in range(4)]  # seeded: the same again
+
+
+def test_ensemble_vote_majority_ties_to_the_earliest_order_and_mean_logprob():
+    m = get_method("ensemble:3")
+    rows = [{"prediction": "A b", "correct": False, "logprob": -1.0}, {"prediction": "c", "correct": True, "logprob": -2.0},
+            {"prediction": "the c.", "correct": True, "logprob": -3.0}]
+    v = m.vote(rows)
+    assert v["chosen_order"] == 1 and v["correct"] and v["agreement"] == pytest.approx(2 / 3)
+    assert v["ensemble_logprob"] == pytest.approx(-2.0) and v["passes"] == 3
+    tie = m.vote([{"prediction": "x", "correct": False}, {"prediction": "y", "correct": True}, {"prediction": "z",
+                                                                                              "correct": True}])
+    assert tie["chosen_order"] == 0 and not tie["correct"]
+
+
+@pytest.mark.parametrize("spec, message", [("ensemble:1", "at least 2 orders"), ("ensemble:3:bogus", "bad ensemble spec"),
+                                           ("ensemble:2:adaptive", "needs more than 2")])
+def test_bad_ensemble_specs_are_refused_in_one_line(spec, message):
+    with pytest.raises(PosbiasError, match=message):
+        get_method(spec)
+
+
+def test_ensemble_sweep_counts_passes_and_adaptive_reads_fewer(model_dir, tmp_path):
+    cfg = SweepConfig(model=str(model_dir), task="kv-lookup", task_options=KV, n=3, dtype="fp32", positions=[0, 3])
+    full = run_compare(cfg, ["none", "ensemble:4", "ensemble:4:shift:adaptive"], tmp_path / "c", progress=False)
+    _, ens, ada = full.entries
+    assert ens["summary"]["decision"]["forward_passes_per_verdict"] == 4
+    rows = [json.loads(x) for x in (tmp_path / "c" / ada["dir"] / "examples.jsonl").read_text().splitlines()]
+    for r in rows:  # 2 passes exactly when the first two orders agree, else all 4
+        agree = len({r["order_predictions"][0].strip().lower(), r["order_predictions"][1].strip().lower()}) == 1
+        assert r["passes"] == (2 if agree else 4)
+    mean = sum(r["passes"] for r in rows) / len(rows)
+    assert ada["summary"]["decision"]["forward_passes_per_verdict"] == pytest.approx(mean)
+    assert "ensemble:4:shift" in full.format() and "passes per verdict" in full.format()
+
+
+def test_ensemble_sweep_resumes_to_the_same_rows(model_dir, tmp_path, monkeypatch):
+    from posbias.eval import ensemble
+
+    cfg = SweepConfig(model=str(model_dir), task="kv-lookup", task_options=KV, n=3, dtype="fp32", positions=[1, 4],
+                      method="ensemble:3:perm")
+    monkeypatch.setattr(ensemble, "CHUNK", 1)  # one example per chunk, in both runs (the same batches)
+    whole = run_sweep(cfg, tmp_path / "a", progress=False)
+    calls = {"n": 0}
+    real = ensemble._orders
+
+    def dies(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(ensemble, "_orders", dies)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(cfg, tmp_path / "b", progress=False)
+    monkeypatch.setattr(ensemble, "_orders", real)
+    again = run_sweep(cfg, tmp_path / "b", resume=True, progress=False)
+    assert (tmp_path / "a" / "examples.jsonl").read_text() == (tmp_path / "b" / "examples.jsonl").read_text()
+    assert again.summary["average"] == whole.summary["average"]
