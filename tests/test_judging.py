@@ -254,6 +254,12 @@ def test_aswap_in_between_by_hand():
     assert all("raw_choice" in r for r in out)
     _, strict = AdaptiveSwap(1.6).decide(rows, [], 2)  # b's margin 1.5 no longer stops it
     assert strict["early_items"] == 1 and strict["early_agreement"] == 1.0 and strict["accuracy"] == 1.0
+    # the record's table: what other thresholds would have done on the same rows (margins 2, 1.5, 0.3)
+    table = {t["threshold"]: t for t in rec["thresholds"]}
+    assert table[0.25]["early_stop_share"] == 1 and table[0.25]["early_agreement"] == pytest.approx(1 / 3)  # c says 1
+    assert table[1.0]["forward_passes_per_verdict"] == rec["forward_passes_per_verdict"]
+    assert table[2.0]["early_stop_share"] == pytest.approx(1 / 3) and table[2.0]["early_agreement"] == 1.0
+    assert table[4.0]["early_agreement"] is None and table[4.0]["forward_passes_per_verdict"] == 2
 
 
 def test_aswap_with_generated_verdicts_trusts_a_read_uncut_first_verdict():

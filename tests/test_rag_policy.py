@@ -244,3 +244,16 @@ def test_policy_export_refuses_bad_input_with_exit_2_one_line_and_writes_nothing
     assert code == 2 and len(err) == 1 and err[0].startswith("posbias: error: ") and " -- " in err[0], err
     assert message in err[0], err[0]
     assert not list(tmp_path.rglob("policy.json*")) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("gap_ci, warned", [([0.0, 0.25], True), ([0.2, 0.9], False), (None, False)])
+def test_a_curve_whose_gap_ci_reaches_zero_is_flagged_as_noise(gap_ci, warned):
+    from posbias.measure import policy_from_sweep, ranking_note
+
+    rec = sweep_record()
+    rec["summary"].update(gap=0.1, **({"gap_ci": gap_ci} if gap_ci else {}))
+    pol = policy_from_sweep(rec, "s")
+    note = ranking_note(pol)
+    assert (note is not None) == warned and pol["curve"]["separable"] is (None if gap_ci is None else not warned)
+    if warned:
+        assert "this ranking is noise" in note and "[0.000, 0.250]" in note

@@ -14,7 +14,8 @@
 - slot policies (docs/rag.md): `read_policy` (a policy file, a finished sweep folder or its sweep.json),
   `policy_from_sweep` (a sweep record's), `check_policy` (refuses another model, task shape or slot count),
   `write_policy`, `apply_ranking(best_first, ranking)` (items placed, the best into the best-read slot) and
-  `resampled_ranking(policy, m)` (the curve mapped to m slots by relative depth).
+  `resampled_ranking(policy, m)` (the curve mapped to m slots by relative depth), `ranking_note(policy)` (a warning
+  when the curve's gap CI reaches 0: the ranking is noise).
 """
 
 from .backends import Backend as Backend
@@ -33,6 +34,7 @@ from .models.load import set_threads as set_threads
 from .policy import apply_ranking as apply_ranking
 from .policy import check_policy as check_policy
 from .policy import policy_from_sweep as policy_from_sweep
+from .policy import ranking_note as ranking_note
 from .policy import read_policy as read_policy
 from .policy import resampled_ranking as resampled_ranking
 from .policy import write_policy as write_policy
@@ -43,5 +45,5 @@ from .tasks import resolve_positions as resolve_positions
 
 __all__ = ["Backend", "COLLAPSE_MARGIN", "ENGINES", "JSONL_SCHEMA", "ModelSpec", "ORDER_SCHEMAS", "Scorer", "ShownPrompt",
            "apply_ranking", "check_policy", "export_model", "field_docs", "is_main_process", "parse_spec",
-           "policy_from_sweep", "read_policy", "resampled_ranking", "resolve_positions", "set_threads", "show_prompt",
+           "policy_from_sweep", "ranking_note", "read_policy", "resampled_ranking", "resolve_positions", "set_threads", "show_prompt",
            "split_models", "split_specs", "write_policy"]

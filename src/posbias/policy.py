@@ -95,7 +95,26 @@ def policy_from_sweep(record: dict, source: str = "") -> dict:
             "measured": {"run": source, "engine": cfg.get("engine"), "n": cfg.get("n"), "seed": cfg.get("seed"),
                          "skip": cfg.get("skip"), "chat_used": cfg.get("chat_used"), "template": cfg.get("template"),
                          "posbias": (record.get("versions") or {}).get("posbias")},
-            "fitted_on": {"task": task.get("name"), "seed": cfg.get("seed"), "skip": cfg.get("skip"), "n": cfg.get("n")}}
+            "fitted_on": {"task": task.get("name"), "seed": cfg.get("seed"), "skip": cfg.get("skip"), "n": cfg.get("n")},
+            "curve": _curve_summary(record.get("summary") or {})}
+
+
+def _curve_summary(summary: dict) -> dict:
+    """The sweep's gap (best - worst slot) with its 95% CI and the curve's shape: whether the ranking rests on more
+    than noise. `separable` is False when the gap's CI reaches 0 (a flat or floor curve: the ranking is arbitrary)."""
+    gap, ci = summary.get("gap"), summary.get("gap_ci")
+    return {"average": summary.get("average"), "gap": gap, "gap_ci": ci, "shape": summary.get("shape"),
+            "separable": None if not ci else bool(ci[0] > 0)}
+
+
+def ranking_note(policy: dict) -> str | None:
+    """A warning when the measured curve does not separate its slots (the gap's 95% CI reaches 0), else None."""
+    c = policy.get("curve") or {}
+    if c.get("separable") is not False:
+        return None
+    lo, hi = c["gap_ci"]
+    return (f"warning: the curve does not separate its slots (gap {c['gap']:.3f}, 95% CI [{lo:.3f}, {hi:.3f}], average "
+            f"{c['average']:.3f}): this ranking is noise; measure more examples, or a task the model does above the floor")
 
 
 def read_policy(path: str | Path) -> dict:

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from .. import PosbiasError
-from ..measure import read_policy, write_policy
+from ..measure import ranking_note, read_policy, write_policy
 
 policy_app = typer.Typer(no_args_is_help=True)  # help: the callback's docstring
 
@@ -37,6 +37,9 @@ def export(
         raise PosbiasError(f"cannot write {target} ({e.strerror or type(e).__name__})",
                            "pass --out a file in a folder you can write") from None
     typer.echo(policy_table(policy))
+    note = ranking_note(policy)
+    if note:
+        typer.echo(note)
     typer.echo(f"wrote {written}; apply it with PolicyReorder / PolicyNodePostprocessor (docs/rag.md) or "
                f"--method curve:{written}")
 

@@ -122,6 +122,9 @@ def verdict_margin(row: dict) -> float:
     return math.inf if row.get("choice", -1) >= 0 and not row.get("cut") else 0.0
 
 
+THRESHOLDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # nats: the table every adaptive-swap record carries
+
+
 @register_method
 class AdaptiveSwap(DecisionRule):
     """Swap only when the first order's verdict is unsure (module docstring)."""
@@ -152,18 +155,34 @@ class AdaptiveSwap(DecisionRule):
     def decide(self, rows: list[dict], calibration: list[dict], k: int) -> tuple[list[dict], dict]:
         items = _by_item(rows)
         shown = first_placements(list(items), k)
-        out, early, swaps, verdicts = [], [], [], []
+        out, early, swaps, verdicts, firsts, margins = [], [], [], [], [], []
         for e, rs in items.items():
             first = next(r for r in rs if r["position"] == shown[e])  # the order the item is first shown in
             full = _swap_verdict(rs, k)
-            stop = self.threshold < math.inf and verdict_margin(first) >= self.threshold
+            margins.append(verdict_margin(first))
+            firsts.append(candidate(first.get("choice", -1), shown[e], k))
+            stop = self.threshold < math.inf and margins[-1] >= self.threshold
             c = candidate(first.get("choice", -1), shown[e], k) if stop else full
             early.append(stop)
             swaps.append(full)
             verdicts.append(c)
             out += _verdict_rows(rs, c, k)
         record = adaptive_record(self.threshold, np.array(early, bool), np.array(verdicts), np.array(swaps), k)
+        record["thresholds"] = threshold_table(np.array(margins, float), np.array(firsts), np.array(swaps), k)
         return out, {**record, "first_placements": np.bincount(list(shown.values()), minlength=k).tolist()}
+
+
+def threshold_table(margins: np.ndarray, firsts: np.ndarray, swaps: np.ndarray, k: int) -> list[dict]:
+    """What other thresholds would have done on the same rows (every order is scored, so this costs nothing): per T
+    in THRESHOLDS, the share stopped early, their agreement with the full swap, and the passes per verdict. Pick T
+    on one split, report it on another."""
+    out = []
+    for t in THRESHOLDS:
+        early = margins >= t
+        out.append({"threshold": t, "early_stop_share": float(early.mean()) if len(early) else None,
+                    "early_agreement": float((firsts == swaps)[early].mean()) if early.any() else None,
+                    "forward_passes_per_verdict": round(float(np.where(early, 1, k).mean()), 4) if len(early) else k})
+    return out
 
 
 def first_placements(example_ids: list[str], k: int) -> dict[str, int]:
