@@ -10,7 +10,8 @@
                      near_tie  teacher-forced: in some order the label margin (core.order.label_margin: the top
                                normalised label log-probability minus the second) is below `near_tie` nats (0.5)
                      length    the longest candidate has at least LONGER (2) times the characters of the shortest
-                     other     none of these
+                     other     none of these: a confident, read verdict that changed with the order (with two
+                               candidates: the same slot chosen in both orders, the position bias itself)
                    The verdicts are those the figures count: a decision rule's where the sweep ran one (a swap's are
                    the same in every order, so it has no flips); margins and cuts are the model's own rows.
                    summary["order"]["flips"] = {"items", "of", "by_cause" (primary causes, summing to items),
