@@ -158,3 +158,13 @@ def test_ensemble_sweep_resumes_to_the_same_rows(model_dir, tmp_path, monkeypatc
     again = run_sweep(cfg, tmp_path / "b", resume=True, progress=False)
     assert (tmp_path / "a" / "examples.jsonl").read_text() == (tmp_path / "b" / "examples.jsonl").read_text()
     assert again.summary["average"] == whole.summary["average"]
+
+
+def test_the_cost_estimate_counts_every_order_an_ensemble_reads(model_dir, tmp_path):
+    est = {}
+    for spec in ("none", "ensemble:3"):
+        cfg = SweepConfig(model=str(model_dir), task="kv-lookup", task_options=KV, n=2, dtype="fp32", positions=[0, 3],
+                          method=spec, price_in=1.0, price_out=1.0)
+        est[spec] = run_sweep(cfg, tmp_path / spec.replace(":", "-"), progress=False).record["cost"]["estimate"]
+    assert est["ensemble:3"]["requests"] == 3 * est["none"]["requests"]
+    assert est["ensemble:3"]["prompt_tokens"] == pytest.approx(3 * est["none"]["prompt_tokens"], abs=3)

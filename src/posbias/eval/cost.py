@@ -28,6 +28,7 @@ from typing import Iterator
 
 from ..backends import Request
 from ..errors import PosbiasError
+from ..methods import get_method
 from ..runs import RunFolder, is_main_process, num_processes
 from ..tasks import placement_key
 
@@ -44,6 +45,10 @@ class Tokens:
 
     def __add__(self, other: "Tokens") -> "Tokens":
         return Tokens(self.requests + other.requests, self.prompt + other.prompt, self.completion + other.completion)
+
+    def times(self, k: float) -> "Tokens":
+        """K passes of the same requests (an order ensemble reads each row K times)."""
+        return Tokens(round(self.requests * k), round(self.prompt * k), round(self.completion * k))
 
     def usd(self, prices: tuple[float, float] | None) -> float | None:
         return None if prices is None else (self.prompt * prices[0] + self.completion * prices[1]) / PER
@@ -103,6 +108,7 @@ class Meter:
                  handed: frozenset = frozenset()):
         self.prices, self.budget, self.elsewhere, self.handed = prices, budget, elsewhere, handed
         self.on, self.rec = False, None
+        self.passes = 1  # requests per row are read this many times (an order ensemble's K; adaptive: at most K)
 
     @classmethod
     def of(cls, cfg, elsewhere: float = 0.0, scored: list[dict] | None = None) -> "Meter":
@@ -110,7 +116,9 @@ class Meter:
         if cfg.budget is not None and num_processes() > 1:
             raise PosbiasError("a `budget` is checked by one process, and this run has several",
                                "run it in one process, or drop `budget`")
-        return cls(cfg.prices, cfg.budget, elsewhere, frozenset(_key(r) for r in scored or []))
+        meter = cls(cfg.prices, cfg.budget, elsewhere, frozenset(_key(r) for r in scored or []))
+        meter.passes = getattr(get_method(cfg.method), "orders", 1)
+        return meter
 
     def begin(self, scorer, rows: list, done_rows: list[dict]):
         """Before scoring: the estimate (printed on stderr) and the rows already paid for -> the scorer to score with
@@ -122,7 +130,7 @@ class Meter:
         view = scorer if scorer.backend.caps.batching == "requests" else _view(scorer)
         for r in rows:
             priced = [request_tokens(q) for q in scorer.engine.requests(view, r)]
-            self.est[r.key] = total(t for t, _ in priced)
+            self.est[r.key] = total(t for t, _ in priced).times(self.passes)
             self.counted = self.counted and all(c for _, c in priced)
         done = {_key(d) for d in done_rows}
         self.left = [r for r in rows if r.key not in done]
@@ -138,6 +146,8 @@ class Meter:
         """A scored row's cost from its estimate: a generated answer that stopped before the limit, its own tokens
         (and the stop)."""
         est = self.est[_key(row)]
+        if "passes" in row and self.passes > 1:  # an order ensemble: the orders it read (adaptive: maybe fewer)
+            est = est.times(row["passes"] / self.passes)
         if row.get("cut") is False and est.requests == 1:
             return replace(est, completion=min(est.completion, self.scorer.count_tokens(row.get("prediction") or "") + 1))
         return est
