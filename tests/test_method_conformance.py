@@ -32,9 +32,10 @@ from posbias.models.compat import cache_key, output_cache
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 EXTRA = ("mspoe-query",)  # further modes of a registered method, each through the whole suite
-# the order decision rules and the reordering methods leave the model as it is (changes_model False):
-# tests/test_order.py and tests/test_mitigations.py cover them
-DECISIONS = {n for n, c in METHODS.items() if issubclass(c, DecisionRule) or c.rearranges}
+# the order decision rules, the reordering methods and the order ensembles leave the model as it is (changes_model
+# False): tests/test_order.py, tests/test_judging.py, tests/test_mitigations.py and tests/test_curve_ensemble.py cover them
+DECISIONS = {n for n, c in METHODS.items()
+             if issubclass(c, DecisionRule) or c.rearranges or (not c.changes_model and n != "none")}
 LAYERS = 4  # Ms-PoE leaves the first two layers alone by default: a 4-layer model has two it changes
 ARCHS = ("llama", "qwen2")
 
@@ -64,7 +65,7 @@ def _ids(n: int = 48, seed: int = 0) -> torch.Tensor:
 
 def test_every_registered_method_has_an_example(tmp_path):
     assert set(_examples(tmp_path)) == (set(METHODS) - DECISIONS) | set(EXTRA)
-    assert DECISIONS == {"swap", "aswap", "pride", "reorder", "attnsort", "curve"}
+    assert DECISIONS == {"swap", "aswap", "pride", "reorder", "attnsort", "curve", "ensemble"}
 
 
 def test_spec_and_config_round_trip(method):
