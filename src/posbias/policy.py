@@ -135,17 +135,18 @@ def read_policy(path: str | Path) -> dict:
     return {**pol, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
 
 
-def _validate(pol: dict, f: Path) -> None:
+def _validate(pol: dict, where: str | Path) -> None:
+    """Refuse, in one line, a policy (a file's, or a dict: `where` names it) of another version or a broken ranking."""
     if pol.get("posbias_policy") != VERSION:
-        raise PosbiasError(f"{f} is policy version {pol.get('posbias_policy')!r}, this posbias reads {VERSION}",
-                           "export the policy again with this posbias")
+        raise PosbiasError(f"{where} is policy version {pol.get('posbias_policy')!r}, this posbias reads {VERSION}",
+                           "export the policy again with this posbias (posbias policy export RUN)")
     try:
         n, ranking = int(pol["n_slots"]), [int(s) for s in pol["ranking"]]
         pol["model"], pol["task"]  # noqa: B018 - the fields every policy has
     except (KeyError, TypeError, ValueError) as e:
-        raise PosbiasError(f"{f} is not a posbias policy ({type(e).__name__}: {e})", "export it again") from None
+        raise PosbiasError(f"{where} is not a posbias policy ({type(e).__name__}: {e})", "export it again") from None
     if sorted(ranking) != list(range(n)):
-        raise PosbiasError(f"{f} ranks slots {ranking}, not each of 0..{n - 1} once", "export the policy again")
+        raise PosbiasError(f"{where} ranks slots {ranking}, not each of its {n} slots once", "export the policy again")
 
 
 def check_policy(policy: dict, model: str | None = None, task: dict | None = None, n_slots: int | None = None) -> None:
@@ -180,12 +181,7 @@ def as_policy(policy: Any) -> dict:
     if not isinstance(policy, dict):
         raise PosbiasError(f"a policy is a path or a dict, not {type(policy).__name__}",
                            "pass a policy file (posbias policy export RUN) or read_policy(path)")
-    if policy.get("posbias_policy") != VERSION:
-        raise PosbiasError(f"the policy dict is version {policy.get('posbias_policy')!r}, this posbias reads {VERSION}",
-                           "export the policy again with this posbias (posbias policy export RUN)")
-    ranking, n = policy.get("ranking"), policy.get("n_slots")
-    if not isinstance(ranking, list) or not isinstance(n, int) or sorted(ranking) != list(range(n)):
-        raise PosbiasError(f"the policy dict ranks {ranking!r}, not each of its {n!r} slots once", "read it with read_policy")
+    _validate(policy, "the policy dict")
     return policy
 
 

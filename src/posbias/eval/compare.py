@@ -310,7 +310,7 @@ def format_compare(record: dict | CompareResult) -> str:
     flagged = [r for r in rows if (r.get("collapse") or {}).get("flagged")]
     lines += [f"COLLAPSED {r['label']}: {'; '.join(r['collapse']['reasons'])}" for r in flagged]
     lines += _measure_line(rows[0])
-    if "order" not in rows[0]["summary"] and any("passes" in str(r["summary"].get("decision")) for r in rows):
+    if any((r["summary"].get("decision") or {}).get("rule") == "ensemble" for r in rows):
         lines.append("forward passes per verdict: " + "; ".join(  # an order ensemble's cost beside its gain
             f"{r['label']} {(r['summary'].get('decision') or {}).get('forward_passes_per_verdict', 1):g}" for r in rows))
     if "order" in rows[0]["summary"]:  # order tasks: consistency, conflict, fairness, RStd (95% CIs) per entry

@@ -28,7 +28,6 @@ from typing import Iterator
 
 from ..backends import Request
 from ..errors import PosbiasError
-from ..methods import get_method
 from ..runs import RunFolder, is_main_process, num_processes
 from ..tasks import placement_key
 
@@ -111,13 +110,14 @@ class Meter:
         self.passes = 1  # requests per row are read this many times (an order ensemble's K; adaptive: at most K)
 
     @classmethod
-    def of(cls, cfg, elsewhere: float = 0.0, scored: list[dict] | None = None) -> "Meter":
-        """A sweep config's meter (cost.Cost fields); a budget under several processes is refused here."""
+    def of(cls, cfg, elsewhere: float = 0.0, scored: list[dict] | None = None, passes: int = 1) -> "Meter":
+        """A sweep config's meter (cost.Cost fields); passes: how often each row's requests are read (an order
+        ensemble's K). A budget under several processes is refused here."""
         if cfg.budget is not None and num_processes() > 1:
             raise PosbiasError("a `budget` is checked by one process, and this run has several",
                                "run it in one process, or drop `budget`")
         meter = cls(cfg.prices, cfg.budget, elsewhere, frozenset(_key(r) for r in scored or []))
-        meter.passes = getattr(get_method(cfg.method), "orders", 1)
+        meter.passes = passes
         return meter
 
     def begin(self, scorer, rows: list, done_rows: list[dict]):

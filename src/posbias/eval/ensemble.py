@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Callable
 
 from ..methods import Method
+from ..methods.ensemble import FIRST
 from ..tasks import as_json, placement_key
 from ..tasks.arrange import gold_slot
 from .encode import Encoded, encode
@@ -29,7 +30,7 @@ def score_ensemble(scorer, rows: list[Encoded], method: Method, done: set,
     for c in range(0, len(examples), CHUNK):
         mine = set(examples[c:c + CHUNK])
         chunk = [r for r in todo if r.key[0] in mine]
-        first = range(2) if method.adaptive else range(method.orders)
+        first = range(FIRST) if method.adaptive else range(method.orders)
         got = _orders(scorer, method, chunk, first)
         rest = [r for r in chunk if not (method.adaptive and method.settled(got[r.key]))]
         more = _orders(scorer, method, rest, range(len(first), method.orders)) if rest and method.adaptive else {}

@@ -138,7 +138,7 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
     calibration = preflight(cfg, method, task, positions)
     scored = scored if isinstance(method, DecisionRule) else None
-    meter = Meter.of(cfg, spent, scored)  # the cost estimate, budget and record of a served or priced run (eval/cost.py)
+    meter = Meter.of(cfg, spent, scored, getattr(method, "orders", 1))  # cost estimate, budget, record (eval/cost.py)
     folder = CostFolder(meter, out, "sweep", "sweep.json", SWEEP_FILES)
     folder.check(resume, overwrite)
     if resume and out is not None and is_main_process():  # a row log a resume cannot read: refused before the model loads

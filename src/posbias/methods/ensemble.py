@@ -56,10 +56,7 @@ class Ensemble(Method):
     @classmethod
     def from_spec(cls, arg: str) -> "Ensemble":
         parts = [p for p in arg.split(":") if p] if arg else []
-        try:
-            k = int(parts.pop(0)) if parts and parts[0].isdigit() else 3
-        except ValueError:
-            k = 3
+        k = int(parts.pop(0)) if parts and parts[0].isdigit() else 3
         mode = parts.pop(0) if parts and parts[0] in MODES else "shift"
         adaptive = bool(parts) and parts[0] == "adaptive"
         if adaptive:
