@@ -153,23 +153,25 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """The real default model, loaded once per test session (bf16)."""
+    """The real default model, loaded once per test session in the default dtype (auto: bf16 on a CPU with native
+    bf16, fp32 on one without, where bf16 would run 5x slower); the session's first real test prints the choice."""
     from posbias.models.load import load_model
 
-    return load_model("smollm2-135m", "bf16", "cpu")
+    return load_model("smollm2-135m", "auto", "cpu")
 
 
 @pytest.fixture
 def one_load(smollm2, monkeypatch):
-    """Every load of the default model in bf16 on the CPU (`posbias.load_model`, and the in-process backend's load
-    behind run_sweep and the CLI) returns the session's copy: documentation examples run as written, loading once."""
+    """Every load of the default model in the default dtype on the CPU (`posbias.load_model`, and the in-process
+    backend's load behind run_sweep and the CLI; dtype auto, or what auto takes here) returns the session's copy:
+    documentation examples run as written, loading once."""
     import posbias
     import posbias.backends.hf as hf
 
     real = hf.load_model
 
-    def load(name="smollm2-135m", dtype="bf16", device="cpu", progress=True, device_map=None):
-        if (name, dtype, device, device_map) == ("smollm2-135m", "bf16", "cpu", None):
+    def load(name="smollm2-135m", dtype="auto", device="cpu", progress=True, device_map=None):
+        if (name, device, device_map) == ("smollm2-135m", "cpu", None) and dtype in ("auto", smollm2.info["dtype"]):
             return smollm2
         return real(name, dtype, device, progress, device_map)
 

@@ -39,8 +39,8 @@ def test_smollm2_nq_generate(smollm2):
 
 @pytest.fixture(scope="module")
 def fp32(smollm2):
-    """The real models in fp32, each made once for this module: SmolLM2 as an fp32 copy of the session's bf16 model
-    (what the checks below need is fp32 arithmetic, not the GGUF's last bits; a first GGUF read costs 26 s),
+    """The real models in fp32, each made once for this module: SmolLM2 as an fp32 copy of the session's model (bf16
+    or fp32; what the checks below need is fp32 arithmetic, not the GGUF's last bits; a first GGUF read costs 26 s),
     Gemma-3 loaded (it is loaded here only)."""
     import copy
 

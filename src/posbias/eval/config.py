@@ -12,7 +12,8 @@ from typing import Any
 from ..backends import ModelSpec, parse_spec
 from ..errors import PosbiasError
 from ..methods import Method
-from ..models.load import DEFAULT_MODEL, DEVICES, DTYPES, check_device_map
+from ..models.dtype import DTYPE_CHOICES
+from ..models.load import DEFAULT_MODEL, DEVICES, check_device_map
 from ..tasks import Task, split_task
 from .encode import BATCH_TOKENS, MAX_BATCH
 from .engines import ENGINES
@@ -27,7 +28,8 @@ class ModelChoice:
     model: a registered name (`posbias models` lists them), a Hugging Face directory or hub id, a .gguf file, or a
         served model spec vllm:DIR,key=value,... | openai:model=NAME,base_url=URL,tokenizer=DIR,... (`posbias
         backends`; docs/backends.md).
-    dtype: bf16 | fp32.
+    dtype: auto (bf16 where the device computes it natively: a CPU with AVX-512-BF16, AMX or ARM BF16, a CUDA GPU
+        with bf16; else fp32; the run records the choice and why) | bf16 | fp32.
     device: cpu | cuda | auto (cuda if visible).
     chat: use the model's chat template: auto (if it has one) | on | off.
     device_map: auto: spread the model over every visible device in one process (transformers' device_map="auto";
@@ -35,7 +37,7 @@ class ModelChoice:
     """
 
     model: str = DEFAULT_MODEL
-    dtype: str = "bf16"
+    dtype: str = "auto"
     device: str = "cpu"
     chat: str = "auto"
     device_map: str | None = field(default=None, metadata={"record": "if set"})  # recorded only when set: the
@@ -47,8 +49,8 @@ class ModelChoice:
         return parse_spec(self.model)
 
     def _validate_model(self) -> None:
-        if self.dtype not in DTYPES:
-            raise PosbiasError(f"unknown dtype '{self.dtype}'", f"use `dtype` {' or '.join(DTYPES)}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise PosbiasError(f"unknown dtype '{self.dtype}'", f"use `dtype` {', '.join(DTYPE_CHOICES)}")
         if self.device not in DEVICES:
             raise PosbiasError(f"unknown device '{self.device}'", f"use `device` {', '.join(DEVICES)}")
         if self.chat not in CHAT_MODES:

@@ -20,8 +20,8 @@ import torch
 
 from ..errors import PosbiasError
 from ..runs import check_out_dir, num_processes
+from .dtype import DTYPES, choose_dtype, cpu_kind
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEVICES = ("cpu", "cuda", "auto")
 DEVICE_MAPS = ("auto",)  # transformers' device_map="auto": the layers spread over every visible device
 
@@ -119,9 +119,11 @@ def _served(name: str) -> bool:
 def _locate(name: str) -> tuple[str, str | None, str]:
     """-> (path or hub id, gguf file name or None, kind)."""
     if _served(name):
-        raise PosbiasError(f"'{name}' is a served model, and this command needs the model in process",
-                           "served models work with posbias sweep and posbias compare; here pass a registered name, a model "
-                           "directory or a .gguf file")
+        head = name.partition(":")[0]  # a backend's name, or none registered: models/ cannot tell which
+        raise PosbiasError(f"'{name}' is a backend spec ('{head}:...'), not a model file, folder or registered name, and "
+                           "this command loads its model in process",
+                           "pass a registered model name (`posbias models`), a model directory or a .gguf file; a model "
+                           "on a registered backend (`posbias backends`) works with posbias sweep, compare and grid")
     if name.startswith("hf:"):
         name = name[3:]
     if name in REGISTRY:
@@ -165,11 +167,16 @@ def _source(name: str) -> tuple[str, str | None, str, dict]:
     kw: dict = {"gguf_file": gguf} if gguf else {}
     if kind == "hub":
         kw["local_files_only"] = True
-    # transformers logs a misleading hint that GGUF weights "stay quantized" and that
-    # fp32 is faster; on these CPUs weights are de-quantized to plain Linear layers
-    # and bf16 runs ~4x faster (measured, see docs/sweep.md), so we silence it.
-    logging.getLogger("transformers").setLevel(logging.ERROR)
+    logging.getLogger("transformers.quantizers.quantizer_gguf").addFilter(_gguf_hint)
     return src, gguf, kind, kw
+
+
+def _gguf_hint(record: logging.LogRecord) -> bool:
+    """transformers' GGUF loader says fp32 is fastest for a GGUF file loaded in another dtype. That holds on a CPU
+    without native bf16 (dtype auto takes fp32 there, and choose_dtype warns when bf16 is forced); with native bf16
+    posbias de-quantizes to plain Linear layers and bf16 runs ~2.5x faster than fp32 (docs/benchmarks.md), so there
+    the hint is dropped. Only that message: transformers' other warnings pass."""
+    return not (record.getMessage().startswith("Loading a GGUF checkpoint") and bool(cpu_kind().bf16))
 
 
 @contextlib.contextmanager
@@ -187,19 +194,20 @@ def library_bars(enabled: bool) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def load_model(name: str = DEFAULT_MODEL, dtype: str = "bf16", device: str = "cpu", progress: bool = True,
+def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", device: str = "cpu", progress: bool = True,
                device_map: str | None = None) -> Loaded:
     """Load a causal LM and its tokenizer, offline: a registered name (see REGISTRY), a local
     directory, a path to a .gguf file, or a Hugging Face hub id already in the local cache.
+    dtype: auto (bf16 where the device computes it natively, else fp32: models/dtype.py) | bf16 | fp32; the choice
+    and its reason are in `info` ("dtype", "dtype_reason").
     progress=False keeps the loaders' progress bars (de-quantizing, loading weights) off stderr.
     device_map="auto": transformers (with accelerate) spreads the layers over every visible device (GPUs first,
     then the CPU), and `device` is not used to place it; inputs go to the first parameter's device."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if dtype not in DTYPES:
-        raise PosbiasError(f"unknown dtype '{dtype}'", "use `dtype` bf16 or fp32")
     check_device_map(device_map)
     dev = resolve_device(device)
+    dtype, why = choose_dtype(dtype, "cuda" if device_map and torch.cuda.is_available() else dev)
     src, gguf, kind, kw = _source(name)
     cached = gguf_cache_dir(src, gguf, dtype) if gguf else None
     placement = {"device_map": device_map} if device_map else {}
@@ -235,7 +243,7 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str = "bf16", device: str = "cp
         model.to(dev)
     model.eval()
     set_pad_token(tok)
-    info = _info(name, kind, src, gguf, model, tok, dtype, dev)
+    info = {**_info(name, kind, src, gguf, model, tok, dtype, dev), "dtype_reason": why}
     return Loaded(model=model, tokenizer=tok, info={**info, "device_map": device_map} if device_map else info)
 
 
@@ -331,7 +339,7 @@ def _write_cache(d: Path, model, tok) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def export_model(name: str, out: str | Path, dtype: str = "bf16") -> Path:
+def export_model(name: str, out: str | Path, dtype: str = "auto") -> Path:
     """Write a model posbias loads (a registered name, a .gguf, ...) as a plain model directory that any engine
     serves (vLLM does not read our GGUF packages): weights, config, generation config and tokenizer."""
     out = Path(out)

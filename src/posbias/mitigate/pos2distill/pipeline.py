@@ -19,7 +19,8 @@ from ...errors import PosbiasError
 from ...eval.generate import eos_ids
 from ...eval.scorer import use_chat
 from ...models.decoding import decoding_record
-from ...models.load import Loaded, library_bars, load_model
+from ...models.dtype import choose_dtype
+from ...models.load import Loaded, library_bars, load_model, resolve_device
 from ...runs import MARKER, RunFolder, is_main_process, num_processes, read_json, write_json_atomic
 from ...tasks import get_task, placement_key
 from .collator import Collator, QuestionData
@@ -90,11 +91,13 @@ def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distil
     if resume and folder.complete():  # finished: compare the configuration without loading a model
         chat = read_json(folder.file(MARKER), "run marker").get("fingerprint", {}).get("config", {}).get("chat_used")
         name = loaded.info.get("name") if loaded is not None else cfg.model
-        with folder.open(_fingerprint(cfg, task, anchor, chat, name), resume, overwrite):
+        dtype = loaded.info.get("dtype") if loaded is not None else choose_dtype(cfg.dtype, resolve_device(cfg.device))[0]
+        with folder.open(_fingerprint(cfg, task, anchor, chat, name, dtype), resume, overwrite):
             return DistillResult.of(folder.read_result(), _training_log(folder))
     caller_owned = loaded is not None
     loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
-    fingerprint = _fingerprint(cfg, task, anchor, use_chat(loaded, cfg.chat), loaded.info.get("name"))
+    fingerprint = _fingerprint(cfg, task, anchor, use_chat(loaded, cfg.chat), loaded.info.get("name"),
+                               loaded.info.get("dtype"))
     resolved = cfg.resolved(task, anchor, fingerprint["config"]["chat_used"])
     with folder.open(fingerprint, resume, overwrite), library_bars(progress):
         records, data_summary = _data(loaded, task, resolved, folder.path, progress)
@@ -111,10 +114,12 @@ def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distil
     return DistillResult.of(record, trainer.state.log_history)
 
 
-def _fingerprint(cfg: DistillConfig, task, anchor: int, chat: bool, model_name: str) -> dict:
-    """What the result depends on: the settings but the operational ones, the task, the model."""
+def _fingerprint(cfg: DistillConfig, task, anchor: int, chat: bool, model_name: str, dtype: str | None) -> dict:
+    """What the result depends on: the settings but the operational ones, the task, the model and the dtype it ran
+    in (dtype auto: bf16 or fp32 by the machine)."""
     resolved = cfg.resolved(task, anchor, chat)
-    return {"config": {k: v for k, v in resolved.items() if k not in OPERATIONAL}, "task": task.config(), "model": model_name}
+    return {"config": {k: v for k, v in resolved.items() if k not in OPERATIONAL}, "task": task.config(), "model": model_name,
+            "dtype_used": dtype}
 
 
 def _train_summary(trainer, plan: dict, seconds: float, last: str | None) -> dict:
@@ -163,7 +168,7 @@ def build_trainer(loaded: Loaded, cfg: DistillConfig, records: list[dict], out: 
     plan = step_plan(cfg.batch_size, len(data[0]["students"]), cfg.micro_batch, num_processes())
     lora = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout, "targets": cfg.lora_targets}
     student, teacher = make_student(loaded.model, lora if cfg.lora else None, copy_base=copy_base)
-    args = training_args(cfg, Path(out), plan, lr, progress)
+    args = training_args(cfg, Path(out), plan, lr, progress, bf16=loaded.info.get("dtype") == "bf16")
     collator = Collator(loaded.tokenizer.pad_token_id, cfg.padding_side)
     return make_trainer(student, teacher, spec, args, data, collator, callbacks), plan
 

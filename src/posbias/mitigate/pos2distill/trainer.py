@@ -21,7 +21,7 @@ batch B. Teacher logits are not cached: one no-grad teacher forward per question
 student forward+backward passes costs about 1/(3(K+1)) of a step (~6% at K = 5).
 
 Mixed precision: trainable weights are float32 (bf16 master weights would round away updates of
-lr 3e-6); dtype bf16 turns on Trainer's bf16 autocast (CPU and CUDA) and keeps the frozen teacher
+lr 3e-6); a model loaded in bf16 (dtype bf16, or auto on hardware with native bf16) turns on Trainer's bf16 autocast (CPU and CUDA) and keeps the frozen teacher
 (or the frozen LoRA base) in bf16. Multi-GPU: `accelerate launch -m posbias.cli distill r1 ...`
 (DDP) works through Trainer; the full-fine-tuning teacher is replicated per process.
 """
@@ -200,7 +200,7 @@ def step_plan(batch_size: int, rows_per_question: int, micro_batch: int, world: 
             "rows_per_question": rows_per_question, "sequences_per_step": micro * accum * world * rows_per_question}
 
 
-def training_args(cfg, out: Path, plan: dict, lr: float, progress: bool):
+def training_args(cfg, out: Path, plan: dict, lr: float, progress: bool, bf16: bool):
     from transformers import TrainingArguments
 
     sched_kw = {"min_lr_rate": cfg.min_lr_ratio} if cfg.scheduler == "cosine_with_min_lr" else None
@@ -211,7 +211,7 @@ def training_args(cfg, out: Path, plan: dict, lr: float, progress: bool):
         lr_scheduler_type=cfg.scheduler, lr_scheduler_kwargs=sched_kw, warmup_steps=cfg.warmup,
         weight_decay=cfg.weight_decay, adam_beta2=cfg.adam_beta2, max_grad_norm=cfg.max_grad_norm,
         logging_steps=1, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit,
-        report_to="none", disable_tqdm=not progress, bf16=cfg.dtype == "bf16", use_cpu=cfg.device == "cpu",
+        report_to="none", disable_tqdm=not progress, bf16=bf16, use_cpu=cfg.device == "cpu",
         seed=cfg.seed, data_seed=cfg.seed, remove_unused_columns=False, dataloader_num_workers=0,
         activation_checkpointing=cfg.gradient_checkpointing,
     )
