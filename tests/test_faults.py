@@ -223,3 +223,11 @@ def test_two_concurrent_sweeps_into_one_folder_and_sigint(model_dir, tmp_path):
     assert not (tmp_path / "o" / "sweep.json").exists() and not (tmp_path / "o" / ".lock").exists()
     rows = JsonlLog(tmp_path / "o" / "examples.jsonl").read(("example_id", "position", "correct"))
     assert 5 <= len(rows) < 4 * 2000 and json.loads((tmp_path / "o" / "run.json").read_text())["kind"] == "sweep"
+
+
+def test_search_progress_moves_inside_a_generation(model_dir, loaded, tmp_path, capsys):
+    """The bar ticks once per generation; inside one it shows the individual being scored and its rows, so a long
+    generation (minutes at 4K tokens) is not silence."""
+    run_search(_search_cfg(model_dir), tmp_path / "s", loaded=loaded, progress=True)
+    err = capsys.readouterr().err
+    assert "individual 1/" in err and "rows" in err and "best " in err, err[-500:]

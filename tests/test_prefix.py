@@ -290,3 +290,35 @@ def test_smollm2_prefix_sharing_agrees_with_plain(smollm2):
     print(f"\n{len(plain)} rows, agreement {1 - len(flips) / len(plain):.1%}; near-tie flips (row: margin): {flips}")
     assert all(abs(m) < NEAR_TIE for m in flips.values())
     assert max(abs(plain[k]["logprob"] - shared[k]["logprob"]) for k in plain) < 0.5
+
+
+def test_on_cpu_a_group_of_examples_stays_small_so_rows_are_written_as_they_finish(monkeypatch):
+    """The bar moves when a group's spines are prefilled and its first branch batch is done: where forwards are slow
+    (fp32, or bf16 on a CPU without native bf16) a group holds at most GROUP_TOKENS padded spine tokens (the default
+    sweep's 32-example groups kept `make sweep` at 0/1000 for minutes on a slow CPU); in bf16 on a CPU with native
+    bf16, and on an accelerator, a group fills batch_tokens. The rows come out the same either way (fp32)."""
+    import posbias.eval.scorer as sc
+    import posbias.models.dtype as dt
+    import posbias.models.prefix as mp
+    from posbias.eval.prefix import GROUP_TOKENS
+
+    lo = tiny_loaded("llama")
+    task = get_task("kv-lookup", facts=4, digits=3)
+    rows = Scorer(lo, task).rows(task.examples(40, seed=0), [0, 1, 2, 3])
+    monkeypatch.setattr(sc, "GROUP_TOKENS", 600)  # the tiny prompts are short: a budget of a few examples
+    groups = Scorer(lo, task)._plan(rows)
+    assert len(groups) > 4 and GROUP_TOKENS == 2048
+    assert all(len(g.shares) == 1 or len(g.shares) * max(len(s.spine) for s in g.shares) <= 600 for g in groups)
+    ticks: list[int] = []
+    cpu = Scorer(lo, task).score(rows, on_batch=lambda new: ticks.append(len(new)))
+    assert ticks[0] <= len(groups[0].rows) and len(ticks) >= len(groups)
+    _assert_same(Scorer(lo, task, prefix_sharing=False).score(rows), cpu)
+    native = ("AMD EPYC", frozenset({"avx512_bf16"}))
+    monkeypatch.setattr(dt, "_cpu_info", lambda: native)
+    assert len(Scorer(lo, task)._plan(rows)) == len(groups)  # fp32 stays small on any CPU
+    monkeypatch.setitem(lo.info, "dtype", "bf16")  # the plan reads the dtype the model was loaded in
+    assert len(Scorer(lo, task)._plan(rows)) < len(groups)
+    monkeypatch.setattr(dt, "_cpu_info", lambda: ("Core i7", frozenset({"avx2"})))
+    assert len(Scorer(lo, task)._plan(rows)) == len(groups)  # emulated bf16 is slow: small groups
+    monkeypatch.setattr(mp, "launch_bound", lambda model: True)
+    assert len(Scorer(lo, task)._plan(rows)) < len(groups)

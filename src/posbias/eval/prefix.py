@@ -7,7 +7,12 @@ slot k shares everything before slot k with the prompts for the later slots. Eac
     row r       S[:p_r] + branch_r, p_r = LCP(prompt_r, S) capped so the branch keeps >= 1 prompt token
                 (the column that predicts the first answer token); positions p_r + arange, as the plain path
 
-Batches (`plan_shared`): examples are grouped so their padded spines fit `batch_tokens` (and `max_batch`);
+Batches (`plan_shared`): examples are grouped so their padded spines fit `group_tokens` and `max_batch`. A group's
+rows are written, and the progress bar moves, once its spines are prefilled and its first branch batch is done:
+where a forward is slow (fp32, or bf16 on a CPU without native bf16) a group holds GROUP_TOKENS (the default sweep's
+first rows in ~8 s instead of ~30 s on an AVX2-class CPU, for 8% more CPU time, the verdicts identical in fp32);
+elsewhere `batch_tokens` (bf16 on native hardware: 16% more CPU time at GROUP_TOKENS, and 2-3% of the verdicts,
+near ties, would move with the batches: docs/sweep.md, "Progress");
 each group's rows are split into branch batches where every row is counted with its spine columns too, so a
 branch batch holds at most `batch_tokens` tokens of KV per layer (the spine group's KV is a second such
 bound). The plan depends only on the rows, so a resumed run recomputes the same batches.
@@ -113,6 +118,7 @@ def _take(items: list, cost: Callable[[list], int], budget: int, max_n: int,
     return parts + ([cur] if cur else [])
 
 
+GROUP_TOKENS = 2048  # padded spine tokens per group of examples where a forward is slow (the module docstring)
 SLACK = 0.95  # a branch batch closes when its rows' own work would fall below SLACK x its padded work ...
 MIN_TOKENS = 1024  # ... unless the batch is still this small (a forward has a fixed cost too)
 PAIRS_PER_TOKEN = 1000.0  # work model: one token's matmuls cost about as much as attention over this many keys
@@ -127,14 +133,16 @@ def work(seqs: int, width: int, p: int) -> float:
 
 
 def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple[int, int]], batch_tokens: int,
-                max_batch: int, min_tokens: int = MIN_TOKENS) -> list[Group]:
+                max_batch: int, min_tokens: int = MIN_TOKENS, group_tokens: int | None = None) -> list[Group]:
     """Groups of examples and their branch batches. branch_cost(row, p) -> (sequences, padded branch tokens per
     sequence) for a row reusing p spine tokens (teacher forcing: one sequence per accepted answer). A branch batch
     pads every sequence to its widest branch and its widest spine cut, so rows are taken costliest first and a
     batch closes when the padding would waste more than 1 - SLACK of its work (`work`); min_tokens: it never
-    closes for that below this size (batch_tokens on an accelerator: fewer, larger forwards)."""
+    closes for that below this size (batch_tokens on an accelerator: fewer, larger forwards); group_tokens: the padded
+    spine tokens of a group of examples (None: batch_tokens)."""
     shares = shares_of(rows)
-    groups = [Group(g) for g in _take(shares, lambda g: len(g) * max(len(s.spine) for s in g), batch_tokens, max_batch)]
+    budget = batch_tokens if group_tokens is None else min(group_tokens, batch_tokens)
+    groups = [Group(g) for g in _take(shares, lambda g: len(g) * max(len(s.spine) for s in g), budget, max_batch)]
     for g in groups:
         items = []  # (row, sequences, branch width, spine columns p)
         for s in g.shares:

@@ -19,11 +19,12 @@ from typing import Callable, Iterable
 from ..backends import Backend, as_backend
 from ..errors import PosbiasError
 from ..methods import Method, get_method
+from ..models.dtype import cpu_kind
 from ..models.load import Loaded
 from ..tasks import Placement, Prompt, Task, as_json, placement_key
 from .encode import BATCH_TOKENS, MAX_BATCH, Encoded, encode, plan_batches, render
 from .engines import get_engine
-from .prefix import MIN_TOKENS, plan_shared
+from .prefix import GROUP_TOKENS, MIN_TOKENS, plan_shared
 from .relevance import item_attention
 from .spans import item_spans
 from .teacher_forced import token_details
@@ -181,7 +182,7 @@ class Scorer:
 
         def emit(batch: list[Encoded], scored: list[dict]) -> None:
             new = [{"example_id": r.key[0], "position": as_json(r.key[1]), **s, "answers": list(r.prompt.answers),
-                    "prompt_tokens": len(r.prompt_ids), **r.prompt.meta,
+                    "prompt_tokens": s.get("prompt_tokens", len(r.prompt_ids)), **r.prompt.meta,
                     **({"arranged_slot": moved[r.key]} if r.key in moved else {})}
                    for r, s in zip(batch, scored) if r.key not in done]
             out.extend(new)
@@ -240,8 +241,12 @@ class Scorer:
             if len(got[i]) == need[i]:
                 row = todo[i]
                 mine = got.pop(i)
-                verdict = self.engine.verdict(self, row, [mine[k] for k in sorted(mine)])
-                emit([row], [self.engine.also(self, verdict, row)])
+                replies = [mine[k] for k in sorted(mine)]
+                verdict = self.engine.also(self, self.engine.verdict(self, row, replies), row)
+                if not row.prompt_ids:  # chat messages: the server's count of their tokens (None: it gave none)
+                    counts = [q.prompt_tokens for q in replies]
+                    verdict["prompt_tokens"] = None if None in counts else sum(counts)
+                emit([row], [verdict])
 
     def units(self, rows: list[Encoded], method: str | Method | None = None) -> list[list[int]]:
         """The independent pieces of `score`'s work on `rows`, in its order (row indices): on the prefix-shared path
@@ -261,11 +266,14 @@ class Scorer:
         return [i for idx in self.units(rows, method) for i in idx]
 
     def _plan(self, rows: list[Encoded]) -> list:
-        """The prefix-shared plan (eval/prefix.py): on an accelerator batches close only at the budget."""
+        """The prefix-shared plan (eval/prefix.py): on an accelerator batches close only at the budget; on a CPU where
+        forwards are slow groups of examples stay small, so rows are written (and the bar moves) within seconds."""
         from ..models.prefix import launch_bound
 
-        min_tokens = self.batch_tokens if launch_bound(self.loaded.model) else MIN_TOKENS
-        return plan_shared(rows, self._branch, self.batch_tokens, self.max_batch, min_tokens)
+        if launch_bound(self.loaded.model):
+            return plan_shared(rows, self._branch, self.batch_tokens, self.max_batch, self.batch_tokens)
+        fast = self.loaded.info.get("dtype") == "bf16" and bool(cpu_kind().bf16)  # small groups where forwards are slow
+        return plan_shared(rows, self._branch, self.batch_tokens, self.max_batch, MIN_TOKENS, None if fast else GROUP_TOKENS)
 
     def _branch(self, row: Encoded, p: int) -> tuple[int, int]:
         return self.engine.branch(row, p, self.max_new_tokens)
@@ -300,10 +308,11 @@ class Scorer:
                     out[i] = {"example_id": rows[i].key[0], "position": as_json(rows[i].key[1]), **d}
         return out  # type: ignore[return-value]
 
-    def accuracy(self, rows: list[Encoded], method: str | Method | None = None) -> dict[Placement, float]:
-        """Accuracy per gold placement of `rows` under `method`."""
+    def accuracy(self, rows: list[Encoded], method: str | Method | None = None,
+                 on_batch: Callable[[list[dict]], None] | None = None) -> dict[Placement, float]:
+        """Accuracy per gold placement of `rows` under `method` (on_batch: called with each batch's results)."""
         hits: dict[Placement, list[bool]] = {}
-        for r in self.score(rows, method):
+        for r in self.score(rows, method, on_batch=on_batch):
             hits.setdefault(placement_key(r["position"]), []).append(bool(r["correct"]))
         return {p: sum(h) / len(h) for p, h in hits.items()}
 

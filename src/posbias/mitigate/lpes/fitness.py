@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ...errors import PosbiasError
 from ...eval.scorer import Scorer
@@ -61,6 +61,9 @@ class Fitness:
         self.space, self.fit_key = space, fit_key
         self.seen: dict[str, dict] = {}
         self.log: JsonlLog | None = None
+        # told of every scored batch: (this call's individual, its fresh ones, rows scored, rows per individual);
+        # the search's progress bar shows it, so a generation of long prompts is not minutes of silence
+        self.on_rows: Callable[[int, int, int, int], None] = lambda i, n, done, total: None
 
     def attach(self, path: Path | None) -> "Fitness":
         """Append results to `path` (evals.jsonl) and reuse the ones it holds for the same fit_key."""
@@ -70,16 +73,24 @@ class Fitness:
                 self.seen[rec["key"]] = rec
         return self
 
-    def accuracies(self, factors: list[float]) -> list[float]:
-        """Accuracy at the beginning, middle and end positions under these per-layer factors."""
-        acc = self.scorer.accuracy(self.rows, LayerScaling(factors))
+    def accuracies(self, factors: list[float], which: tuple[int, int] = (1, 1)) -> list[float]:
+        """Accuracy at the beginning, middle and end positions under these per-layer factors (which: the individual's
+        place among those being scored, for `on_rows`)."""
+        done = 0
+
+        def counted(new: list[dict]) -> None:
+            nonlocal done
+            done += len(new)
+            self.on_rows(*which, done, len(self.rows))
+
+        acc = self.scorer.accuracy(self.rows, LayerScaling(factors), counted)
         return [acc[p] for p in self.positions]
 
-    def record(self, ind) -> dict:
+    def record(self, ind, which: tuple[int, int] = (1, 1)) -> dict:
         key = json.dumps(list(ind))
         if key not in self.seen:
             factors = [float(f) for f in self.space.factors(ind)]
-            acc = self.accuracies(factors)
+            acc = self.accuracies(factors, which)
             self.seen[key] = {"key": key, "individual": list(ind), "factors": factors, "acc": acc,
                               "fitness": weighted_fitness(acc, self.weights), "fit_key": self.fit_key}
         return self.seen[key]
@@ -87,8 +98,8 @@ class Fitness:
     def __call__(self, inds: list) -> list[float]:
         fresh = [i for i in inds if json.dumps(list(i)) not in self.seen]
         if num_processes() == 1:
-            for i in fresh:  # one line per individual as soon as it is scored: a kill loses at most one
-                self._append(self.record(i))
+            for k, i in enumerate(fresh):  # one line per individual as soon as it is scored: a kill loses at most one
+                self._append(self.record(i, (k + 1, len(fresh))))
         else:  # split across accelerate processes; every rank gets every result
             from accelerate import PartialState
             from accelerate.utils import gather_object

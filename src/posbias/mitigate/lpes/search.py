@@ -107,8 +107,15 @@ def run_search(cfg: SearchConfig | None = None, out: str | Path | None = None, *
             if folder.resuming and folder.file(STATE).exists():
                 _load_state(search, folder.file(STATE))
         t0 = time.perf_counter()
-        base_acc = fitness.accuracies([1.0] * n_layers)  # the unmodified model on the same split, for the record
-        best = _run(search, folder, progress)
+        bar = progress_bar(getattr(search, "total_steps", None), "lpes search", "gen",
+                           initial=getattr(search, "steps_done", 0), enabled=progress)
+        fitness.on_rows = lambda i, n, done, total: bar.set_postfix_str(
+            f"individual {i}/{n}: {done}/{total} rows" if n > 1 or i > 1 else f"{done}/{total} rows")
+        try:
+            base_acc = fitness.accuracies([1.0] * n_layers)  # the unmodified model on the same split, for the record
+            best = _run(search, folder, bar)
+        finally:
+            bar.close()
         rec = fitness.record(best)
         result = {
             "model": cfg.model, "task": task.name, "n_layers": n_layers, "space": cfg.space, "curve": cfg.ga.curve,
@@ -162,22 +169,18 @@ def _load_state(search, path: Path) -> None:
                            f"resume with `generations={search.steps_done - 1}` or more")
 
 
-def _run(search, folder: RunFolder, progress: bool):
-    """Run the search to the end, saving the GA state and a log entry after every generation."""
-    bar = progress_bar(getattr(search, "total_steps", None), "lpes search", "gen", initial=getattr(search, "steps_done", 0),
-                       enabled=progress)
+def _run(search, folder: RunFolder, bar):
+    """Run the search to the end, saving the GA state and a log entry after every generation. The bar ticks per
+    generation and, inside one, shows the individual being scored and its rows (Fitness.on_rows)."""
 
     def on_generation(entry: dict) -> None:
         if folder.path is not None and is_main_process():
             write_json_atomic(folder.file("log") / f"generation_{entry['generation']:03d}.json", entry, indent=1)
             write_json_atomic(folder.file(STATE), {"search": search.state_dict()})
         bar.update(1)
-        bar.set_postfix(best=f"{entry['best_fitness']:.3f}", evals=entry.get("evaluations"))
+        bar.set_postfix_str(f"best {entry['best_fitness']:.3f}, {entry.get('evaluations')} evals")
 
-    try:
-        return search.run(on_generation=on_generation)
-    finally:
-        bar.close()
+    return search.run(on_generation=on_generation)
 
 
 def converged_at(history: list[dict], tol: float = 1e-12) -> int | None:
