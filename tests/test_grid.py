@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +159,18 @@ def test_smollm2_grid_finds_the_first_fact_more_than_the_middle(smollm2, tmp_pat
     assert acc[(10, 0)] > acc[(10, 50)]  # lost in the middle (README: ~0.9 first vs ~0.05 middle at 10 facts)
     t5, t10 = (s["tokens"]["mean"] for s in res.sizes)
     assert 150 < t5 < t10 and 60 < t10 - t5 < 150  # the model's own tokens: 12-30 per fact (measured 181 at 5 facts)
+
+
+NEEDLE = {"needle": str(Path(__file__).parent / "data" / "sf-needle.jsonl"),
+          "haystack": str(Path(__file__).parent / "data" / "essays")}
+
+
+@pytest.mark.parametrize("kw, text", [
+    ({"n": 2}, "or repeat lines in"),  # a needle file of one line holds one example
+    ({"n": 1, "engine": "teacher-forced"}, "the needle has no answer prefix"),
+])
+def test_a_niah_grid_checks_its_needle_file_before_the_model_loads(tmp_path, monkeypatch, kw, text):
+    monkeypatch.setattr("posbias.eval.grid.open_backend", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(PosbiasError, match=text):
+        run_grid(GridConfig(task="niah", task_options=NEEDLE, sizes="1k", **kw), tmp_path / "g", progress=False)
+    assert not (tmp_path / "g").exists()

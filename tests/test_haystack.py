@@ -5,6 +5,8 @@ token per character, so lengths are exact to check; the NQ haystack is the share
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +18,12 @@ from posbias.eval import engines
 from posbias.eval.longctx import depth_spacing, effective_length, fill_sizes, needle_hits, parse_size
 from posbias.eval.scorer import Scorer
 from posbias.tasks import content_words, get_task, sigmoid_depths
+from posbias.tasks.text import ABBREVIATIONS, sentences
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+DATA = Path(__file__).parent / "data"
+ESSAYS, SF = DATA / "essays", DATA / "sf-needle.jsonl"  # hard-wrapped essays written here; NIAH's classic needle
+SF_LINE = json.loads(SF.read_text())
 
 
 def _rows(loaded, depths="0%,50%,100%", n=3, engine=None, **opts):
@@ -165,7 +171,7 @@ def test_a_niah_grid_runs_references_and_resumes_after_a_kill(model_dir, loaded,
     assert [c["position"] for c in rec["cells"][:3]] == [0, 500, 1000]  # slot = depth x 10
     for s in rec["sizes"]:
         assert s["tokens"]["max"] <= s["size"] + 2
-    assert "effective length" in whole.format() and "references:" in whole.format()
+    assert "effective length" in whole.format() and "references (teacher-forced):" in whole.format()
     restore = dies_after(monkeypatch, engines, "score_teacher_forced", 3)
     with pytest.raises(KeyboardInterrupt):
         run_grid(_grid(model_dir), tmp_path / "b", loaded=loaded, progress=False)
@@ -182,3 +188,168 @@ def test_fill_sizes_the_lengths_from_the_window(model_dir, loaded, tmp_path):
     assert res.record["sizes"][1]["tokens"]["max"] <= 2048 - 12
     with pytest.raises(PosbiasError, match="task=niah"):
         run_grid(GridConfig(model=str(model_dir), task="kv-lookup", fill="50%"), tmp_path / "x", loaded=loaded)
+
+
+# ----------------------------------------------------------------------------- sentences of real text
+
+def test_sentences_of_hard_wrapped_text_end_only_where_a_sentence_ends():
+    text = ("Dr. Ellis met Mr. and Mrs. Lee at\n5 p.m. near St. Anne's. It took 4.5 days,\ni.e. most of a week, "
+            "e.g. for v1.2 of\nthe tool. J. R. R.\nTolkien wrote it. She said \"Stop. Now.\" Then\nshe left!\n"
+            "  \t\nA new paragraph, no. 4 vs. no. 5, etc. Fig. 2 shows the U.S. and U.K. split 3.14 ways? Yes.\n\n"
+            "Title without a period\n\nLast one.")
+    assert sentences(text) == [
+        "Dr. Ellis met Mr. and Mrs. Lee at 5 p.m. near St. Anne's.", "It took 4.5 days, i.e. most of a week, e.g. "
+        "for v1.2 of the tool.", "J. R. R. Tolkien wrote it.", 'She said "Stop. Now."', "Then she left!",
+        "A new paragraph, no. 4 vs. no. 5, etc. Fig. 2 shows the U.S. and U.K. split 3.14 ways?", "Yes.",
+        "Title without a period", "Last one."]
+    for abbr in ABBREVIATIONS | {"J", "Prof", "Jr", "Sr", "Ms", "a.m"}:  # each keeps its sentence whole
+        assert len(sentences(f"We saw {abbr}. Hart there. Then we left.")) == 2, abbr
+
+
+def _around(user: str, needle: str) -> tuple[str, str]:
+    """The haystack text right before and right after the needle in a prompt (intro, context, question)."""
+    hay = user.split("\n\n")[1]
+    i = hay.index(needle)
+    return hay[:i].rstrip(), hay[i + len(needle):].lstrip()
+
+
+def test_the_needle_never_lands_inside_a_sentence_of_hard_wrapped_essays(loaded, tmp_path):
+    titles = [f.read_text().split("\n", 1)[0] for f in sorted(ESSAYS.glob("*.txt"))]
+    assert all(max(map(len, f.read_text().splitlines())) <= 70 for f in ESSAYS.glob("*.txt"))  # wrapped like NIAH's
+    lines = tmp_path / "sf3.jsonl"
+    lines.write_text(SF.read_text() * 3)  # three examples: three haystack windows
+    task, rows = _rows(loaded, depths=",".join(f"{d}%" for d in range(0, 101, 10)), n=3, haystack=str(ESSAYS), needle=str(lines), tokens=1500)
+    assert len(rows) == 33
+    for r in rows:
+        before, after = _around(r.prompt.user, SF_LINE["needle"])
+        assert not before or re.search(r"[.!?][\"')\]]*$", before) or before.endswith(tuple(titles)), before[-80:]
+        assert not after or re.match(r"[\"'(\[]?[A-Z0-9]", after), after[:80]
+
+
+def test_repeated_needle_lines_are_examples_of_their_own_with_their_own_haystack_window(loaded, tmp_path):
+    lines = tmp_path / "sf3.jsonl"
+    lines.write_text(SF.read_text() * 3)
+    task = get_task("niah", needle=str(lines), haystack=str(ESSAYS), tokens=700)
+    assert [ex.id for ex in task._records] == ["sf", "sf-line2", "sf-line3"]  # an id seen before gets its line
+    task, rows = _rows(loaded, depths="50%", n=3, haystack=str(ESSAYS), needle=str(lines))
+    hays = {r.prompt.user.split("\n\n")[1][:200] for r in rows}
+    assert len(hays) == 3 and len({r.prompt.example_id for r in rows}) == 3
+    with pytest.raises(PosbiasError) as e:
+        get_task("niah", needle=str(SF)).examples(2)
+    assert "use `n=1` or fewer, or repeat lines in" in str(e.value) and "its own seeded haystack window" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- a user's needle, scored right
+
+def test_a_needle_without_an_answer_prefix_is_generated_and_refuses_teacher_forcing(loaded, tmp_path):
+    file = get_task("niah", needle=str(SF), haystack=str(ESSAYS))
+    assert file.default_engine == "generate" and "answer_prefix" not in file.config()
+    with pytest.raises(PosbiasError) as e:
+        file.check_engine("teacher-forced")
+    assert f"{SF}:1 (id sf): the needle has no answer prefix" in str(e.value)
+    assert e.value.fix == ("give an answer prefix with `answer_prefix=TEXT` (or an \"answer_prefix\" on each line of "
+                           "the file), or use `engine=generate`")
+    assert get_task("niah", needle="nq").default_engine == "generate"
+    with pytest.raises(PosbiasError, match="`needle=nq-sentence`: the needle has no answer prefix"):
+        get_task("niah", needle="nq-sentence").check_engine("teacher-forced")
+    prefix = "The best thing to do in San Francisco is"
+    given = get_task("niah", needle=str(SF), haystack=str(ESSAYS), answer_prefix=prefix + " ", tokens=700)
+    assert given.default_engine == "teacher-forced" and given.config()["answer_prefix"] == prefix
+    own = tmp_path / "own.jsonl"
+    own.write_text(json.dumps({**SF_LINE, "answer_prefix": "Answer:"}) + "\n" + SF.read_text())
+    mixed = get_task("niah", needle=str(own), answer_prefix=prefix)
+    assert [ex.answer_prefix for ex in mixed._records] == ["Answer:", prefix]  # a line's own wins
+    assert get_task("niah", needle=str(own)).default_engine == "generate"  # line 2 has none
+    row = Scorer(loaded, given).rows(given.examples(1), [500])[0]
+    assert row.prompt.answer_prefix == prefix and row.prompt.user.endswith(SF_LINE["question"])
+    assert get_task("niah").default_engine == "teacher-forced"  # kv keeps RULER's prefix
+    with pytest.raises(PosbiasError, match="RULER's answer prefix already"):
+        get_task("niah", answer_prefix="The number is")
+
+
+def test_a_needle_file_s_generation_limit_leaves_room_for_its_answers(loaded):
+    scorer = Scorer(loaded, get_task("niah", needle=str(SF), haystack=str(ESSAYS)))
+    longest = max(len(a) + 1 for a in SF_LINE["answers"])  # one token per character, a space before
+    assert scorer.max_new_tokens == 24 + longest and "longest answer" in scorer.limit_from
+    assert Scorer(loaded, get_task("niah", needle="nq")).max_new_tokens == 24
+
+
+@pytest.mark.parametrize("line, message, fix", [
+    ({"answers": 5}, '"answers" must be a list of non-empty strings, got 5', '"answers": ["5521"]'),
+    ({"answers": [5521]}, "got [5521]", 'write answers as strings, e.g. "answers": ["5521"]'),
+    ({"answers": [""]}, "got ['']", '"answers": ["5521"]'),
+    ({"needle": " \n"}, 'the line\'s "needle" is empty', "write the needle's text on that line, or remove the line"),
+    ({"question": ""}, 'the line\'s "question" is empty', "write the question's text"),
+    ({"answer_prefix": 5}, '"answer_prefix" must be text', '"answer_prefix": "The answer is"'),
+    ({"needle": None}, 'a needle line needs "needle" (text)', "use `needle=kv` or `needle=nq`"),
+])
+def test_a_bad_needle_line_is_refused_naming_its_line_and_id(tmp_path, line, message, fix):
+    file = tmp_path / "needles.jsonl"
+    file.write_text(SF.read_text() + json.dumps({**SF_LINE, "id": "two", **line}) + "\n")
+    with pytest.raises(PosbiasError) as e:
+        get_task("niah", needle=str(file))
+    assert str(e.value).startswith(f"{file}:2 (id two): ") and message in e.value.problem and fix in e.value.fix
+
+
+
+def test_a_grid_on_a_user_needle_scores_its_cells_and_references_on_generation(model_dir, loaded, tmp_path):
+    lines = tmp_path / "sf2.jsonl"
+    lines.write_text(SF.read_text() * 2)
+    opts = {"needle": str(lines), "haystack": str(ESSAYS)}
+    res = run_grid(_grid(model_dir, sizes="600", depths="0%,100%", n=2, task_options=opts, max_new_tokens=4),
+                   tmp_path / "g", loaded=loaded, progress=False)
+    refs = res.record["references"]
+    assert res.record["config"]["engine"] == "generate" and refs["needle"]["engine"] == refs["closed"]["engine"] == "generate"
+    for name in ("size-600", "ref-needle", "ref-closed"):
+        assert json.loads((tmp_path / "g" / name / "sweep.json").read_text())["config"]["engine"] == "generate", name
+    assert "references (generate): closed-book" in res.format()
+
+
+def test_smollm2_finds_niah_s_needle_in_hard_wrapped_essays_at_a_sentence_boundary(smollm2, tmp_path):
+    """NIAH's classic needle on the essays written here: SmolLM2 reproduces it alone (generation, the default for a
+    needle without an answer prefix), and at no depth of 1K tokens does it split a sentence of its own tokenizer's
+    haystack."""
+    task = get_task("niah", needle=str(SF), haystack=str(ESSAYS), tokens=1024)
+    for r in Scorer(smollm2, task).rows(task.examples(1), task.placements("0%,10%,20%,30%,40%,50%,60%,70%,80%,90%,100%")):
+        before, after = _around(r.prompt.user, SF_LINE["needle"])
+        assert not before or before.endswith(("Estimate", "Books", "Problem")) or re.search(r"[.!?][\"')\]]*$", before)
+        assert not after or re.match(r"[\"'(\[]?[A-Z0-9]", after), after[:80]
+    cfg = GridConfig(model="smollm2-135m", task="niah", task_options={"needle": str(SF), "haystack": str(ESSAYS)},
+                     sizes="1k", depths="50%", n=1)
+    refs = run_grid(cfg, tmp_path / "g", loaded=smollm2, progress=False).record["references"]
+    print(refs)
+    assert refs["needle"]["accuracy"] > 0.5 and refs["needle"]["engine"] == "generate"
+    assert refs["closed"]["accuracy"] < refs["needle"]["accuracy"]
+
+
+def test_an_empty_needle_file_is_refused_in_one_line(tmp_path):
+    (tmp_path / "none.jsonl").write_text("\n")
+    with pytest.raises(PosbiasError, match="holds no line -- add one JSON object per line"):
+        get_task("niah", needle=str(tmp_path / "none.jsonl"))
+
+
+def test_a_jsonl_question_may_carry_its_own_answer_prefix(tmp_path):
+    """The same for QA files (tasks/docqa.py): a line's "answer_prefix" starts the reply, so teacher forcing can score
+    an answer a chat model would not start with; without one the prefix stays empty (and the default engine is
+    generation, as before)."""
+    line = {"question": "Who wrote it?", "answers": ["Jane Austen"], "documents": ["x", "y"], "gold": 0}
+    (tmp_path / "qa.jsonl").write_text(json.dumps({**line, "answer_prefix": "The author is "}) + "\n"
+                                       + json.dumps(line) + "\n")
+    task = get_task(f"jsonl:{tmp_path / 'qa.jsonl'}")
+    assert [task.build(ex, 1).answer_prefix for ex in task.examples(2)] in (["The author is", ""], ["", "The author is"])
+    assert task.default_engine == "generate"
+    (tmp_path / "bad.jsonl").write_text(json.dumps({**line, "answer_prefix": 5}) + "\n")
+    with pytest.raises(PosbiasError, match="bad.jsonl:1: 'answer_prefix' must be a string"):
+        get_task(f"jsonl:{tmp_path / 'bad.jsonl'}")
+
+
+def test_show_prints_the_needle_with_the_text_either_side_of_it(loaded):
+    from posbias.measure import show_prompt
+
+    shown = show_prompt("niah", "50%", loaded=loaded, task_options={"needle": str(SF), "haystack": str(ESSAYS),
+                                                                    "tokens": 1200})
+    gold = shown.gold[0]
+    assert gold["text"] == SF_LINE["needle"] and shown.text[gold["chars"][0]:gold["chars"][1]] == gold["text"]
+    before, after = gold["around"]
+    assert re.search(r"[.!?][\"')\]]* $", before) and re.match(r" [\"'(\[]?[A-Z]", after), gold["around"]
+    assert f"between ...{before!r} and {after!r}..." in shown.format()

@@ -15,7 +15,7 @@ Files in the output folder (runs.RunFolder protocol):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -173,9 +173,10 @@ def depth_slots(depths: list[float], task: Task) -> list[int]:
     return [task.placements(f"{d}%")[0] for d in depths]
 
 
-def _answer_room(cfg: GridConfig, task: Task) -> int:
-    """Tokens a full window keeps free for the answer: the generation limit and a margin for token merges."""
-    return (cfg.max_new_tokens or task.max_new_tokens) + 8
+def _answer_room(cfg: GridConfig, task: Task, loaded: Backend) -> int:
+    """Tokens a full window keeps free for the answer: the generation limit (a needle file's derived from its
+    answers) and a margin for token merges."""
+    return Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat).max_new_tokens + 8
 
 
 def _sweep_config(cfg: GridConfig, size: int, slots: list[int], method: Method, **extra) -> SweepConfig:
@@ -220,6 +221,8 @@ def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, lo
     option, _ = size_option(cfg.task)
     depths = cfg.depth_list()
     probe = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)  # its options checked before loading
+    probe.check_engine(cfg.engine or probe.default_engine)  # e.g. teacher forcing a needle without an answer prefix
+    probe.examples(cfg.n, cfg.seed, cfg.skip)  # enough of them (a needle file of one line has one)
     method = method.for_task(probe)  # every size is the same kind of task; recorded resolved
     folder = RunFolder(out, "grid", "grid.json", ("size-*", "ref-*", "heatmap.png", "timing.json"))
     folder.check(resume, overwrite)
@@ -228,7 +231,8 @@ def run_grid(cfg: GridConfig | None = None, out: str | Path | None = None, *, lo
     loaded = as_backend(loaded) if loaded is not None else open_backend(cfg.spec, cfg.dtype, cfg.device, progress,
                                                                         cfg.device_map)
     try:
-        sizes = cfg.size_list() if not cfg.fill else fill_sizes(cfg.fill, loaded.context_window, _answer_room(cfg, probe))
+        window = loaded.context_window
+        sizes = cfg.size_list() if not cfg.fill else fill_sizes(cfg.fill, window, _answer_room(cfg, probe, loaded))
         tasks = {s: get_task(cfg.task, data_dir=cfg.data_dir, **{**cfg.task_options, option: s}) for s in sizes}
         return _grid(cfg, out, loaded, method, tasks, folder, option, sizes, depths, resume, overwrite, progress)
     finally:
@@ -247,7 +251,8 @@ def _grid(cfg, out, loaded: Backend, method, tasks, folder, option, sizes, depth
         results = {}
         for s in sizes:
             results[s] = _sub_sweep(folder, f"size-{s}", _sweep_config(cfg, s, slots[s], method), loaded, progress)
-        refs = _references(cfg, folder, loaded, method, tasks, sizes[0], progress)
+        engine = results[sizes[0]].config["engine"]  # the references run on the cells' own (resolved) engine
+        refs = _references(replace(cfg, engine=engine), folder, loaded, method, tasks, sizes[0], progress)
         record = grid_record(cfg, option, depths, slots, results, loaded, method)
         if refs:
             _long_record(record, cfg, results, refs, loaded.context_window)
@@ -259,7 +264,8 @@ def _grid(cfg, out, loaded: Backend, method, tasks, folder, option, sizes, depth
 
 
 def _references(cfg, folder, loaded, method, tasks, size, progress) -> dict[str, SweepResult]:
-    """niah with a haystack: the closed-book and needle-alone sweeps on the same examples (eval/longctx.py)."""
+    """niah with a haystack: the closed-book and needle-alone sweeps on the same examples and engine (cfg.engine, the
+    cells' resolved one; eval/longctx.py)."""
     if getattr(tasks[size], "context", None) != "full":
         return {}
     out = {}
@@ -279,7 +285,7 @@ def _sub_sweep(folder: RunFolder, name: str, sweep: SweepConfig, loaded: Backend
 def _long_record(record: dict, cfg: GridConfig, results: dict, refs: dict, window: int) -> None:
     """References, effective length, each length's fill of the window and its needles' hit rates, into grid.json."""
     ids = [r["example_id"] for r in refs["needle"].rows]
-    record["references"] = {k: reference_record(v.rows, ids) for k, v in refs.items()}
+    record["references"] = {k: {**reference_record(v.rows, ids), "engine": v.config["engine"]} for k, v in refs.items()}
     per = {s: per_example(res.rows, ids) for s, res in results.items()}
     record["effective"] = effective_length(per, per_example(refs["needle"].rows, ids), cfg.threshold or THRESHOLD)
     record["window"] = window

@@ -2,7 +2,8 @@
 
 references  per example, the closed-book score (no context: what the model knows without reading) and the
             short-context score (the needles alone, no haystack): Lost in the Middle's closed-book baseline and
-            NoLiMa's base score, each a one-position sweep on the grid's own examples (OUT/ref-closed, OUT/ref-needle)
+            NoLiMa's base score, each a one-position sweep on the grid's own examples and engine (the cells' resolved
+            one, recorded as `engine`; OUT/ref-closed, OUT/ref-needle)
 effective   NoLiMa's effective length relative to the model's own short-context score: the longest length L such
             that every length up to L scores at least `threshold` (0.85) x the short-context accuracy (RULER's
             "effective length" uses a fixed score instead); its 95% interval from a paired bootstrap over examples
@@ -130,7 +131,8 @@ def format_long(rec: dict) -> list[str]:
     lines = []
     refs = rec.get("references") or {}
     if refs:
-        lines.append("references: " + "; ".join(
+        engine = refs["needle"].get("engine")  # the cells' own engine (grids before it was recorded: none said)
+        lines.append(f"references{f' ({engine})' if engine else ''}: " + "; ".join(
             f"{name} {r['accuracy']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]" for name, r in
             (("closed-book", refs["closed"]), ("needle alone", refs["needle"]))))
     eff = rec.get("effective")

@@ -34,6 +34,7 @@ class QAExample:
     answers: tuple[str, ...]
     docs: tuple[Doc, ...]  # position-free order
     gold: int
+    answer_prefix: str = ""  # a user's line may give what the reply starts with (teacher forcing scores after it)
 
 
 def doc_lines(docs: list[Doc]) -> list[str]:
@@ -93,7 +94,7 @@ class DocQA(RecordsTask):
     def build(self, ex: QAExample, position: int) -> Prompt:
         docs = move(list(ex.docs), ex.gold, position)
         answers = ex.answers if self._answers == "all" else ex.answers[:1]
-        return Prompt(ex.id, position, qa_prompt(ex.question, docs, self.question), "", answers)
+        return Prompt(ex.id, position, qa_prompt(ex.question, docs, self.question), ex.answer_prefix, answers)
 
 
 def nq_task(docs: int = 10, data_dir: str | Path | None = None, answers: str = "all", question: str = "after") -> DocQA:
@@ -126,8 +127,10 @@ One JSON object per line:
    "question": "who wrote ...?",
    "answers": ["Jane Austen"],          (list of accepted answers; or "answer": "...")
    "documents": [{"title": "...", "text": "..."}, ...],   (title optional)
-   "gold": 0}                           (index of the document holding the answer; for two-hop
+   "gold": 0,                           (index of the document holding the answer; for two-hop
                                          reasoning [i, j], the first-hop and the second-hop document)
+   "answer_prefix": "The author is"}    (optional, one gold: what the reply starts with; teacher
+                                         forcing scores the answer after it)
 Every line must have the same number of documents and the same kind of gold."""
 
 
@@ -136,8 +139,14 @@ def jsonl_task(path: str | Path, answers: str = "all", prompt: str | None = None
     """The user's own data in the schema above (types checked field by field): multi-document QA, or two-hop
     reasoning when "gold" is a pair [first hop, second hop] (then `prompt`: reasoning | coc)."""
     records: list[QAExample | HopExample] = []
+    first_line: dict[str, int] = {}  # id -> the line that gave it first
     for lineno, r in read_jsonl(path):
         ex = _qa_record(f"{path}:{lineno}", r, f"line{lineno}")
+        if ex.id in first_line:  # LogiQA 2.0 repeats ids
+            raise PosbiasError(f"{path}:{lineno}: id {ex.id!r} is also the id of line {first_line[ex.id]}: the rows of the "
+                               "two examples could not be told apart", f"give line {lineno} another 'id', or remove 'id' "
+                               "from every line (the line numbers are used)")
+        first_line[ex.id] = lineno
         if records and type(ex) is not type(records[0]):
             raise PosbiasError(f"{path}:{lineno}: mixes one gold document and a pair of hops",
                                "give every line the same kind of gold: an index, or [first, second]")
@@ -147,9 +156,6 @@ def jsonl_task(path: str | Path, answers: str = "all", prompt: str | None = None
         records.append(ex)
     if not records:
         raise PosbiasError(f"{path} holds no examples", "add one JSON object per line")
-    ids = [r.id for r in records]
-    if len(set(ids)) != len(ids):
-        raise PosbiasError(f"{path}: duplicate ids", "give every line a unique 'id'")
     if isinstance(records[0], HopExample):
         extra = "answers" if answers != "all" else "question" if question is not None else None
         if extra:
@@ -172,7 +178,8 @@ def _qa_record(where: str, r: dict, default_id: str) -> QAExample | HopExample:
         raise _bad(where, f"missing or bad field {missing[0]!r}")
     answers = r["answers"] if "answers" in r else [r["answer"]]
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
-        raise _bad(where, f"'answers' must be a non-empty list of non-empty strings, got {answers!r}"[:160])
+        raise PosbiasError(f"{where}: 'answers' must be a non-empty list of non-empty strings, got {answers!r}"[:160],
+                           'write answers as strings, e.g. "answers": ["5521"]')
     if not isinstance(r["question"], str) or not r["question"].strip():
         raise _bad(where, f"'question' must be a non-empty string, got {r['question']!r}"[:160])
     docs = r["documents"]
@@ -184,9 +191,12 @@ def _qa_record(where: str, r: dict, default_id: str) -> QAExample | HopExample:
     rid = r.get("id", default_id)
     if isinstance(rid, bool) or not isinstance(rid, (str, int)):
         raise _bad(where, f"'id' must be a string or an integer, got {rid!r}")
+    prefix = r.get("answer_prefix", "")
+    if not isinstance(prefix, str) or (prefix and isinstance(gold, tuple)):
+        raise _bad(where, f"'answer_prefix' must be a string, on a line with one gold document; got {prefix!r}"[:160])
     if isinstance(gold, tuple):
         return HopExample(str(rid), r["question"], tuple(answers), parsed, gold)
-    return QAExample(str(rid), r["question"], tuple(answers), parsed, gold)
+    return QAExample(str(rid), r["question"], tuple(answers), parsed, gold, prefix.rstrip(" "))
 
 
 def _check_distinct(where: str, docs: tuple, golds: tuple[int, ...]) -> None:

@@ -13,7 +13,12 @@ al. 2025) put a needle at a depth percent of a context of T tokens of natural te
              sentence offset (wrapping round). Sentences holding the needle's key or an answer are dropped.
   needle     `kv`: RULER's "One of the special magic numbers for {key} is: {value}."; `nq`: an NQ-open gold
              passage with its question; `nq-sentence`: the sentences of that passage that hold an answer; or PATH:
-             your own JSONL, one {"needle": str, "question": str, "answers": [str, ...]} per line
+             your own JSONL, one {"needle": str, "question": str, "answers": [str, ...]} per line (optional "id",
+             and "answer_prefix": the text the reply starts with, which teacher forcing needs); a repeated line is
+             another example with its own haystack window (a repeated id gets its line number: `sf-line2`)
+  answer_prefix   the reply's start for needles without their own (nq, nq-sentence, a file's lines without one); a
+             needle with none is scored on the generated answer: its default engine is `generate`, and teacher
+             forcing is refused (its first token would be scored against the first token of a free reply)
   keys, values, queries   RULER's multi-key (keys - 1 distractor needles of the same form), multi-value (one key,
              `values` numbers, all asked) and multi-query (`queries` keys asked, all to be answered): the first
              needle moves with the depth, the others sit at depths drawn from the seed, the same at every depth
@@ -24,9 +29,7 @@ al. 2025) put a needle at a depth percent of a context of T tokens of natural te
 
 from __future__ import annotations
 
-import functools
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -34,6 +37,7 @@ from typing import Callable
 from ..core.metrics import normalize_answer
 from ..errors import PosbiasError
 from .base import Prompt, Task, file_stamp, read_jsonl, shared_data_dir
+from .text import content_words, nq_passages, sentences, text_units
 
 SLOTS = 1001  # slot k = depth k/10 percent
 DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
@@ -49,38 +53,6 @@ _NOUN = ("anchor badger basket beacon canyon castle cedar comet compass crystal 
          "garden glacier harbor helmet island jacket kettle lantern meadow mirror monkey needle orchard otter "
          "painter pebble pillow quarry rabbit river saddle shadow spider temple thunder tunnel valley violin "
          "walnut window").split()
-_STOP = frozenset((
-    "a an and are as at be been being but by can could did do does for from had has have he her his how i if in "
-    "into is it its may me might more most my no not of on or our she should so some such than that the their "
-    "them then there these they this those to was we were what when where which who whom whose why will with "
-    "would you your also after before about over under between during other one two first last many much very "
-    "s t").split())
-
-
-def content_words(text: str) -> set[str]:
-    """NoLiMa's overlap check, made concrete: lower-cased alphanumeric words, English stop words dropped, a crude
-    stem (a trailing 's', 'es', 'ed' or 'ing' cut from words of 5 letters or more)."""
-    out = set()
-    for w in re.findall(r"[a-z0-9]+", text.lower()):
-        if w in _STOP:
-            continue
-        for suf in ("ing", "es", "ed", "s"):
-            if len(w) >= 5 and w.endswith(suf):
-                w = w[: -len(suf)]
-                break
-        out.add(w)
-    return out
-
-
-_SENT = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
-
-
-def sentences(text: str) -> list[str]:
-    """Sentences of running text (paragraph breaks end one too), white space collapsed."""
-    out = []
-    for para in re.split(r"\n\s*\n|\n", text):
-        out += [" ".join(s.split()) for s in _SENT.split(para) if s.strip()]
-    return out
 
 
 @dataclass(frozen=True)
@@ -99,36 +71,7 @@ class NiahExample:
     answer_prefix: str
     answers: tuple[str, ...]
     avoid: tuple[str, ...]  # normalised strings no haystack sentence may hold (the key, every answer)
-
-
-@functools.lru_cache(maxsize=4)
-def _nq_passages(data_dir: str, stamps: tuple) -> tuple[str, ...]:
-    """Every distinct passage "Title. text" of the shared NQ files."""
-    seen: dict[str, None] = {}
-    for name in ("nq-open-20docs-gold_at_0.jsonl.gz", "nq-open-oracle.jsonl.gz"):
-        for _, rec in read_jsonl(Path(data_dir) / "nq" / name):
-            for c in rec.get("ctxs", []):
-                seen.setdefault(f"{c['title']}. {c['text']}", None)
-    return tuple(seen)
-
-
-@functools.lru_cache(maxsize=4)
-def _text_units(path: str, stamps: tuple) -> tuple[str, ...]:
-    p = Path(path)
-    files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".md") and f.is_file()) if p.is_dir() else [p]
-    if not files:
-        raise PosbiasError(f"haystack folder '{p}' holds no .txt or .md file", "pass a text file or a folder of them")
-    out = []
-    for f in files:
-        if not f.is_file():
-            raise PosbiasError(f"haystack file '{f}' does not exist", "pass `haystack=nq` or a text file / folder")
-        try:
-            out += sentences(f.read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            raise PosbiasError(f"haystack file '{f}' is not UTF-8 text", "save it as UTF-8") from None
-    if len(out) < 2:
-        raise PosbiasError(f"haystack '{p}' holds fewer than 2 sentences", "give it more natural text")
-    return tuple(out)
+    source: str = ""  # where it came from, for a refusal: "FILE:LINE (id X)", or "needle=nq"
 
 
 class Haystack(Task):
@@ -142,7 +85,8 @@ class Haystack(Task):
     shrink = "fewer `tokens` (grid: shorter `sizes` or a lower `fill`)"
 
     def __init__(self, tokens: int = 2048, needle: str = "kv", haystack: str = "nq", keys: int = 1, values: int = 1,
-                 queries: int = 1, overlap: str = "any", context: str = "full", data_dir: str | None = None):
+                 queries: int = 1, overlap: str = "any", context: str = "full", answer_prefix: str | None = None,
+                 data_dir: str | None = None):
         for k, v in (("keys", keys), ("values", values), ("queries", queries)):
             if not 1 <= v <= 16:
                 raise PosbiasError(f"niah `{k}` must be 1..16, got {v}", f"use `{k}=1` (one needle) up to 16")
@@ -159,14 +103,19 @@ class Haystack(Task):
                                "use `needle=nq-sentence` (or your own JSONL) with `overlap=none`")
         if tokens < 64:
             raise PosbiasError(f"niah `tokens` must be at least 64, got {tokens}", "use e.g. `tokens=2048`")
+        if answer_prefix and needle == "kv":
+            raise PosbiasError("a kv needle has RULER's answer prefix already", "drop `answer_prefix`")
         self.tokens, self.needle, self.haystack = tokens, needle, haystack
+        self.answer_prefix = (answer_prefix or "").rstrip(" ") or None
         self.keys, self.values, self.queries, self.overlap, self.context = keys, values, queries, overlap, context
         self.data_dir = str(data_dir or shared_data_dir())
         self.multi = values > 1 or queries > 1
         self.metric = "all_subspan" if self.multi else "substring" if needle == "kv" else "best_subspan_em"
         self.max_new_tokens = 12 * values * queries if needle == "kv" else 24
-        self.default_engine = "generate" if self.multi else "teacher-forced"
         self._records = None if needle == "kv" else self._read_needles()
+        # a needle without an answer prefix: the free reply is scored (check_engine)
+        self._bare = next((ex for ex in self._records or () if not ex.answer_prefix), None)
+        self.default_engine = "generate" if self.multi or self._bare else "teacher-forced"
         self._count: Callable | None = None  # (prompt_tokens(Prompt), text_tokens(list[str])) once bound
         self._fits: dict = {}
 
@@ -188,6 +137,28 @@ class Haystack(Task):
         if self.multi and engine == "teacher-forced":
             raise PosbiasError("multi-value and multi-query needles are scored on the generated answer (every value "
                                "in it)", "use `engine=generate`")
+        if self._bare is not None and engine == "teacher-forced":
+            line = "" if self.needle in NEEDLES else " (or an \"answer_prefix\" on each line of the file)"
+            raise PosbiasError(f"{self._bare.source}: the needle has no answer prefix, so teacher forcing would score "
+                               "the answer's first token against the first token of a free reply",
+                               f"give an answer prefix with `answer_prefix=TEXT`{line}, or use `engine=generate`")
+
+    def generation_limit(self, count_tokens) -> tuple[int, str | None]:
+        """kv and NQ needles: the fixed limit. A needle file: that much room beyond its longest answer, since a reply
+        restates the question first ("The best thing to do in San Francisco is ...")."""
+        if self.needle in NEEDLES:
+            return self.max_new_tokens, None
+        longest = max(count_tokens(a) for ex in self._records for a in ex.answers)
+        return self.max_new_tokens + longest, f"{self.max_new_tokens} + the file's longest answer ({longest} tokens)"
+
+    def examples(self, n: int, seed: int = 0, skip: int = 0) -> list:
+        try:
+            return super().examples(n, seed, skip)
+        except PosbiasError as e:
+            if self.needle in NEEDLES:
+                raise
+            raise PosbiasError(e.problem, f"{e.fix}, or repeat lines in {self.needle} until it holds {skip + n} (each "
+                               "line gets its own seeded haystack window)") from None
 
     def bind_tokens(self, prompt_tokens: Callable[[Prompt], int] | None, text_tokens: Callable | None) -> None:
         self._count = None if prompt_tokens is None else (prompt_tokens, text_tokens)
@@ -196,7 +167,7 @@ class Haystack(Task):
     def config(self) -> dict:
         return {**super().config(), "tokens": self.tokens, "needle": self.needle, "haystack": self.haystack,
                 "keys": self.keys, "values": self.values, "queries": self.queries, "overlap": self.overlap,
-                "context": self.context}
+                "context": self.context, **({"answer_prefix": self.answer_prefix} if self.answer_prefix else {})}
 
     def _example(self, index: int) -> NiahExample:
         return self._kv(index) if self._records is None else self._records[index]
@@ -253,30 +224,29 @@ class Haystack(Task):
     def _read_needles(self) -> list[NiahExample]:
         if self.needle in ("nq", "nq-sentence"):
             path = Path(self.data_dir) / "nq" / "nq-open-oracle.jsonl.gz"
-            recs = [(f"nq{i}", r["question"], r["answers"], f"{r['ctxs'][0]['title']}. {r['ctxs'][0]['text']}")
-                    for i, (_, r) in enumerate(read_jsonl(path))]
+            recs = [(f"nq{i}", r["question"], r["answers"], f"{r['ctxs'][0]['title']}. {r['ctxs'][0]['text']}", "",
+                     f"`needle={self.needle}`") for i, (_, r) in enumerate(read_jsonl(path))]
         else:
-            recs = []
-            for line, r in read_jsonl(self.needle):
-                if not (isinstance(r.get("needle"), str) and isinstance(r.get("question"), str) and r.get("answers")):
-                    raise PosbiasError(f"{self.needle}:{line}: a needle line needs \"needle\" (text), \"question\" "
-                                       "(text) and \"answers\" (a list)", "fix that line, or use needle=kv / nq")
-                ans = [r["answers"]] if isinstance(r["answers"], str) else list(r["answers"])
-                recs.append((str(r.get("id", f"line{line}")), r["question"], ans, r["needle"]))
-        out = []
-        for rid, q, ans, text in recs:
-            if self.needle == "nq-sentence":  # the passage's sentences that hold an answer
+            recs = _needle_lines(self.needle)
+        out, overlapping = [], 0
+        for rid, q, ans, text, prefix, source in recs:
+            if self.needle == "nq-sentence":  # the passage's sentences that hold an answer (none: left out)
                 norm = [normalize_answer(a) for a in ans]
                 text = " ".join(s for s in sentences(text) if any(a and a in normalize_answer(s) for a in norm))
-            if not text:
-                continue
+                if not text:
+                    continue
             if self.overlap == "none" and content_words(text) & content_words(q):
+                overlapping += 1
                 continue
             avoid = tuple(a for a in (normalize_answer(x) for x in ans) if a)
-            out.append(NiahExample(rid, len(out), (Needle(text, "gold", ans[0]),), q, "", tuple(ans), avoid))
-        if not out:
-            raise PosbiasError(f"no needle of {self.needle} is left with overlap={self.overlap}",
+            out.append(NiahExample(rid, len(out), (Needle(text, "gold", ans[0]),), q, prefix or self.answer_prefix or "",
+                                   tuple(ans), avoid, source))
+        if not out and overlapping:
+            raise PosbiasError(f"every needle of {self.needle} shares a content word with its question (overlap=none)",
                                "use `overlap=any`, or a needle file whose needles share no word with their questions")
+        if not out:  # nq-sentence: no passage has a sentence holding one of its answers
+            raise PosbiasError(f"no passage of {self.needle} has a sentence holding one of its answers",
+                               "use `needle=nq` (the whole passage)")
         return out
 
     # -- the haystack ---------------------------------------------------------------------------------------------
@@ -285,12 +255,12 @@ class Haystack(Task):
         if self.haystack == "nq":
             d = Path(self.data_dir) / "nq"
             stamps = tuple(file_stamp(d / n) for n in ("nq-open-20docs-gold_at_0.jsonl.gz", "nq-open-oracle.jsonl.gz"))
-            return _nq_passages(self.data_dir, stamps), True
+            return nq_passages(self.data_dir, stamps), True
         p = Path(self.haystack)
         if not p.exists():
             raise PosbiasError(f"haystack '{p}' does not exist", "use `haystack=nq` or a text file / folder of .txt files")
         stamps = tuple(file_stamp(f) for f in sorted(p.rglob("*"))) if p.is_dir() else (file_stamp(p),)
-        return _text_units(str(p), stamps), False
+        return text_units(str(p), stamps), False
 
     def _stream(self, ex: NiahExample):
         """The example's haystack sentences in order, those holding its key or an answer left out."""
@@ -307,8 +277,8 @@ class Haystack(Task):
 
     def _fit(self, ex: NiahExample) -> tuple[list[str], list[int]]:
         """The haystack sentences that fill the prompt up to `tokens`, and their cumulative token offsets."""
-        if (ex.id, self.tokens) in self._fits:
-            return self._fits[ex.id, self.tokens]
+        if (ex.index, self.tokens) in self._fits:
+            return self._fits[ex.index, self.tokens]
         if self._count is None:
             raise PosbiasError("niah measures its context in the model's tokens, and this model has no tokenizer",
                                "give the served model its tokenizer (`tokenizer=DIR` in the model spec)")
@@ -339,7 +309,7 @@ class Haystack(Task):
             need = prompt_len(bare)
             raise PosbiasError(f"`tokens={self.tokens}` leaves no room for a haystack sentence beside the needles and "
                                f"question of {ex.id} ({need} tokens)", f"use `tokens={2 * need}` or more")
-        self._fits[ex.id, self.tokens] = (units, offsets)
+        self._fits[ex.index, self.tokens] = (units, offsets)
         return units, offsets
 
     def _at(self, ex: NiahExample, units: list[str], b: int) -> Prompt:
@@ -356,6 +326,39 @@ class Haystack(Task):
         """The boundaries of needles 1.. (distractors, further values or keys): drawn from the seed, fixed."""
         rng = random.Random(f"niah-depths/{ex.index}")
         return [self._boundary(offsets, rng.uniform(0, 100)) for _ in ex.needles[1:]]
+
+
+def _needle_lines(path: str) -> list[tuple]:
+    """A user's needle file, every field checked (a refusal names the line and its id): (id, question, answers,
+    needle, answer prefix, where) per line; an id seen on an earlier line gets its own line number appended."""
+    out, seen = [], set()
+    for line, r in read_jsonl(path):
+        where = f"{path}:{line}" + (f" (id {r['id']})" if "id" in r else "")
+        if not (isinstance(r.get("needle"), str) and isinstance(r.get("question"), str) and "answers" in r):
+            raise PosbiasError(f"{where}: a needle line needs \"needle\" (text), \"question\" (text) and \"answers\" "
+                               "(a list of strings)", "fix that line, or use `needle=kv` or `needle=nq`")
+        ans = [r["answers"]] if isinstance(r["answers"], str) else r["answers"]
+        if not (isinstance(ans, list) and ans and all(isinstance(a, str) and a.strip() for a in ans)):
+            raise PosbiasError(f"{where}: \"answers\" must be a list of non-empty strings, got {r['answers']!r}"[:200],
+                               'write answers as strings, e.g. "answers": ["5521"]')
+        text, prefix = " ".join(r["needle"].split()), r.get("answer_prefix") or ""
+        if not text or not r["question"].strip():
+            empty = "needle" if not text else "question"
+            raise PosbiasError(f"{where}: the line's \"{empty}\" is empty", f"write the {empty}'s text on that line, "
+                               "or remove the line")
+        if not isinstance(prefix, str):
+            raise PosbiasError(f"{where}: \"answer_prefix\" must be text, got {prefix!r}"[:200],
+                               'write it as a string, e.g. "answer_prefix": "The answer is"')
+        rid = str(r.get("id", f"line{line}"))
+        rid = f"{rid}-line{line}" if rid in seen else rid
+        if rid in seen:
+            raise PosbiasError(f"{where}: id {rid} is given twice", "give every line its own id")
+        seen.add(rid)
+        out.append((rid, r["question"], ans, text, prefix.rstrip(" "), where))
+    if not out:
+        raise PosbiasError(f"needle file {path} holds no line", 'add one JSON object per line: {"needle": ..., '
+                           '"question": ..., "answers": [...]}')
+    return out
 
 
 def sigmoid_depths(n: int) -> list[float]:
