@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from posbias import PosbiasError, SweepConfig, get_method, get_task, run_compare, run_sweep
+from posbias import PosbiasError, SweepConfig, build_report, get_method, get_task, run_compare, run_sweep
 from posbias.core.order import balanced_choice, candidate, order_figures, parse_choice, pride_choice, pride_prior
 from posbias.eval.encode import encode, left_pad
 from posbias.measure import Scorer
@@ -302,12 +302,50 @@ def test_the_judge_question_is_an_option_recorded_in_the_config(tmp_path):
         get_task("mc-kv", ask="correct")
 
 
-def test_without_preferred_the_curve_is_named_for_what_it_is(loaded, tmp_path):
-    path = _write(tmp_path / "nopref.jsonl", [{"id": f"p{i}", "question": f"q{i}", "answers": ["a", "b"]} for i in range(2)])
-    res = run_sweep(SweepConfig(task=f"judge:{path}", n=2), loaded=loaded, progress=False)
-    assert res.summary["measure"] == "picks answers[0]" and res.summary["chance"] == 0.5
+def test_without_preferred_only_what_needs_no_right_answer_is_printed(loaded, tmp_path):
+    """A judge file without "preferred" names no right answer: the curve is the rate of choosing answers[0] per slot,
+    the order figures that need no right answer stay (consistency, conflict, fairness), and nothing reads as accuracy:
+    no strict accuracy, RStd, chance level, best or worst (they used to be printed), in the sweep and in compare."""
+    path = _write(tmp_path / "nopref.jsonl", [{"id": f"p{i}", "question": f"q{i}", "answers": ["a" * (i + 1), "bb"]}
+                                              for i in range(4)])
+    res = run_sweep(SweepConfig(task=f"judge:{path}", n=4), tmp_path / "s", loaded=loaded, progress=False)
+    assert res.summary["measure"] == "picks answers[0]"
+    assert set(res.summary["order"]) >= {"consistency", "conflict_rate", "preference_fairness", "choice_share", "flips"}
+    assert not set(res.summary["order"]) & {"strict_accuracy", "rstd"}
     text = res.format()
-    assert "picks answers[0]" in text.splitlines()[1] and "(chance 0.500)" in text and "not accuracy" in text
+    assert "picks answers[0]" in text.splitlines()[1] and "(no order bias: 0)" in text and "no order bias: 0.50 each" in text
+    assert "length ratio (chars, answers[0] / answers[1])" in text and "nothing here is accuracy" in text
+    for word in ("chance", "best", "worst", "strict accuracy", "RStd", "candidate 0"):
+        assert word not in text, word
+    cmp = run_compare(SweepConfig(task=f"judge:{path}", n=4), ["none", "swap"], loaded=loaded, progress=False)
+    table = cmp.format()
+    assert "chance" not in table.replace("no chance level", "") and "strict accuracy" not in table and "RStd" not in table
+    assert all(e["collapse"]["chance"] is None and not e["collapse"]["flagged"] for e in cmp.entries)
+    assert "consistency" in table and "(no order bias: 0)" in table
+    assert res.summary["order"]["flips"]["items"]  # the report's flips table: candidate 0 is answers[0], no right one
+    build_report([tmp_path / "s"], tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert "candidate chosen per order (0: answers[0])" in page and "nothing here is accuracy" in page
+    for word in ("chance", "best", "worst", "strict accuracy", "RStd"):  # the report reads as the sweep prints
+        assert word not in page.split("<body")[-1], word
+
+
+def test_a_repeated_id_names_both_lines_and_the_id_and_its_fix_works(tmp_path):
+    """LogiQA 2.0 repeats ids; the refusal used to name neither a line nor the id."""
+    lines = [{"id": i, "question": q, "options": ["a", "b"], "gold": 0} for i, q in (("q7", "q"), ("q8", "r"), ("q7", "s"))]
+    path = _write(tmp_path / "logiqa.jsonl", lines)
+    with pytest.raises(PosbiasError, match=r"logiqa.jsonl:3: id 'q7' is also the id of line 1") as e:
+        get_task(f"mc:{path}")
+    assert e.value.fix.startswith("give line 3 another 'id', or remove 'id' from every line")
+    renamed = _write(tmp_path / "renamed.jsonl", [*lines[:2], {**lines[2], "id": "q7b"}])
+    assert get_task(f"mc:{renamed}").pool_size == 3
+    no_ids = _write(tmp_path / "no-ids.jsonl", [{k: v for k, v in r.items() if k != "id"} for r in lines])
+    assert sorted(it.id for it in get_task(f"mc:{no_ids}").examples(3, seed=0)) == ["line1", "line2", "line3"]
+    good = {"question": "q", "answers": ["a"], "documents": ["x", "y"], "gold": 0}
+    qa = _write(tmp_path / "qa.jsonl", [{**good, "id": 5}, good, {**good, "id": "5"}])
+    with pytest.raises(PosbiasError, match=r"qa.jsonl:3: id '5' is also the id of line 1") as e:
+        get_task(f"jsonl:{qa}")
+    assert "give line 3 another 'id'" in e.value.fix
 
 
 def test_a_calibration_shortage_is_refused_before_anything_runs(loaded, tmp_path):

@@ -44,7 +44,7 @@ app.add_typer(policy_app, name="policy")
 # Python parameter -> flag, where the flag is not --the-parameter-name
 _FLAGS = {"n_parents": "--parents", "n_crossover": "--crossovers", "n_mutation": "--mutations", "n_points": "--points",
           "n_tokens": "--tokens", "n_items": "--items", "n_classes": "--classes", "n_labels": "--labels",
-          "component_std": "--std", "eval_seqs": "--eval-seqs", "aux_coef": "--aux"}
+          "component_std": "--std", "eval_seqs": "--eval-seqs", "aux_coef": "--aux", "template": "--judge-template"}
 _FLAG_VALUES = {("correct_only", "False"): "--keep-all", ("correct_only", "True"): "--correct-only",
                 ("lora", "False"): "--full"}
 

@@ -156,3 +156,14 @@ def order_figures(choices: np.ndarray, placements: Sequence[int], k: int, n_boot
     out["choice_share"] = [float((flat == s).mean()) for s in range(k)]
     out["unread"] = float((flat < 0).mean())
     return out
+
+
+def format_no_gold(s: dict) -> list[str]:
+    """The summary of a judge file without "preferred" (sweep's `measure` "picks answers[0]"): the rate of choosing
+    answers[0] over every order (the model's lean towards it, the order balanced out) and the gap between the slots
+    (the order effect: 0 without order bias); no chance level, best or worst, as nothing is right."""
+    ci = lambda c: f" [{c[0]:.3f}, {c[1]:.3f}]" if c else ""  # noqa: E731 - two uses
+    return [f"picks answers[0] {s['average']:.3f}{ci(s.get('average_ci'))} over every order (its lean towards "
+            f"answers[0]) | gap between slots {s['gap']:.3f}{ci(s.get('gap_ci'))} (no order bias: 0)",
+            f"values: {s['measure']}, the rate of choosing the file's first answer with it in each slot (the file names "
+            "no preferred answer, so nothing here is accuracy)"]

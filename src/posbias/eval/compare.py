@@ -25,6 +25,7 @@ from ..runs import JsonlLog, RunFolder, is_main_process
 from ..tasks import label, placement_key
 from .config import plain, spec_identity, spec_label
 from .cost import spent_usd
+from .judging import GOLD_FIGURES
 from .scaleout import start_processes
 from .sweep import ROW_KEYS, SweepConfig, preflight, run_sweep, with_resume_hint
 
@@ -159,7 +160,9 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
             logs = [folder.file(d) / "examples.jsonl" for d in dirs]
             raise with_resume_hint(e, sum(len(JsonlLog(p).read(ROW_KEYS)) for p in logs if p.is_file())) from None
         _add_paired_differences(results)
-        _flag_collapse(results, collapse_margin, task.chance, getattr(task, "order", False))
+        # a judge file without "preferred" has no right answer: no chance level to fall to (eval/judging.py)
+        _flag_collapse(results, collapse_margin, task.chance if task.score_name == "accuracy" else None,
+                       getattr(task, "order", False))
         shared = {k: v for k, v in res.config.items() if k not in PATH_KEYS}  # the path is per entry
         record = {"config": {**shared, "method": None, "model": None if named else model_name(model_list[0])},
                   "model": None if named else infos[model_name(model_list[0])], "models": infos,
@@ -250,21 +253,23 @@ def _at_chance(summary: dict, chance: float) -> bool:
     return _average_ci(summary)[0] <= chance + 1e-9
 
 
-def _flag_collapse(results: list[dict], margin: float, chance: float, order: bool = False) -> None:
+def _flag_collapse(results: list[dict], margin: float, chance: float | None, order: bool = False) -> None:
     """The collapse guard, chance-aware. The first entry is the reference: never flagged (at chance it is a floor, noted
     as `at_chance`). Another entry is flagged when
       - its average falls to chance (the low end of its 95% CI at or below it) while the first entry's is above chance,
         or its whole CI lies below chance: a method that destroys what the model could do;
       - on a free-answer task, it loses more than `margin` at any one position against the first entry (Ms-PoE's paper
         ratios on SmolLM2). Not on an order task: a decision rule that gives up the favourite slot's inflated score for
-        balance (swap, PriDe) trades accuracy between slots by design, and only falling to chance is a collapse there."""
+        balance (swap, PriDe) trades accuracy between slots by design, and only falling to chance is a collapse there.
+    chance None: nothing is right (a judge file without "preferred"), so no average is at chance."""
     base = {label(p["position"]): p["accuracy"] for p in results[0]["per_position"]}
-    first_above = not _at_chance(results[0]["summary"], chance)
+    first_above = chance is not None and not _at_chance(results[0]["summary"], chance)
     for i, r in enumerate(results):
         s = r["summary"]
         drops = {label(p["position"]): base[label(p["position"])] - p["accuracy"] for p in r["per_position"]}
         worst = max(drops, key=drops.get)
-        at, below = _at_chance(s, chance), _average_ci(s)[1] < chance - 1e-9
+        at = chance is not None and _at_chance(s, chance)
+        below = chance is not None and _average_ci(s)[1] < chance - 1e-9
         reasons = []
         if i and not order and drops[worst] > margin + 1e-9:
             reasons.append(f"position {worst} loses {drops[worst]:.3f} (> {margin:g})")
@@ -279,7 +284,11 @@ def _measure_line(first: dict) -> list[str]:
     """What the numbers are, and the chance level beside them (an order task: one over its options)."""
     s, chance = first["summary"], (first.get("collapse") or {}).get("chance", first["summary"].get("chance"))
     measure = s.get("measure", "accuracy")
-    if not chance and measure == "accuracy":
+    if measure != "accuracy":  # a judge file without "preferred" (core/order.py, format_no_gold)
+        return [f"values: {measure}, the rate of choosing the file's first answer with it in each slot (the file names no "
+                "preferred answer: no accuracy, no chance level); avg is the model's lean towards answers[0] over every "
+                "order, gap the order effect (no order bias: 0)"]
+    if not chance:
         return []
     at = f"; 'at chance': the average's 95% CI reaches down to {chance:.3f} or below" if chance else ""
     return [f"values: {measure}; chance {chance:.3f}{at}" if chance is not None else f"values: {measure}"]
@@ -314,11 +323,13 @@ def format_compare(record: dict | CompareResult) -> str:
         lines.append("forward passes per verdict: " + "; ".join(  # an order ensemble's cost beside its gain
             f"{r['label']} {(r['summary'].get('decision') or {}).get('forward_passes_per_verdict', 1):g}" for r in rows))
     if "order" in rows[0]["summary"]:  # order tasks: consistency, conflict, fairness, RStd (95% CIs) per entry
-        lines += ["", f"{what:<{w}} " + "  ".join(f"{t:>22}" for t in ORDER_COLUMNS.values()) + "  forward passes per verdict"]
+        gold = rows[0]["summary"].get("measure", "accuracy") == "accuracy"  # else no strict accuracy, no RStd
+        columns = {k: t for k, t in ORDER_COLUMNS.items() if gold or k not in GOLD_FIGURES}
+        lines += ["", f"{what:<{w}} " + "  ".join(f"{t:>22}" for t in columns.values()) + "  forward passes per verdict"]
         for r in rows:
             o, dec = r["summary"]["order"], r["summary"].get("decision") or {}
             cells = [f"{o[k]['value']:.3f} [{o[k]['ci'][0]:.2f},{o[k]['ci'][1]:.2f}]"
-                     if k in o and o[k]["value"] == o[k]["value"] else "-" for k in ORDER_COLUMNS]
+                     if k in o and o[k]["value"] == o[k]["value"] else "-" for k in columns]
             cost = f"{dec.get('forward_passes_per_verdict', 1):g}"  # an adaptive swap's is a mean (1.36)
             cost += f" + {dec['calibration_forward_passes']} calibration" if "calibration_forward_passes" in dec else ""
             lines.append(f"{r['label']:<{w}} " + "  ".join(f"{c:>22}" for c in cells) + f"  {cost}")

@@ -44,6 +44,7 @@ LENGTH_BINS = (("<0.5", 0.0, 0.5), ("0.5-0.8", 0.5, 0.8), ("0.8-1.25", 0.8, 1.25
                (">=2", 2.0, math.inf))  # lo <= ratio < hi
 GAP_BINS = (("0", -math.inf, 0.0), ("(0,1]", 0.0, 1.0), ("(1,3]", 1.0, 3.0), (">3", 3.0, math.inf))  # lo < gap <= hi
 FLIPS_FILE = "flips.jsonl"
+GOLD_FIGURES = ("strict_accuracy", "rstd")  # figures that need a right answer (left out without one)
 
 
 def _items(rows: list[dict], positions: list, example_ids: list[str]) -> list[tuple[str, list[dict]]]:
@@ -52,12 +53,17 @@ def _items(rows: list[dict], positions: list, example_ids: list[str]) -> list[tu
     return [(e, [by_key[(e, placement_key(p))] for p in positions]) for e in example_ids]
 
 
-def order_summary(rows: list[dict], positions: list, example_ids: list[str], k: int, near_tie: float = NEAR_TIE) -> dict:
+def order_summary(rows: list[dict], positions: list, example_ids: list[str], k: int, near_tie: float = NEAR_TIE,
+                  gold: bool = True) -> dict:
     """summary["order"]: core.order.order_figures of the rows' choices (item by placement), the flips counted by
-    cause, and the figures by length ratio and by score gap where the rows carry them."""
+    cause, and the figures by length ratio and by score gap where the rows carry them. gold=False (a judge file
+    without "preferred"): candidate 0 is only answers[0], so the figures of a right answer (strict accuracy, RStd:
+    the spread of accuracy by slot) are left out."""
     items = _items(rows, positions, example_ids)
     choices = np.array([[r.get("choice", -1) for r in rs] for _, rs in items], dtype=int).reshape(len(items), len(positions))
     out = order_figures(choices, positions, k)
+    if not gold:
+        out = {key: v for key, v in out.items() if key not in GOLD_FIGURES}
     out["flips"] = flip_counts(_flips(items, positions, k, near_tie), len(items), near_tie)
     chars = [rs[0].get("candidate_chars") for _, rs in items]
     if items and all(chars):
@@ -132,17 +138,23 @@ def write_flips(folder: RunFolder, record: dict, rows: list[dict]) -> None:
 # ----------------------------------------------------------------------------- printing
 
 
-def format_order(o: dict, decision: dict | None = None) -> list[str]:
+def format_order(o: dict, decision: dict | None = None, gold: bool = True, orders: int | None = None) -> list[str]:
     """The order figures (core/order.py) with their 95% CIs, the choice share per slot, the flips by cause, the
-    figures by length ratio and score gap, and a decision's cost (and an adaptive swap's early stops)."""
+    figures by length ratio and score gap, and a decision's cost (and an adaptive swap's early stops). gold=False:
+    a judge file without "preferred", whose candidate 0 is answers[0] (no figure of a right answer is printed).
+    orders: how many placements the sweep scored; with every one of the k, an even choice share is the mark of no
+    order bias (each candidate visits each slot once), and the line says so."""
     names = (("strict_accuracy", "strict accuracy"), ("consistency", "consistency"), ("conflict_rate", "conflict rate"),
              ("preference_fairness", "preference fairness"), ("rstd", "RStd"))
     figs = [f"{text} {o[k]['value']:.3f} [{o[k]['ci'][0]:.3f}, {o[k]['ci'][1]:.3f}]" for k, text in names
-            if k in o and o[k]["value"] == o[k]["value"]]  # NaN (not defined here) left out
+            if k in o and o[k]["value"] == o[k]["value"] and (gold or k not in GOLD_FIGURES)]  # NaN: not defined here
     shares = " ".join(f"{s}:{v:.2f}" for s, v in enumerate(o["choice_share"]))
-    out = ["order: " + " | ".join(figs), f"chosen by slot: {shares} | unread verdicts {o['unread']:.3f}"]
+    k = len(o["choice_share"])
+    even = f" (no order bias: {1 / k:.2f} each)" if orders == k else ""
+    out = ["order: " + " | ".join(figs), f"chosen by slot: {shares}{even} | unread verdicts {o['unread']:.3f}"]
     out += _flip_line(o.get("flips"))
-    for key, what in (("by_length", "length ratio (chars, candidate 0 / 1)"), ("by_score_gap", "|score gap|")):
+    ratio = "candidate 0 / 1" if gold else "answers[0] / answers[1]"
+    for key, what in (("by_length", f"length ratio (chars, {ratio})"), ("by_score_gap", "|score gap|")):
         out += _bin_table(o[key], what) if o.get(key) else []
     return out + (_decision_lines(decision) if decision else [])
 
@@ -155,11 +167,11 @@ def _flip_line(flips: dict | None) -> list[str]:
 
 
 def _bin_table(bins: list[dict], what: str) -> list[str]:
-    fair = "preference_fairness" in bins[0]
-    lines = [f"  {what:<38} {'n':>5}  {'conflict':>8}" + (f"  {'pref. fairness':>14}" if fair else "")]
+    fair, w = "preference_fairness" in bins[0], max(38, len(what))
+    lines = [f"  {what:<{w}} {'n':>5}  {'conflict':>8}" + (f"  {'pref. fairness':>14}" if fair else "")]
     cell = lambda v, w: f"{v:>{w}.3f}" if v is not None else f"{'-':>{w}}"  # noqa: E731 - two uses
     for b in bins:
-        lines.append(f"  {b['bin']:<38} {b['n']:>5}  {cell(b['conflict_rate'], 8)}"
+        lines.append(f"  {b['bin']:<{w}} {b['n']:>5}  {cell(b['conflict_rate'], 8)}"
                      + (f"  {cell(b['preference_fairness'], 14)}" if fair else ""))
     return lines
 

@@ -1,12 +1,13 @@
-"""The flips of an order-task sweep in the report: counts by cause (summary.order.flips) and the first FLIPS_SHOWN
-items of the folder's flips.jsonl (eval/judging.py writes both; nothing is recomputed here)."""
+"""An order task's blocks in the report: its figures per entry (`order_table`), and its flips: counts by cause
+(summary.order.flips) and the first FLIPS_SHOWN items of the folder's flips.jsonl (eval/judging.py writes both;
+nothing is recomputed here)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .blocks import Raw, para, table
+from .blocks import Raw, fmt, para, table
 
 FLIPS_SHOWN = 20
 
@@ -43,8 +44,33 @@ def flips_block(path: Path, summary: dict) -> Raw:
         rows = [[f["example_id"], " ".join(map(str, f["chosen"])), f["primary"], ", ".join(f["causes"]),
                  " ".join("-" if m is None else str(m) for m in f.get("margins") or []),
                  " ".join(map(str, f.get("candidate_chars") or []))] for f in shown]
-        parts.append(table(["item", "candidate chosen per order", "primary cause", "causes", "label margins (nats)",
-                            "candidate chars"], rows, f"the first {len(shown)} of {counts['items']} flips (flips.jsonl)"))
+        zero = "the correct one" if summary.get("measure", "accuracy") == "accuracy" else "answers[0]"  # no preferred
+        parts.append(table(["item", f"candidate chosen per order (0: {zero})", "primary cause", "causes",
+                            "label margins (nats)", "candidate chars"], rows, f"the first {len(shown)} of {counts['items']} flips (flips.jsonl)"))
     elif counts["items"]:
         parts.append(para("flips.jsonl is not in the folder: the flips themselves are not shown."))
     return Raw("".join(parts))
+
+
+ORDER_FIGURES = (("strict_accuracy", "strict accuracy"), ("consistency", "consistency"), ("conflict_rate", "conflict rate"),
+                 ("preference_fairness", "preference fairness"), ("rstd", "RStd"))
+NEEDS_GOLD = ("strict_accuracy", "rstd")  # undefined without a right answer (a judge file without "preferred")
+
+
+def order_cells(s: dict, figures=ORDER_FIGURES) -> list:
+    """An order task's figures as '0.620 [0.55, 0.70]' cells ('-' where not defined), then the choice shares."""
+    o = s["order"]
+    cells = [f"{fmt(o[k]['value'])} [{fmt(o[k]['ci'][0])}, {fmt(o[k]['ci'][1])}]" if k in o and o[k]["value"] == o[k]["value"]
+             else "-" for k, _ in figures]
+    dec = s.get("decision") or {}
+    cost = str(dec.get("forward_passes_per_verdict", 1)) + (f" + {dec['calibration_forward_passes']} calibration"
+                                                            if "calibration_forward_passes" in dec else "")
+    return [*cells, " ".join(f"{fmt(v)}" for v in o["choice_share"]), cost]
+
+
+def order_table(entries: list[tuple[str, dict]]) -> Raw:
+    """Order figures (95% bootstrap CIs over items) per entry: how the candidates' order moves the verdict."""
+    gold = any(s.get("measure", "accuracy") == "accuracy" for _, s in entries)
+    figures = tuple(f for f in ORDER_FIGURES if gold or f[0] not in NEEDS_GOLD)
+    return table(["entry", *(name for _, name in figures), "chosen by slot", "forward passes per verdict"],
+                 [[label, *order_cells(s, figures)] for label, s in entries], "order of the candidates (95% CIs over items)")

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..core.order import format_no_gold
 from .blocks import Raw, details, esc, figure, figures, fmt, key_values, para, pos_label, rows_table, scalars, table
-from .flip_blocks import flips_block
+from .flip_blocks import flips_block, order_table
 from .longctx_blocks import long_blocks
 
 
@@ -81,38 +82,18 @@ def curve_table(per_position: list[dict], measure: str = "accuracy") -> Raw:
 
 def summary_line(s: dict) -> Raw:
     """average (and the chance level) | best | worst | gap [CI] | std, as the sweep prints it (and per-mode averages
-    for two hops)."""
+    for two hops); a judge file without "preferred": no chance, best or worst (core.order.format_no_gold)."""
+    if s.get("measure", "accuracy") != "accuracy":
+        return Raw(f'<p class="summary">{esc(" ".join(format_no_gold(s)))}</p>')
     gap_ci = s.get("gap_ci") or [None, None]
     chance = f" (chance {fmt(s['chance'])})" if s.get("chance") else ""
-    measure = "" if s.get("measure", "accuracy") == "accuracy" else f"{s['measure']}, not accuracy: "
-    text = (f"{measure}average {fmt(s.get('average'))}{chance} | best {fmt(s.get('best'))} "
+    text = (f"average {fmt(s.get('average'))}{chance} | best {fmt(s.get('best'))} "
             f"(pos {pos_label(s.get('best_position'))}) | "
             f"worst {fmt(s.get('worst'))} (pos {pos_label(s.get('worst_position'))}) | gap {fmt(s.get('gap'))} "
             f"[{fmt(gap_ci[0])}, {fmt(gap_ci[1])}] (paired bootstrap 95% CI) | std {fmt(s.get('std'))}")
     if "modes" in s:
         text += " | modes: " + ", ".join(f"{m} {fmt(v)}" for m, v in s["modes"].items()) + f" | mode gap {fmt(s.get('mode_gap'))}"
     return Raw(f'<p class="summary">{esc(text)}</p>')
-
-
-ORDER_FIGURES = (("strict_accuracy", "strict accuracy"), ("consistency", "consistency"), ("conflict_rate", "conflict rate"),
-                 ("preference_fairness", "preference fairness"), ("rstd", "RStd"))
-
-
-def order_cells(s: dict) -> list:
-    """An order task's figures as '0.620 [0.55, 0.70]' cells ('-' where not defined), then the choice shares."""
-    o = s["order"]
-    cells = [f"{fmt(o[k]['value'])} [{fmt(o[k]['ci'][0])}, {fmt(o[k]['ci'][1])}]" if k in o and o[k]["value"] == o[k]["value"]
-             else "-" for k, _ in ORDER_FIGURES]
-    dec = s.get("decision") or {}
-    cost = str(dec.get("forward_passes_per_verdict", 1)) + (f" + {dec['calibration_forward_passes']} calibration"
-                                                            if "calibration_forward_passes" in dec else "")
-    return [*cells, " ".join(f"{fmt(v)}" for v in o["choice_share"]), cost]
-
-
-def order_table(entries: list[tuple[str, dict]]) -> Raw:
-    """Order figures (95% bootstrap CIs over items) per entry: how the candidates' order moves the verdict."""
-    return table(["entry", *(name for _, name in ORDER_FIGURES), "chosen by slot", "forward passes per verdict"],
-                 [[label, *order_cells(s)] for label, s in entries], "order of the candidates (95% CIs over items)")
 
 
 @renderer("sweep")

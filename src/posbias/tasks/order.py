@@ -10,14 +10,14 @@ consistency, conflict and fairness figures.
                       candidates are answers to other questions of the same kind (who / when / how many ...)
     judge-kv, mc-kv   generated facts "The code for K is V."; the wrong candidates are near misses of V
                       (one digit changed)
-    judge:PATH        your pairwise file, mc:PATH your multiple-choice file (ORDER_SCHEMAS)
+    judge:PATH        your pairwise file, mc:PATH your multiple-choice file (ORDER_SCHEMAS; tasks/order_files.py)
+
+A judge reads a template (tasks/judge_template.py): the built-in question `ask`, or a user's file `template`.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import math
 import random
 import string
 from dataclasses import dataclass, replace
@@ -26,6 +26,7 @@ from pathlib import Path
 from ..core.metrics import best_subspan_em, normalize_answer
 from ..errors import PosbiasError
 from .base import Prompt, Task, file_stamp, read_jsonl, shared_data_dir
+from .judge_template import ASKS, JudgeTemplate, builtin, load_template
 
 LABELS = {"letters": tuple(string.ascii_uppercase[:10]), "digits": tuple("123456789")}
 STYLES = ("judge", "mc")
@@ -49,15 +50,10 @@ Multiple-choice file (mc:PATH):
                                          A, B, C ...; the option labels=letters|digits replaces them)
 Every line must have the same number of options.
 Options: labels = letters | digits; a judge's ask = correct ("Which answer is correct?") | preference ("Which
-answer is better?", MT-Bench style; the default for judge:PATH) and ties = refuse | drop."""
+answer is better?", MT-Bench style; the default for judge:PATH), or template = FILE (--judge-template: your own
+prompt with {question} {answer_a} {answer_b}, optional {label_a} {label_b} {context}; .txt, or .json with
+"prompt", "prompt_with_context", "answer_prefix", "labels"; docs/order-bias.md) and ties = refuse | drop."""
 
-ASKS = {  # what a judge is asked: its instruction and its question (the order of the answers must not matter)
-    "correct": ("You are a fair judge. Decide which candidate answer to the question is correct{ref}. The order of the "
-                "answers does not matter.", "Which answer is correct?"),
-    "preference": ("You are an impartial judge. Compare the two answers to the user's question{ref} and decide which "
-                   "one answers it better: more helpful, relevant, accurate and detailed. Neither the order in which "
-                   "the answers are shown nor their length may influence your decision.", "Which answer is better?"),
-}
 TIES = ("refuse", "drop")
 
 
@@ -82,7 +78,8 @@ class OrderTask(Task):
     order = True  # sweeps add the order figures (core/order.py) and accept the order decisions (swap, pride)
 
     def __init__(self, name: str, items: list[OrderItem] | None, k: int, style: str = "mc", labels: str = "letters",
-                 make=None, has_gold: bool = True, ask: str = "correct", dropped_ties: int = 0):
+                 make=None, has_gold: bool = True, ask: str = "correct", dropped_ties: int = 0,
+                 template: JudgeTemplate | None = None):
         if style not in STYLES:
             raise PosbiasError(f"unknown order style {style!r}", "use `style=judge` or `style=mc`")
         if ask not in ASKS:
@@ -94,6 +91,10 @@ class OrderTask(Task):
                                "use `options` between 2 and 9" if labels == "digits" else "use `options` between 2 and 10")
         self.name, self._items, self.k, self.style, self.label_set = name, items, k, style, labels
         self._make, self.has_gold, self.ask, self.dropped_ties = make, has_gold, ask, dropped_ties
+        if template is not None and style != "judge":
+            raise PosbiasError("a judge template sets a judge's prompt, and multiple choice has none", "drop `template`")
+        # what a judge reads: a user's template, or the built-in question `ask` as one (tasks/judge_template.py)
+        self.template = (template or builtin(ask, k)).check(k) if style == "judge" else None
         # what the curve measures: whether the verdict is right, or (a judge file without "preferred") how often the
         # model picks the file's first answer
         self.score_name = "accuracy" if has_gold else "picks answers[0]"
@@ -112,17 +113,20 @@ class OrderTask(Task):
 
     def config(self) -> dict:
         own = self._items[0].labels if self._items else None  # a file's own labels (the same on every line)
+        t = self.template
+        own = own or (t.labels if t is not None else None)
         out = {**super().config(), "style": self.style, "labels": list(own) if own else self.label_set,
                "has_gold": self.has_gold}
-        if self.style == "judge":
-            out["ask"] = self.ask
+        if t is not None:  # a built-in question is recorded by name, as before templates; a file by name, hash, text
+            out.update({"ask": self.ask} if t.sha256 is None else {"template": t.config()})
         return {**out, **({"dropped_ties": self.dropped_ties} if self.dropped_ties else {})}
 
     def _example(self, index: int) -> OrderItem:
         return self._make(index) if self._items is None else self._items[index]
 
     def labels_of(self, item: OrderItem) -> tuple[str, ...]:
-        return item.labels or LABELS[self.label_set][: self.k]
+        own = self.template.labels if self.template is not None else None
+        return item.labels or own or LABELS[self.label_set][: self.k]
 
     def arrangement(self, item: OrderItem, position: int) -> list[str]:
         """The candidates in slot order with the correct one at `position` (slot s: candidate (s - p) mod k)."""
@@ -130,21 +134,17 @@ class OrderTask(Task):
 
     def items(self, item: OrderItem, position: int) -> list[str]:
         labels = self.labels_of(item)
-        if self.style == "judge":
-            return [f"[Answer {lb}]\n{c}" for lb, c in zip(labels, self.arrangement(item, position))]
+        if self.template is not None:
+            return self.template.items(self.arrangement(item, position), labels)
         return [f"{lb}. {c}" for lb, c in zip(labels, self.arrangement(item, position))]
 
     def build(self, item: OrderItem, position: int) -> Prompt:
         labels = self.labels_of(item)
-        ref = f"Reference:\n{item.context}\n\n" if item.context else ""
-        if self.style == "judge":
-            reply = " or ".join(labels) if self.k == 2 else ", ".join(labels)
-            instruction, question = ASKS[self.ask]
-            user = (instruction.format(ref=", using the reference" if item.context else "") + "\n\n"
-                    f"{ref}Question: {item.question}\n\n" + "\n\n".join(self.items(item, position))
-                    + f"\n\n{question} Reply with {reply} only.")
-            prefix = "Verdict:"
+        if self.template is not None:
+            user = self.template.render(item.question, self.arrangement(item, position), labels, item.context)
+            prefix = self.template.answer_prefix
         else:
+            ref = f"Reference:\n{item.context}\n\n" if item.context else ""
             what = "letter" if labels == LABELS["letters"][: self.k] else "label"
             user = (f"{ref}Question: {item.question}\n" + "\n".join(self.items(item, position))
                     + f"\nAnswer with the {what} of the correct option.")
@@ -167,21 +167,38 @@ def _kind(question: str) -> str:
     return words[0] if words[0] in ("who", "when", "where", "what", "which", "why") else "other"
 
 
-def nq_order_task(style: str, k: int, data_dir=None, reference: str = "yes", labels: str = "letters",
-                  ask: str | None = None) -> OrderTask:
+def nq_order_task(style: str, k: int, data_dir=None, reference: str = "yes", labels: str | None = None,
+                  ask: str | None = None, template: str | Path | None = None) -> OrderTask:
     """NQ-open questions from the shared oracle file; `reference=yes` shows the gold passage (a reference-guided
     judge), `no` asks closed-book."""
     if reference not in ("yes", "no"):
         raise PosbiasError(f"reference must be yes or no, got {reference!r}", "use `reference=yes` or `reference=no`")
     path = Path(data_dir or shared_data_dir()) / "nq" / "nq-open-oracle.jsonl.gz"
-    _judge_only(style, ask)
-    return OrderTask(f"{style}-nq", list(_nq_items(path, file_stamp(path), k, reference == "yes")), k, style, labels,
-                     ask=ask or "correct")
+    tpl = template_for(style, ask, template, labels)
+    if tpl is not None and reference == "yes" and not tpl.shows_context:
+        raise unseen_context(f"{style}-nq shows each question's gold passage as its context", tpl, "use `reference=no`")
+    return OrderTask(f"{style}-nq", list(_nq_items(path, file_stamp(path), k, reference == "yes")), k, style,
+                     labels or "letters", ask=ask or "correct", template=tpl)
 
 
-def _judge_only(style: str, ask: str | None) -> None:
-    if style != "judge" and ask is not None:
-        raise PosbiasError("`ask` sets a judge's question, and multiple choice has none", "drop `ask`")
+def template_for(style: str, ask: str | None, template, labels: str | None) -> JudgeTemplate | None:
+    """A judge task's template file, read (None: the built-in question `ask`; OrderTask checks either for its k
+    answers); `labels` replaces the template's own labels, as it replaces a multiple-choice file's."""
+    for key, value in (("ask", ask), ("template", template)):
+        if style != "judge" and value is not None:
+            raise PosbiasError(f"`{key}` sets a judge's prompt, and multiple choice has none", f"drop `{key}`")
+    if template is None:
+        return None
+    if ask is not None:
+        raise PosbiasError(f"`ask={ask}` picks a built-in judge question, and `template` gives your own prompt",
+                           "drop `ask`")
+    tpl = load_template(template)
+    return replace(tpl, labels=None) if labels is not None else tpl
+
+
+def unseen_context(what: str, tpl: JudgeTemplate, more: str) -> PosbiasError:
+    return PosbiasError(f"{what}, and judge template {tpl.name} has no {{context}}: the judge would not see it",
+                        f"add {{context}} to the template's prompt (or a prompt_with_context that shows it), or {more}")
 
 
 @functools.lru_cache(maxsize=8)
@@ -224,9 +241,11 @@ def _nq_item(i: int, recs: list, by_kind: dict, k: int, reference: bool) -> Orde
 
 # --- kv: generated facts, wrong candidates one digit away ----------------------------------------------------------
 
-def kv_order_task(style: str, k: int, facts: int = 6, digits: int = 6, labels: str = "letters",
-                  ask: str | None = None) -> OrderTask:
-    _judge_only(style, ask)
+def kv_order_task(style: str, k: int, facts: int = 6, digits: int = 6, labels: str | None = None,
+                  ask: str | None = None, template: str | Path | None = None) -> OrderTask:
+    tpl = template_for(style, ask, template, labels)
+    if tpl is not None and not tpl.shows_context:
+        raise unseen_context(f"{style}-kv shows its facts as the context", tpl, "use another task")
     if facts < 1 or not 3 <= digits <= 12:
         raise PosbiasError(f"kv order tasks need facts >= 1 and digits 3..12, got {facts} and {digits}",
                            "use `facts=6` and `digits=6`")
@@ -250,121 +269,4 @@ def kv_order_task(style: str, k: int, facts: int = 6, digits: int = 6, labels: s
         context = "\n".join(f"The code for {a} is {b}." for a, b in pairs)
         return OrderItem(f"kv{index}", f"What is the code for {key}?", (value, *near), context)
 
-    return OrderTask(f"{style}-kv", None, k, style, labels, make=make, ask=ask or "correct")
-
-
-# --- users' files ---------------------------------------------------------------------------------------------------
-
-def _bad(where: str, what: str) -> PosbiasError:
-    return PosbiasError(f"{where}: {what}", "fix that line (the schemas: posbias tasks)")
-
-
-def _strings(where: str, field: str, value, lo: int, hi: int) -> list[str]:
-    if not isinstance(value, list) or not lo <= len(value) <= hi or not all(isinstance(x, str) and x.strip() for x in value):
-        raise _bad(where, f"{field!r} must be a list of {lo} to {hi} non-empty strings, got {value!r}"[:160])
-    # the same text up to white space cannot be told apart; case can (ARC's genetics options R, rr, Rr, RR)
-    norm = [" ".join(x.split()) for x in value]
-    dup = next((x for j, x in enumerate(value) if norm[j] in norm[:j]), None)
-    if dup is not None:
-        raise _bad(where, f"{field!r} lists {dup!r} twice: the sweep could not tell the two apart")
-    return value
-
-
-def _is_tie(value) -> bool:
-    return value is None or isinstance(value, str) and value.strip().lower() == "tie"
-
-
-def _order_record(where: str, r: dict, style: str, default_id: str) -> tuple[OrderItem, bool]:
-    """One line of ORDER_SCHEMAS -> (item with the correct candidate first, whether it names one)."""
-    field = "answers" if style == "judge" else "options"
-    for need in ("question", field) + (() if style == "judge" else ("gold",)):
-        if need not in r:
-            raise _bad(where, f"missing field {need!r}")
-    if not isinstance(r["question"], str) or not r["question"].strip():
-        raise _bad(where, f"'question' must be a non-empty string, got {r['question']!r}"[:160])
-    cands = _strings(where, field, r[field], 2, 2 if style == "judge" else 10)
-    key = "preferred" if style == "judge" else "gold"
-    gold = r.get(key, 0)
-    if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(cands):
-        raise PosbiasError(f"{where}: {key}={json.dumps(gold)} but there are {len(cands)} {field}",
-                           f"{key} is a 0-based index below {len(cands)}")
-    context = r.get("context", "")
-    if not isinstance(context, str):
-        raise _bad(where, f"'context' must be a string, got {context!r}"[:160])
-    labels = r.get("labels")
-    if labels is not None:
-        labels = tuple(_strings(where, "labels", labels, len(cands), len(cands)))
-        if style == "judge":
-            raise _bad(where, "'labels' belongs to multiple-choice files; a judge file's answers are labelled A and B")
-    scores = _scores(where, r.get("scores"), len(cands), style)
-    rid = r.get("id", default_id)
-    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
-        raise _bad(where, f"'id' must be a string or an integer, got {rid!r}")
-    ordered = (cands[gold], *cands[:gold], *cands[gold + 1:])  # the correct one first, the others in file order
-    ranked = None if scores is None else (scores[gold], *scores[:gold], *scores[gold + 1:])  # as the candidates
-    return OrderItem(str(rid), r["question"], ordered, context, labels, ranked), key in r
-
-
-def _scores(where: str, scores, n: int, style: str) -> tuple[float, ...] | None:
-    """A judge line's optional "scores": one finite number per answer, in the answers' order."""
-    if scores is None:
-        return None
-    if style != "judge" or not isinstance(scores, list) or len(scores) != n or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in scores):
-        raise _bad(where, f"'scores' must be a list of {n} numbers, one per answer (judge files only), got {scores!r}"[:160])
-    return tuple(float(x) for x in scores)
-
-
-def order_file_task(style: str, path: str | Path, labels: str | None = None, ask: str | None = None,
-                    ties: str = "refuse") -> OrderTask:
-    """A user's pairwise (style judge) or multiple-choice (mc) file in ORDER_SCHEMAS, checked line by line.
-
-    labels: None keeps the file's own labels (one set on every line) or A, B, C ...; letters | digits replace them.
-    ask: a judge's question (default preference: a judge file's "preferred" names the better answer, MT-Bench style).
-    ties: a judge line whose "preferred" is null or "tie" names no better answer, so no slot is right: refused, or
-    with ties=drop left out (their count recorded in the task's config)."""
-    if ties not in TIES:
-        raise PosbiasError(f"unknown ties={ties!r}", "use `ties=refuse` or `ties=drop`")
-    _judge_only(style, ask)
-    items, named, dropped = [], [], 0
-    for lineno, r in read_jsonl(path):
-        where = f"{path}:{lineno}"
-        if style == "judge" and "preferred" in r and _is_tie(r["preferred"]):
-            if ties == "drop":
-                dropped += 1
-                continue
-            raise PosbiasError(f"{where}: 'preferred' is {json.dumps(r['preferred'])}, a tie: no answer is the better "
-                               "one, so no slot can be scored right", "leave ties out with `ties=drop` (their count is "
-                               "recorded), or remove 'preferred' from every line to measure consistency alone")
-        item, has = _order_record(where, r, style, f"line{lineno}")
-        _same_shape(where, item, items[0] if items else None, labels is None)
-        items.append(item)
-        named.append(has)
-    if not items:
-        raise PosbiasError(f"{path} holds no items" + (f" ({dropped} ties left out)" if dropped else ""),
-                           "add one JSON object per line")
-    if len(set(named)) > 1:
-        raise PosbiasError(f"{path}: some lines name the preferred answer and some do not",
-                           "give 'preferred' on every line, or on none")
-    ids = [it.id for it in items]
-    if len(set(ids)) != len(ids):
-        raise PosbiasError(f"{path}: duplicate ids", "give every line a unique 'id'")
-    if labels is not None:  # the flag replaces the lines' own labels
-        items = [replace(it, labels=None) for it in items]
-    return OrderTask(f"{style}:{path}", items, len(items[0].candidates), style, labels or "letters",
-                     has_gold=named[0] or style == "mc", ask=ask or "preference", dropped_ties=dropped)
-
-
-def _same_shape(where: str, item: OrderItem, first: OrderItem | None, own_labels: bool) -> None:
-    """Every line of a file: the same number of options and (keeping the file's own labels) the same label set, so
-    one curve describes every item."""
-    if first is None:
-        return
-    if len(item.candidates) != len(first.candidates):
-        raise PosbiasError(f"{where}: {len(item.candidates)} options, but earlier lines have {len(first.candidates)}",
-                           "give every line the same number of options")
-    if own_labels and item.labels != first.labels:
-        show = lambda lb: ",".join(lb) if lb else "none (A, B, ...)"  # noqa: E731 - two uses in one message
-        raise PosbiasError(f"{where}: labels {show(item.labels)}, but earlier lines have {show(first.labels)}: one "
-                           "curve would pool slots labelled differently", "give every line the same labels, split "
-                           "the file, or relabel every line with `labels=letters`")
+    return OrderTask(f"{style}-kv", None, k, style, labels or "letters", make=make, ask=ask or "correct", template=tpl)
