@@ -5,7 +5,9 @@ that venv is missing."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -62,13 +64,26 @@ def vllm_cli() -> list[str]:
     return [str(VLLM_PY), "-c", SERVE_SHIM]
 
 
+KV_SPACE = "2"  # GiB of KV cache (VLLM_CPU_KVCACHE_SPACE): unset, vLLM's CPU worker wants 92% of the RAM free
+
+
+def vllm_dtype() -> str:
+    """The dtype docs/backends.md starts vLLM's CPU server with: posbias's own rule (`--dtype auto`,
+    posbias.measure.choose_dtype): bfloat16 where the CPU multiplies bf16 natively, else float32 (emulated bf16 ran
+    vLLM at 0.1 generated tokens/s)."""
+    from posbias.measure import choose_dtype
+
+    return "bfloat16" if choose_dtype("auto", "cpu")[0] == "bf16" else "float32"
+
+
 def server_cmd(model_dir: Path, port: int, eager: bool = False, cli: list[str] | None = None) -> list[str]:
     """`vllm serve MODEL_DIR ...` (`python -m vllm.entrypoints.openai.api_server` is deprecated in vLLM 0.32).
     eager: vLLM's --enforce-eager, no compilation warm-up: the engine answers after about 35 s instead of 180 s
     and 35 s of CPU instead of 155 s (measured 2026-11-24, idle), which the suite's other tests would otherwise wait
     out on the same two cores. The tests check posbias's requests and replies, not vLLM's kernels; the speed
-    benchmark (benchmarks/backend_speed.py) keeps the compiled default. cli: how to run `vllm` (vllm_cli())."""
-    return [*(cli or vllm_cli()), "serve", str(model_dir), "--dtype", "bfloat16", "--max-model-len", "2048",
+    benchmark (benchmarks/backend_speed.py) keeps the compiled default. cli: how to run `vllm` (vllm_cli()). The
+    dtype follows the CPU as docs/backends.md's first block does (vllm_dtype)."""
+    return [*(cli or vllm_cli()), "serve", str(model_dir), "--dtype", vllm_dtype(), "--max-model-len", "2048",
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", NAME,
             *(["--enforce-eager"] if eager else [])]
 
@@ -78,7 +93,7 @@ def launch(model_dir: Path, log: Path, port: int | None = None, export: bool = F
     """Start the server without waiting (export=True: `posbias export` the default model to model_dir first, in the
     same child), -> (process, base_url); `ready` waits for it."""
     port = port or free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", KV_SPACE)}
     cmd = server_cmd(model_dir, port, eager)
     if export:
         cmd = [sys.executable, __file__, "--export-and-serve", str(model_dir), str(port), *(["--eager"] if eager else [])]
@@ -122,7 +137,8 @@ class Proxy:
     """Forwards every request to `upstream`, counting them; faults: `fail` (the next N POSTs answer that status),
     `hang` (the next N POSTs sleep that long first), `delay` (the next N POSTs sleep that long, then are forwarded
     and answered: replies arrive out of order), `key` (a Bearer key required, else 401), `die_after` (after that
-    many forwarded POSTs the proxy stops listening, as a killed server would)."""
+    many forwarded POSTs the proxy stops listening, as a killed server would), `drop_usage` (replies without their
+    "usage": a server that counts no tokens)."""
 
     def __init__(self, upstream: str):
         import requests
@@ -131,11 +147,13 @@ class Proxy:
         self.session = requests.Session()
         self.lock = threading.Lock()
         self.posts = 0  # POSTs that reached the real server
+        self.received = 0  # POSTs the proxy was sent (a fault may keep one from the server)
         self.fail: tuple[int, int] = (0, 500)
         self.hang: tuple[int, float] = (0, 0.0)
         self.delay: tuple[int, float] = (0, 0.0)
         self.key: str | None = None
         self.die_after: int | None = None
+        self.drop_usage = False
         self.port = free_port()
         self.server: ThreadingHTTPServer | None = None
         self.start()
@@ -169,6 +187,9 @@ class Proxy:
 
     def handle(self, h: BaseHTTPRequestHandler, verb: str) -> None:
         body = h.rfile.read(int(h.headers.get("Content-Length") or 0)) if verb == "POST" else None
+        if verb == "POST":
+            with self.lock:
+                self.received += 1
         if self.key is not None and h.headers.get("Authorization") != f"Bearer {self.key}":
             return self._send(h, 401, b'{"error": {"message": "Incorrect API key provided"}}')
         with self.lock:
@@ -202,7 +223,10 @@ class Proxy:
                 threading.Thread(target=self.stop, daemon=True).start()
                 h.close_connection = True
                 return
-        self._send(h, r.status_code, r.content)
+        content = r.content
+        if self.drop_usage and r.ok and verb == "POST" and route.endswith("completions"):
+            content = json.dumps({k: v for k, v in r.json().items() if k != "usage"}).encode()
+        self._send(h, r.status_code, content)
 
     @staticmethod
     def _send(h, status: int, body: bytes) -> None:
@@ -214,6 +238,70 @@ class Proxy:
             h.wfile.write(body)
         except OSError:
             pass
+
+
+# ----------------------------------------------------------------------------- following a served hint literally
+
+SPEC_VALUE = re.compile(r"\b([a-z_]+)=([^\s,;:()]+)")
+
+
+def follow(argv: list[str], line: str) -> list[tuple[list[str], str]]:
+    """The commands an error line's hint spells, each as (argv, the alternative's text): every alternative (split at
+    "or") sets its key=value pairs in the --model spec and its own flags; --resume / --overwrite ("and rerun with
+    --resume") apply to all. An alternative with a placeholder (N, DIR, URL, ...) is left out, and so is one that
+    changes nothing ("start the server"), but for the first with a rerun flag ("check that the server is up, ... and
+    rerun with --resume"): only the user can do those. tests/hints.py does the same for flags."""
+    import hints
+
+    from posbias.backends.openai import OpenAIBackend
+
+    spec_keys = {"model", *OpenAIBackend.ARGS}
+    fix = line.split(" -- ", 1)[1] if " -- " in line else ""
+    cmd = hints.command_of(argv)[0]
+    rerun = [f for f in ("--resume", "--overwrite") if f in fix.split()]
+    out = []
+    for i, part in enumerate(re.split(r"\bor\b", fix)):
+        pairs = [(k, v if v.endswith("...") else v.rstrip(".")) for k, v in SPEC_VALUE.findall(part) if k in spec_keys]
+        flags = [c for _, changes in hints.alternatives(part, cmd)[0] for c in changes
+                 if c[1] not in ("--resume", "--overwrite")]
+        values = [v for _, v in pairs] + [v for _, _, v in flags if v is not None]
+        described = re.search(r"\b[a-z_]+=(\s|$)", part)  # "give tokenizer= the served model's own": the user's to fill
+        same = not (pairs or flags) and i == 0 and rerun  # "check that the server is up, and rerun with --resume"
+        if described or not (pairs or flags or same) or any(hints._placeholder(v) or v == "N" for v in values):
+            continue
+        new = hints._apply(argv, cmd, flags + [("set", f, None) for f in rerun])
+        i = new.index("--model") + 1
+        new[i] = set_spec(new[i], dict(pairs))
+        out.append((new, part.strip()))
+    return out
+
+
+def set_spec(spec: str, changes: dict) -> str:
+    """An openai:k=v,... model spec with `changes` set (replaced in place, or added at the end)."""
+    backend, _, rest = spec.partition(":")
+    kv = dict(item.split("=", 1) for item in rest.split(",") if item)
+    return f"{backend}:" + ",".join(f"{k}={v}" for k, v in {**kv, **changes}.items())
+
+
+def cli(argv: list[str]) -> str | None:
+    """Run `posbias ARGV` in this process -> its error line (None: it finished)."""
+    import contextlib
+    import io
+
+    from posbias.cli import main
+
+    old, buf = sys.argv, io.StringIO()
+    sys.argv = ["posbias", *argv]
+    try:
+        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(io.StringIO()):
+            main()
+    except SystemExit as e:
+        if e.code not in (0, None):
+            lines = [x for x in buf.getvalue().splitlines() if x.startswith("posbias: error")]
+            return lines[-1] if lines else buf.getvalue()[-300:]
+    finally:
+        sys.argv = old
+    return None
 
 
 if __name__ == "__main__":

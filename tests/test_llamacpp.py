@@ -167,3 +167,46 @@ def test_a_long_context_grid_through_llama_cpp_builds_the_in_process_prompts(lla
     again = run_grid(GridConfig(model=spec(llama_server["url"]), fill="25%,50%", **base), tmp_path / "g", resume=True,
                      progress=False)
     assert again.record["cells"] == served.record["cells"]
+
+
+def test_a_prompt_over_the_window_advises_the_servers_n_ctx(llama_server, tmp_path):
+    """The server's refusal of a prompt over its window (its 400, in OpenAI's words) is named as such, with the
+    window it states: context_window=2048, followed as printed, refuses the long rows before sending any."""
+    from served import cli, follow
+
+    proxy = Proxy(llama_server["url"])
+    try:
+        argv = ["sweep", "--model", spec(proxy.url, context_window=2 * N_CTX), "--facts", "150", "--n", "1", "--positions",
+                "0", "--out", str(tmp_path / "run"), "--quiet"]
+        line = cli(argv)
+        assert f"the server refused a prompt longer than its context window (HTTP 400: This model's maximum context " \
+               f"length is {N_CTX} tokens" in line, line
+        assert line.split(" -- ")[1].startswith(f"set context_window={N_CTX} in the model spec") and "prompts=" not in \
+            line.split(" -- ")[1] and "and rerun with --overwrite (nothing is lost)" in line
+        (again, _), = follow(argv, line)
+        proxy.received = 0
+        assert f"but the model's context window is {N_CTX} -- use fewer" in cli(again) and proxy.received == 0
+    finally:
+        proxy.stop()
+
+
+def test_a_slow_llama_server_is_not_asked_again(llama_server, tmp_path):
+    """llama-cpp-python computes a request to the end after its client left (a 500-token reply abandoned at 1 s held
+    the next request for 144 s): a reply past the timeout is never sent again there; one line says what to do."""
+    from served import cli, follow
+
+    proxy = Proxy(llama_server["url"])
+    try:
+        proxy.delay = (1000, 3.0)
+        argv = ["sweep", "--model", spec(proxy.url, timeout=1), "--facts", "6", "--n", "1", "--positions", POS,
+                "--engine", "generate", "--out", str(tmp_path / "run"), "--quiet"]
+        line = cli(argv)
+        assert proxy.received == 2, proxy.received  # the two in flight (concurrency=2), each once
+        assert "no reply within 1 s (1 try) from a server that took the request" in line, line
+        assert line.endswith("-- give it more time with timeout=120 in the model spec, and rerun with --resume (no row "
+                             "is kept yet)"), line
+        proxy.delay = (0, 0.0)
+        (again, _), = follow(argv, line)
+        assert cli(again) is None and (tmp_path / "run" / "sweep.json").is_file()
+    finally:
+        proxy.stop()

@@ -17,6 +17,7 @@ run on a tiny in-process model or on no model at all.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -99,7 +100,7 @@ def test_counters_add_up_over_a_failed_run_and_its_resumes(vllm_server, proxy, t
     proxy.die_after = 2  # the second row's request is answered by no one
     with pytest.raises(PosbiasError, match="cannot connect") as e:
         sweep(s, out)
-    assert e.value.fix.endswith("; rerun with `resume` to continue (1 row is kept)")
+    assert e.value.fix.endswith(", and rerun with `resume` (1 row is kept)")
     first = json.loads((out / "timing.json").read_text())  # saved by the failed run
     assert first["replies"] == 1 and first["requests"] >= 3 and first["rows"] == 1 and first["invocations"] == 1
     proxy.die_after = None
@@ -118,14 +119,21 @@ def test_counters_add_up_over_a_failed_run_and_its_resumes(vllm_server, proxy, t
     assert json.loads((out / "timing.json").read_text())["invocations"] == 3
 
 
-def test_no_resume_hint_where_no_row_is_kept(vllm_server, proxy, tmp_path):
+def test_a_folder_without_rows_is_resumed_too(vllm_server, proxy, tmp_path):
+    """No folder: no resume offered. A folder whose run failed before its first row still holds the run (run.json):
+    a plain rerun is refused there, so the hint says --resume, and following it finishes the run."""
     s = spec(proxy.url, vllm_server["dir"], retries=0, concurrency=1)
     for out in (None, tmp_path / "run"):
         proxy.die_after, proxy.posts = 1, 0  # the first request already goes unanswered
         with pytest.raises(PosbiasError, match="cannot connect") as e:
             sweep(s, out)
-        assert "kept" not in str(e.value) and "resume" not in str(e.value)
+        if out is None:
+            assert "kept" not in str(e.value) and "resume" not in str(e.value)
+        else:
+            assert e.value.fix.endswith(", and rerun with `resume` (no row is kept yet)"), e.value.fix
+        proxy.die_after = None
         restart(proxy)
+    assert len(sweep(s, tmp_path / "run", resume=True).rows) == 3
 
 
 def _failing_score(monkeypatch, after: int, when=lambda method: True):
@@ -153,12 +161,32 @@ def test_a_failed_sweep_offers_resume_with_the_rows_kept(loaded, tmp_path, monke
     assert e.value.fix == "check that the server is up"
     with pytest.raises(PosbiasError) as e:
         run_sweep(cfg, tmp_path / "s", loaded=loaded, progress=False)
-    assert e.value.fix == "check that the server is up; rerun with `resume` to continue (2 rows are kept)"
-    assert "rerun with --resume to continue (2 rows are kept)" in e.value.render(flag)
+    assert e.value.fix == "check that the server is up, and rerun with `resume` (2 rows are kept)"
+    assert "and rerun with --resume (2 rows are kept)" in e.value.render(flag)
     _failing_score(monkeypatch, after=0)
     with pytest.raises(PosbiasError) as e:
-        run_sweep(cfg, tmp_path / "t", loaded=loaded, progress=False)  # a folder, but no row in it
-    assert e.value.fix == "check that the server is up"
+        run_sweep(cfg, tmp_path / "t", loaded=loaded, progress=False)  # a folder, but no row in it: it holds the run
+    assert e.value.fix == "check that the server is up, and rerun with `resume` (no row is kept yet)"
+    monkeypatch.undo()
+    run_sweep(cfg, tmp_path / "t", loaded=loaded, resume=True, progress=False)  # followed as printed
+
+
+def test_a_fix_that_changes_the_rows_says_overwrite(loaded, tmp_path, monkeypatch):
+    """A fix a resume cannot take (another prompts=, context_window=: the fingerprint changes) says --overwrite."""
+    from posbias.backends.http import served_error
+    from posbias.eval import sweep as sweep_module
+
+    real = sweep_module.Scorer.score
+
+    def score(self, rows, method=None, done=None, on_batch=None):
+        real(self, rows[:1], method, done, on_batch)
+        raise served_error("the server refused a prompt", "set context_window=2048 in the model spec", False)
+
+    monkeypatch.setattr(sweep_module.Scorer, "score", score)
+    cfg = SweepConfig(task_options={"facts": 4, "digits": 3}, positions="0,3", n=2)
+    with pytest.raises(PosbiasError) as e:
+        run_sweep(cfg, tmp_path / "s", loaded=loaded, progress=False)
+    assert e.value.fix == "set context_window=2048 in the model spec, and rerun with `overwrite` (the row kept is scored again)"
 
 
 def test_a_failed_comparison_counts_the_rows_of_every_entry(loaded, tmp_path, monkeypatch):
@@ -166,7 +194,7 @@ def test_a_failed_comparison_counts_the_rows_of_every_entry(loaded, tmp_path, mo
     _failing_score(monkeypatch, after=1, when=lambda method: method.name == "pi")
     with pytest.raises(PosbiasError) as e:
         run_compare(cfg, ["none", "pi:1.5"], tmp_path / "c", loaded=loaded, progress=False)
-    assert e.value.fix == "check that the server is up; rerun with `resume` to continue (5 rows are kept)"  # 4 + 1
+    assert e.value.fix == "check that the server is up, and rerun with `resume` (5 rows are kept)"  # 4 + 1
 
 
 # ----------------------------------------------------------------------------- 4. what a refused resume shows
@@ -274,6 +302,168 @@ def test_cli_says_it_connects_to_a_served_model(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"connecting to openai:{NAME} at {url} ..." in err
     assert "loading" not in err and "bf16" not in err
+
+
+def test_nothing_listening_at_open_fails_fast_and_names_base_url(tmp_path, monkeypatch, capsys):
+    """A refused connection when the backend opens is a wrong port or no server: one quick retry (not 6 over 31 s),
+    then one line naming the URL and base_url=, not timeout= / retries=."""
+    import requests
+
+    from posbias.cli import main
+
+    sent = []
+    real = requests.Session.request
+    monkeypatch.setattr(requests.Session, "request", lambda self, *a, **k: sent.append(a[1]) or real(self, *a, **k))
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    monkeypatch.setattr("sys.argv", ["posbias", "sweep", "--model", f"openai:model={NAME},base_url={url}", "--facts", "4",
+                                     "--n", "1", "--positions", "0", "--engine", "generate", "--out", str(tmp_path / "s")])
+    t0 = time.perf_counter()
+    with pytest.raises(SystemExit):
+        main()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert time.perf_counter() - t0 < 5 and len(sent) == 2, (sent, err)
+    assert err.startswith(f"posbias: error: nothing listens at {url} (connection refused) -- start the server there")
+    assert "base_url=" in err and "timeout" not in err and "retries" not in err
+    assert not (tmp_path / "s").exists()
+
+
+def _argv(model: str, out, engine: str = "generate") -> list[str]:
+    return ["sweep", "--model", model, "--facts", "6", "--n", "1", "--positions", POS, "--engine", engine, "--out",
+            str(out), "--quiet"]
+
+
+def test_a_slow_server_is_asked_twice_at_most_and_the_hint_works(vllm_server, proxy, tmp_path):
+    """A live server slower than the timeout: each request is sent again once (vLLM drops a request its client left),
+    not 6 times; then one line advising a larger timeout= with --resume, which, followed as printed, finishes."""
+    from served import cli, follow
+
+    proxy.delay = (1000, 3.0)  # every reply takes 3 s: a slow server, not a dead one
+    argv = _argv(spec(proxy.url, vllm_server["dir"], timeout=1, concurrency=2), tmp_path / "run")
+    line = cli(argv)
+    assert proxy.received <= 4, f"{proxy.received} requests for 2 in flight"
+    assert "no reply within 1 s (2 tries) from a server that took the request" in line, line
+    assert line.endswith("-- give it more time with timeout=120 in the model spec, and rerun with --resume (no row is "
+                         "kept yet)"), line
+    timing = json.loads((tmp_path / "run" / "timing.json").read_text())
+    assert timing["retries"] <= 2 and timing["requests"] <= 5  # the two in flight, each once more; GET /models
+    proxy.delay = (0, 0.0)
+    (followed, _), = follow(argv, line)
+    assert cli(followed) is None and (tmp_path / "run" / "sweep.json").is_file()
+
+
+def test_chat_rows_record_the_servers_token_count_or_null(vllm_server, proxy, tmp_path):
+    """A chat row has no token ids here: its prompt_tokens is the server's count, null where the server gives none
+    (never 0); the cost record then prices the rows by their estimate."""
+    chat = f"openai:model={NAME},base_url={proxy.url},prompts=chat"
+    counted = sweep(chat).rows
+    assert all(isinstance(r["prompt_tokens"], int) and r["prompt_tokens"] > 20 for r in counted)
+    proxy.drop_usage = True
+    cfg = SweepConfig(model=chat, task_options=KV, positions=POS, n=1, engine="generate", price_in=1.0, price_out=1.0)
+    res = run_sweep(cfg, tmp_path / "run", progress=False)
+    assert [r["prompt_tokens"] for r in res.rows] == [None] * 3
+    assert [json.loads(x)["prompt_tokens"] for x in (tmp_path / "run" / "examples.jsonl").read_text().splitlines()] == [None] * 3
+    assert res.record["cost"]["spent"]["this_run"]["counted_by"] == "estimate"
+
+
+def test_a_context_window_above_the_servers_is_refused_at_open(vllm_server, tmp_path):
+    from served import cli, follow
+
+    argv = _argv(spec(vllm_server["url"], vllm_server["dir"], context_window=4096), tmp_path / "run")
+    line = cli(argv)
+    assert line == ("posbias: error: context_window=4096 in the model spec, but the server takes 2048 tokens -- use "
+                    "context_window=2048 in the model spec (or leave it out)"), line
+    assert not (tmp_path / "run").exists()
+    (followed, _), = follow(argv, line)
+    assert cli(followed) is None
+
+
+def test_a_chat_prompt_over_the_servers_window_says_what_works(vllm_server, proxy, tmp_path):
+    """vLLM's 400 for a chat prompt longer than its window is named as such, with the fix that works: the served
+    model's tokenizer, so posbias counts every prompt and refuses the long rows before sending any."""
+    from served import cli
+
+    chat = f"openai:model={NAME},base_url={proxy.url},prompts=chat"
+    argv = ["sweep", "--model", chat, "--facts", "150", "--n", "1", "--positions", "0", "--engine", "generate",
+            "--out", str(tmp_path / "run"), "--quiet"]
+    line = cli(argv)
+    assert "the server refused a prompt longer than its context window (HTTP 400: This model's maximum context length " \
+           "is 2048 tokens" in line, line
+    assert "-- add tokenizer=DIR (the served model's) to the model spec" in line and "--overwrite" in line
+    assert "prompts=" not in line.split(" -- ")[1] and proxy.received == 1  # shown once, not retried
+    proxy.received = 0
+    line = cli(argv[:2] + [chat + f",tokenizer={vllm_server['dir']}"] + argv[3:] + ["--overwrite"])  # followed
+    assert "tokens (3081 prompt + 12 answer) but the model's context window is 2048 -- use fewer" in line, line
+    assert proxy.received == 0  # refused before any request
+
+
+def test_vllm_drops_a_request_its_client_left(vllm_server):
+    """Why the vllm dialect sends a timed-out request once more (dialects.py, drops_abandoned): the server stops
+    computing it when the client's connection closes, so it is never computed twice at once."""
+    import requests
+
+    base = vllm_server["url"].removesuffix("/v1")
+    body = {"model": NAME, "prompt": "Tell me a long story.", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+    with pytest.raises(requests.ReadTimeout):
+        requests.post(f"{base}/v1/completions", json=body, timeout=1.0)  # 400 tokens take 15 s or more here
+    running = []
+    for _ in range(20):
+        metrics = requests.get(f"{base}/metrics", timeout=10).text
+        running = [float(x.split()[-1]) for x in metrics.splitlines() if x.startswith("vllm:num_requests_running")]
+        if running == [0.0]:
+            break
+        time.sleep(0.5)
+    assert running == [0.0], running
+
+
+SERVED_HINTS = [  # (the model spec's extra keys, the engine, what the refusal says): each hint, followed, finishes
+    ({"model": "other"}, "generate", "serves smollm2, not 'other'"),
+    ({"context_window": 4096}, "generate", "but the server takes 2048 tokens"),
+    ({"concurrency": 0}, "generate", "concurrency and batch must be at least 1"),
+    ({"tokenizer": None, "prompts": "tokens"}, "teacher-forced", "prompts=tokens needs the served model's tokenizer"),
+    ({"prompts": "text", "tokenizer": "gemma3-270m"}, "teacher-forced", "the server tokenises a prompt differently"),
+    ({"teacher_forcing": "prompt_logprobs", "prompts": "text"}, "teacher-forced",
+     "teacher_forcing=prompt_logprobs needs token prompts"),
+]
+
+
+@pytest.mark.parametrize("extra, engine, problem", SERVED_HINTS, ids=[p for *_, p in SERVED_HINTS])
+def test_every_served_hint_works_as_printed(vllm_server, tmp_path, extra, engine, problem):
+    """tests/hints.py for the model spec: each alternative of the hint that spells a command (key=value in the spec,
+    flags) is run against the real server and must not be refused again."""
+    from served import cli, follow, set_spec
+
+    model = set_spec(spec(vllm_server["url"], vllm_server["dir"]), {k: v for k, v in extra.items() if v is not None})
+    if extra.get("tokenizer", "") is None:
+        model = model.replace(f",tokenizer={vllm_server['dir']}", "")
+    argv = _argv(model, tmp_path / "run", engine)
+    line = cli(argv)
+    assert line is not None and problem in line, line
+    followed = follow(argv, line)
+    assert followed, f"no alternative of the hint can be followed as printed: {line}"
+    for k, (again, text) in enumerate(followed):
+        again = [str(tmp_path / f"run{k}") if a == str(tmp_path / "run") else a for a in again]  # each in a fresh copy
+        if (tmp_path / "run").exists():
+            shutil.copytree(tmp_path / "run", tmp_path / f"run{k}")
+        assert cli(again) is None, f"`{text}` from {line!r} does not work: {cli(again)}"
+
+
+def test_the_first_vllm_block_of_the_docs_is_complete():
+    """docs/backends.md's first `vllm serve` (the block a newcomer copies) sizes the KV cache (unset, vLLM's CPU worker
+    wants 92% of the RAM free and dies on a machine whose RAM is in use) and picks the dtype by the CPU, as the
+    suite's own server does (served.server_cmd): bf16 with native bf16, fp32 on an AVX2-only CPU."""
+    import subprocess
+
+    from served import KV_SPACE, ROOT, vllm_dtype
+
+    text = (ROOT / "docs" / "backends.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "vllm serve" in b).replace("\\\n", " ")
+    serve = next(x for x in block.splitlines() if "vllm serve" in x)
+    assert serve.startswith(f"VLLM_CPU_KVCACHE_SPACE={KV_SPACE} .venv-vllm/bin/vllm serve "), serve
+    assert "--dtype $DTYPE" in serve and "--max-model-len 2048" in serve
+    rule = next(x for x in block.splitlines() if x.startswith("DTYPE="))
+    got = subprocess.run(["bash", "-c", f"{rule}; echo $DTYPE"], capture_output=True, text=True, check=True).stdout
+    cmd = server_cmd(Path("/m"), 8123, cli=["vllm"])
+    assert got.strip() == vllm_dtype() == cmd[cmd.index("--dtype") + 1]
 
 
 def test_the_test_server_runs_vllm_serve():

@@ -51,12 +51,12 @@ Step = tuple[int | str, float, dict]
 @dataclass
 class Reply:
     """logprobs: a Step per scored prompt token; generate: the text (and, when asked with top > 0, a Step per
-    generated token). Token counts as the server gave them."""
+    generated token). Token counts as the server gave them (None: it gave none)."""
 
     tokens: list[Step] = field(default_factory=list)
     text: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
     finish: str = ""  # why generation stopped, as the server says ("length": cut at max_tokens; "stop")
 
 

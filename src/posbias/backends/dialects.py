@@ -11,10 +11,14 @@ prompt, how it lists generated tokens, and which of its errors are the request's
             no prompt_logprobs; tokens listed as text; every exception in a route is answered as a JSON 500
             (llama-cpp-python's RouteErrorHandler), so a 500 is the request's fault, not an outage
   openai    chat only (hosted APIs): temperature 0, top_p 1, no penalties; the API promises no exact argmax
+
+A dialect also says whether the server drops a request its client abandoned (a reply past the timeout may then be
+asked for again without the server computing it twice) and how it words a prompt longer than its context window.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ..errors import PosbiasError
@@ -35,6 +39,17 @@ class Dialect:
     refuses_500: bool = False  # a 500 is the request's fault (a validation error), shown and not retried
     exact_greedy: bool = True  # temperature 0 is the argmax (False: a hosted API's best effort, recorded)
     window_hint: str = "add context_window=N to the model spec"
+    drops_abandoned: bool = True  # an abandoned request (the client timed out and closed) is not computed on
+    too_long: tuple[str, ...] = ()  # regexes of its refusal of a prompt over the window; group 1: the window
+
+    def window_of(self, message: str) -> int | None:
+        """The server's context window where `message` refuses a prompt as too long (0: too long, window unsaid);
+        None: another refusal."""
+        for pattern in self.too_long:
+            m = re.search(pattern, message, re.IGNORECASE)
+            if m:
+                return int(m.group(1)) if m.groups() and m.group(1) else 0
+        return None
 
     def fields(self, prompts: str) -> dict:
         return {**self.greedy, **self.extra.get(prompts, {})}
@@ -54,14 +69,24 @@ _LLAMACPP = {"temperature": 0, "top_p": 1, "top_k": 0, "min_p": 0.0, "typical_p"
              "presence_penalty": 0.0, "frequency_penalty": 0.0, "mirostat_mode": 0}
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (
+    # vLLM 0.32 (HTTP 400): "This model's maximum context length is 2048 tokens. However, your prompt contains at
+    # least 2049 input tokens, ..." (renderers/params.py), "The decoder prompt (length 3000) is longer than the maximum
+    # model length of 2048." (v1/engine/input_processor.py), "Input length (3000) exceeds model's maximum context length
+    # (2048)." (api_utils.get_max_tokens); a timed-out client's request is aborted when its connection closes
     Dialect("vllm", ("tokens", "text", "chat"), _VLLM, owner="vllm", tokenize="/tokenize", token_ids=True,
             tokenize_key="prompt", tokenize_extra={"add_special_tokens": False},
             prompt_logprobs=True, extra={"text": {"add_special_tokens": False}, "tokens": {}, "chat": {}},
-            window_hint="add context_window=N to the model spec (vLLM's --max-model-len)"),
+            window_hint="add context_window=N to the model spec (vLLM's --max-model-len)",
+            too_long=(r"maximum context length is (\d+)", r"maximum model length of (\d+)",
+                      r"maximum context length \((\d+)\)")),
+    # llama-cpp-python 0.3.36 (HTTP 400, its server/errors.py rewording llama.py's "Requested tokens (3088) exceed
+    # context window of 2048"): "This model's maximum context length is 2048 tokens, however you requested 3088
+    # tokens (3081 in your prompt; 7 for the completion) ..."; it computes a request to the end after its client left
     Dialect("llamacpp", ("text", "chat"), _LLAMACPP, owner="me", tokenize="/extras/tokenize", refuses_500=True,
-            window_hint="add context_window=N to the model spec (the server's --n_ctx; llama-cpp-python's default is 2048)"),
+            window_hint="add context_window=N to the model spec (the server's --n_ctx; llama-cpp-python's default is 2048)",
+            drops_abandoned=False, too_long=(r"maximum context length is (\d+)", r"exceed context window of (\d+)")),
     Dialect("openai", ("chat",), {"temperature": 0, "top_p": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0},
-            exact_greedy=False),
+            exact_greedy=False, too_long=(r"maximum context length is (\d+)",)),  # OpenAI's context_length_exceeded
 )}
 
 
@@ -86,11 +111,12 @@ def choose_prompts(d: Dialect, asked: str | None, tokenizer: bool) -> str:
     if asked is not None:
         if asked not in d.prompts:
             other = " (or dialect=vllm, if the server takes vLLM's requests, as SGLang's does)" if d.name == "openai" else ""
+            use = d.prompts[0] if tokenizer or d.prompts[0] == "chat" else "chat"
+            generate = " and `engine=generate`" if use == "chat" else ""  # chat teacher-forces order tasks only
             raise PosbiasError(f"this server's dialect, {d.name}, takes no prompts={asked} (it takes {', '.join(d.prompts)})",
-                               f"use prompts={d.prompts[0] if tokenizer or d.prompts[0] == 'chat' else 'chat'} "
-                               f"in the model spec{other}")
+                               f"use prompts={use} in the model spec{generate}{other}")
         if asked != "chat" and not tokenizer:
             raise PosbiasError(f"prompts={asked} needs the served model's tokenizer", "add tokenizer=DIR (or a "
-                               "registered name) to the model spec, or use prompts=chat")
+                               "registered name) to the model spec, or use prompts=chat and `engine=generate`")
         return asked
     return next(p for p in d.prompts if tokenizer or p == "chat")

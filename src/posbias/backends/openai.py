@@ -25,7 +25,7 @@ from typing import Iterator
 from ..errors import PosbiasError
 from .base import Capabilities, Reply, Request, ServedBackend, Step, prompt_steps, teacher_forcing_route
 from .dialects import DIALECTS, Dialect, choose_prompts, detect, get_dialect
-from .http import Http
+from .http import Http, served_error
 
 PROMPTS = ("tokens", "text", "chat")
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
@@ -45,8 +45,8 @@ class OpenAIBackend(ServedBackend):
         "api_key_env": "environment variable holding the API key (default OPENAI_API_KEY; unset: no key sent)",
         "concurrency": "requests in flight (default 8)",
         "batch": "token prompts per /v1/completions request (default 1; vLLM and SGLang take a list: 8 cuts HTTP cost)",
-        "timeout": "seconds to wait for one reply (default 120)",
-        "retries": "tries after the first on 429 / 5xx / timeouts / dropped connections (default 6)",
+        "timeout": "seconds to wait for one reply (default 120; past it a request is sent once more at most)",
+        "retries": "tries after the first on 429 / 5xx / dropped connections (default 6)",
         "cache": "a directory for an on-disk response cache (default none): a re-run costs no requests",
         "context_window": "tokens the served model takes (default: the server's max_model_len)",
         "seed": "sent with every request (default 0)",
@@ -58,7 +58,8 @@ class OpenAIBackend(ServedBackend):
         self.concurrency = int(args.get("concurrency", 8))
         if self.concurrency < 1 or int(args.get("batch", 1)) < 1:
             raise PosbiasError(f"concurrency and batch must be at least 1, got {self.concurrency} and "
-                               f"{args.get('batch', 1)}", "pass concurrency=8 or so, batch=1 or more")
+                               f"{args.get('batch', 1)}", "use concurrency=8 and batch=1 in the model spec (each at "
+                               "least 1)")
         env = str(args.get("api_key_env", "OPENAI_API_KEY"))
         key = os.environ.get(env)  # read here, sent in a header, never stored in a record
         self.http = Http(self.where(args), {"Authorization": f"Bearer {key}"} if key else {},
@@ -68,8 +69,9 @@ class OpenAIBackend(ServedBackend):
         self.http.refuses_500 = self.dialect.refuses_500
         self.prompts = choose_prompts(self.dialect, args.get("prompts"), "tokenizer" in args)
         self.batch = int(args.get("batch", 1)) if self.prompts == "tokens" else 1
-        self.http.hint = (f"this {self.dialect.name} server refused a request posbias sends with prompts={self.prompts}: "
-                          f"try prompts={'text' if self.prompts == 'tokens' else 'chat'} in the model spec")
+        self.http.hint = _refusal_hint(self.dialect.name, self.prompts)
+        self.http.resend_timeout = self.dialect.drops_abandoned
+        self.http.explain = self._too_long
         self.route = teacher_forcing_route(args, self.dialect.prompt_logprobs and self.prompts == "tokens")
         self.caps = _caps(self.prompts, self.route)
         self.tokenizer = None
@@ -77,7 +79,11 @@ class OpenAIBackend(ServedBackend):
             from ..models.load import load_tokenizer
 
             self.tokenizer = load_tokenizer(str(args["tokenizer"]), progress)
-        window = args.get("context_window") or _window(listed, self.model)
+        self.served_window = _window(listed, self.model)  # the server's own (vLLM's max_model_len), if it says
+        window = args.get("context_window") or self.served_window
+        if self.served_window and int(window) > self.served_window:
+            raise PosbiasError(f"context_window={window} in the model spec, but the server takes {self.served_window} "
+                               "tokens", f"use context_window={self.served_window} in the model spec (or leave it out)")
         if not window:
             raise PosbiasError(f"the server at {self.http.base_url} does not say how long a context '{self.model}' "
                                "takes", self.dialect.window_hint)
@@ -103,7 +109,7 @@ class OpenAIBackend(ServedBackend):
             get_dialect(str(args["dialect"]))
         if args.get("prompts", "chat") != "chat" and "tokenizer" not in args:
             raise PosbiasError(f"prompts={args['prompts']} needs the served model's tokenizer", "add tokenizer=DIR (or a "
-                               "registered name) to the model spec, or use prompts=chat")
+                               "registered name) to the model spec, or use prompts=chat and `engine=generate`")
         teacher_forcing_route(args, args.get("prompts", "tokens" if "tokenizer" in args else "chat") == "tokens")
 
     @classmethod
@@ -116,12 +122,31 @@ class OpenAIBackend(ServedBackend):
 
     def _listed(self) -> list[dict]:
         """GET /models: reachable, key accepted, model served."""
-        listed = self.http.get("/models").get("data", [])
+        listed = self.http.get("/models", opening=True).get("data", [])
         ids = [m.get("id") for m in listed]
         if ids and self.model not in ids:
             raise PosbiasError(f"the server at {self.http.base_url} serves {', '.join(map(str, ids))}, not '{self.model}'",
                                f"use model={ids[0]} in the model spec")
         return listed
+
+    def _too_long(self, status: int, message: str) -> PosbiasError | None:
+        """A refusal of a prompt longer than the server's context window (None: another refusal), with the fix that
+        works: the server's window in the model spec (posbias then refuses rows too long for it before sending)."""
+        said = self.dialect.window_of(message)
+        if said is None:
+            return None
+        window = said or self.served_window
+        problem = f"the server refused a prompt longer than its context window (HTTP {status}: {message})"
+        if self.tokenizer is None:  # chat messages: nothing counts their tokens here
+            fix = ("add tokenizer=DIR (the served model's) to the model spec: posbias then counts each prompt's tokens "
+                   "and refuses rows too long for the server before sending any")
+        elif window is None or window < self.context_window:
+            n = window or "N (the server's --max-model-len or --n_ctx)"
+            fix = f"set context_window={n} in the model spec: posbias then refuses rows too long for it before sending any"
+        else:  # posbias counted a chat prompt shorter than the server's own template made it
+            fix = ("use shorter prompts (fewer facts or documents, a smaller size): the server's chat template makes "
+                   "them longer than posbias counts")
+        return served_error(problem, fix, False)
 
     def decoding(self) -> dict:
         fields = self.dialect.fields(self.prompts)
@@ -136,6 +161,7 @@ class OpenAIBackend(ServedBackend):
         return dict(self.http.counts)
 
     def run(self, requests: list[Request]) -> Iterator[tuple[int, Reply]]:
+        self.http.stopped.clear()  # set when a request fails for good: the others are then not sent again
         pool = ThreadPoolExecutor(self.concurrency)
         pending = {}
         try:
@@ -204,10 +230,10 @@ class OpenAIBackend(ServedBackend):
                                                      root=True))
         if got != ids:
             at = next((i for i, (a, b) in enumerate(zip(ids, got)) if a != b), min(len(ids), len(got)))
-            raise PosbiasError(f"the server tokenises a prompt differently from the tokenizer posbias encoded it with "
+            raise served_error(f"the server tokenises a prompt differently from the tokenizer posbias encoded it with "
                                f"(from token {at} on: {ids[at:at + 3]} here, {got[at:at + 3]} there; {len(ids)} vs "
                                f"{len(got)} tokens)", "give tokenizer= the served model's own (its directory or .gguf), "
-                               "or use prompts=chat")
+                               "or use prompts=chat and `engine=generate`", False)
         with self._lock:
             self._checked.add(key)
             self.http.count(tokenize_checks=1)
@@ -234,16 +260,28 @@ def _shape(q: Request) -> tuple:
 def _choices(out: dict, n: int) -> list[dict]:
     choices = sorted(out.get("choices") or [], key=lambda c: c.get("index", 0))
     if not choices:
-        raise PosbiasError("the server replied without choices", "check that it is an OpenAI-compatible endpoint")
+        raise served_error("the server replied without choices", "check that it is an OpenAI-compatible endpoint", True)
     if len(choices) != n:
-        raise PosbiasError(f"the server answered {len(choices)} choices for {n} prompts",
-                           "use batch=1 in the model spec (this server does not take a list of prompts)")
+        raise served_error(f"the server answered {len(choices)} choices for {n} prompts",
+                           "use batch=1 in the model spec (this server does not take a list of prompts)", True)
     return choices
 
 
 def _usage(out: dict) -> dict:
+    """The reply's token counts as the server gave them (None: it gave none)."""
     u = out.get("usage") or {}
-    return {"prompt_tokens": int(u.get("prompt_tokens") or 0), "completion_tokens": int(u.get("completion_tokens") or 0)}
+    return {k: None if u.get(k) is None else int(u[k]) for k in ("prompt_tokens", "completion_tokens")}
+
+
+def _refusal_hint(dialect: str, prompts: str) -> str:
+    """The fix for a request the server refused (4xx, or a llama-cpp-python 500): another prompt protocol."""
+    sent = f"this {dialect} server refused a request posbias sends with prompts={prompts}"
+    if prompts == "tokens":
+        return f"{sent}: try prompts=text in the model spec"
+    if prompts == "text":  # chat teacher-forces order tasks only: generation runs every task
+        return f"{sent}: try prompts=chat in the model spec and `engine=generate`"
+    return ("this server refuses a field posbias sends for greedy decoding or logprobs (its reason above): on an order "
+            "task use `engine=generate` (no logprobs asked); otherwise the server cannot be measured as it is")
 
 
 def _token(t) -> int | str:
@@ -267,6 +305,6 @@ def _prompt_steps(choice: dict, q: Request) -> list[Step]:
     """Reply.tokens from a choice's prompt_logprobs (vLLM's JSON: per position None or {"id": {logprob, rank}})."""
     plp = choice.get("prompt_logprobs")
     if not plp or len(plp) != len(q.ids):
-        raise PosbiasError("the server returned no prompt logprobs for a teacher-forced row",
-                           "use teacher_forcing=generate in the model spec (greedy generation, any server)")
+        raise served_error("the server returned no prompt logprobs for a teacher-forced row",
+                           "use teacher_forcing=generate in the model spec (greedy generation, any server)", False)
     return prompt_steps([e and {int(k): float(v["logprob"]) for k, v in e.items()} for e in plp], q)

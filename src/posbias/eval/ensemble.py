@@ -38,7 +38,7 @@ def score_ensemble(scorer, rows: list[Encoded], method: Method, done: set,
         for r in chunk:
             res = got[r.key] + more.get(r.key, [])
             row = method.vote(res)
-            row.update(example_id=r.key[0], position=as_json(r.key[1]), prompt_tokens=len(r.prompt_ids),
+            row.update(example_id=r.key[0], position=as_json(r.key[1]), prompt_tokens=len(r.prompt_ids) or None,
                        arranged_slots=[x.get("arranged_slot") for x in res])
             new.append(row)
         out += new
