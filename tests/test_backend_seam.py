@@ -76,10 +76,24 @@ def test_identity_leaves_out_transport_keys_and_labels_are_short():
 
 
 def test_a_served_prefix_is_refused_where_the_model_must_be_in_process():
+    """load_model (the in-process commands) refuses any NAME:... spec without claiming it is served: models/ sits
+    below backends/ and cannot tell a registered backend from an unknown one."""
     from posbias import load_model
 
-    with pytest.raises(PosbiasError, match="served model.*needs the model in process"):
-        load_model("openai:model=m,base_url=http://127.0.0.1:9/v1")
+    for spec in ("openai:model=m,base_url=http://127.0.0.1:9/v1", "nosuch:model=x"):
+        with pytest.raises(PosbiasError, match="is a backend spec .* loads its model in process") as e:
+            load_model(spec)
+        assert "served" not in str(e.value) and "posbias sweep, compare and grid" in str(e.value)
+
+
+def test_an_unknown_backend_is_refused_as_such_naming_the_backends(local_backend, tmp_path, monkeypatch):
+    with pytest.raises(PosbiasError, match="unknown backend 'nosuch' in model spec 'nosuch:model=x'") as e:
+        parse_spec("nosuch:model=x")
+    assert all(name in str(e.value) for name in BACKENDS) and "`posbias backends`" in str(e.value)
+    assert parse_spec(f"local:{tmp_path}").backend == "local"  # a registered one opens
+    (tmp_path / "mine:v2").mkdir()  # an existing folder whose name holds a colon is a model in process
+    monkeypatch.chdir(tmp_path)
+    assert parse_spec("mine:v2").args == {"model": "mine:v2"} and parse_spec("mine:v2").backend == "hf"
 
 
 def test_the_grid_opens_its_model_through_the_same_seam(local_backend, model_dir, loaded):

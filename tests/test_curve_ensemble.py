@@ -89,6 +89,70 @@ def test_a_curve_measured_under_a_method_or_on_some_slots_is_not_a_policy(model_
         get_method(f"curve:{tmp_path / 'some'}")
 
 
+def test_the_text_after_the_last_colon_is_the_signal_and_must_be_bm25_or_oracle(tmp_path):
+    """curve:RUN:SIGNAL: an unknown signal is refused naming it; a path that exists as written is RUN whole (a path may
+    hold colons); a tail with a `/` is part of RUN (methods/curve.py's rule)."""
+    f = _policy_with(tmp_path, [3, 0, 5, 1, 4, 2])
+    with pytest.raises(PosbiasError, match="unknown relevance signal 'bogus' for curve") as e:
+        get_method(f"curve:{f}:bogus")
+    assert "\n" not in str(e.value) and f"curve:{f}:oracle" in str(e.value)
+    assert get_method(f"curve:{f}:oracle").signal == "oracle" and get_method(f"curve:{f}").signal == "bm25"
+    odd = tmp_path / "runs:1" / "p:oracle"  # a folder and a file whose names hold colons
+    odd.parent.mkdir()
+    odd.write_bytes(f.read_bytes())
+    assert (get_method(f"curve:{odd}").signal, get_method(f"curve:{odd}").policy_path) == ("bm25", str(odd))
+    assert get_method(f"curve:{odd}:oracle").signal == "oracle"
+    with pytest.raises(PosbiasError, match="nor at .*absent with the relevance signal 'bogus'"):
+        get_method(f"curve:{tmp_path / 'absent'}:bogus")
+    with pytest.raises(PosbiasError, match=r"no policy or finished sweep at .*runs:1/absent --"):
+        get_method(f"curve:{tmp_path / 'runs:1' / 'absent'}")
+
+
+BROKEN = {  # a field of the policy file -> a value of the wrong type, and the field the refusal names
+    "ranking floats": ({"ranking": [3.0, 0.0, 5.0, 1.0, 4.0, 2.0]}, "'ranking' must be a list of slots"),
+    "ranking strings": ({"ranking": ["3", "0", "5", "1", "4", "2"]}, "'ranking' must be a list of slots"),
+    "task a string": ({"task": "kv-lookup"}, "'task' must be an object"),
+    "measured a string": ({"measured": "hand"}, "'measured' must be an object"),
+    "model missing": ({"model": None}, "'model' must be the name of the model"),
+    "n_slots a string": ({"n_slots": "6"}, "'n_slots' must be a whole number"),
+    "a slot's accuracy": ({"slots": [{"slot": 0, "accuracy": "high", "ci": [0, 1], "n": 10}]}, r"'slots\[0\]' must be"),
+    "measured.run": ({"measured": {"run": 5}}, "'measured.run' must be"),
+    "fitted_on a string": ({"fitted_on": "kv-lookup"}, "'fitted_on' must be an object"),
+    "fitted_on.skip": ({"fitted_on": {"task": "kv-lookup", "seed": 0, "skip": "500", "n": 10}}, "'fitted_on.skip' must"),
+    "curve a string": ({"curve": "flat"}, "'curve' must be an object"),
+    "curve.gap_ci": ({"curve": {"separable": False, "gap": 0.1, "gap_ci": "wide", "average": 0.5}}, "'curve.gap_ci' must"),
+}
+
+
+@pytest.mark.parametrize("change, field", BROKEN.values(), ids=list(BROKEN))
+def test_a_policy_field_of_the_wrong_type_is_refused_before_the_model_loads(model_dir, tmp_path, monkeypatch, capsys,
+                                                                           change, field):
+    """`posbias sweep --method curve:POLICY`: exit 2, one line naming the file and the field, no model load, no file
+    in the new output folder; read_policy (the Python API, the integrations) refuses it the same way."""
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    from posbias.cli import main
+    from posbias.measure import read_policy
+
+    f = _policy_with(tmp_path, [3, 0, 5, 1, 4, 2])
+    f.write_text(json.dumps({**json.loads(f.read_text()), **change}))
+    with pytest.raises(PosbiasError, match=field) as e:
+        read_policy(f)
+    assert str(e.value).startswith(f"{f}: ") and "\n" not in str(e.value)
+    loads = []
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loads.append(a))
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["posbias", "sweep", "--model", str(model_dir), "--facts", "6", "--n", "2", "--dtype",
+                                      "fp32", "--quiet", "--method", f"curve:{f}", "--out", str(out)])
+    with pytest.raises(SystemExit) as ex:
+        main()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert ex.value.code == 2 and len(err) == 1 and err[0].startswith(f"posbias: error: {f}: ") and " -- " in err[0], err
+    assert not loads and not (out.exists() and any(p.is_file() for p in out.rglob("*")))
+
+
 @pytest.mark.parametrize("mode", ["shift", "perm"])
 def test_ensemble_orders_are_permutations_and_order_0_is_the_prompt(mode):
     task = get_task("kv-lookup", facts=10)

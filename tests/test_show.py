@@ -12,7 +12,7 @@ import posbias
 from conftest import char_tokenizer, tiny_loaded, tiny_model
 from posbias import SweepConfig, run_sweep
 from posbias.errors import PosbiasError
-from posbias.measure import ShownPrompt, show_prompt
+from posbias.measure import ShownPrompt, show_prompt, show_prompts
 from posbias.models.load import Loaded
 from test_public_api import result_problems, row_problems
 
@@ -170,8 +170,46 @@ def test_the_cli_prints_the_prompt_of_a_saved_model(model_dir, monkeypatch, caps
     code, out, err = _cli(monkeypatch, capsys, *args, "--position", "7")
     assert code == 2 and not out and len(err.strip().splitlines()) == 1
     assert err.startswith("posbias: error: position 7 is out of range") and " -- " in err
-    code, _, err = _cli(monkeypatch, capsys, *args, "--position", "0,1")
-    assert code == 2 and "--position 0,1 names 2 placements" in err and "--position 0" in err
+    code, out, err = _cli(monkeypatch, capsys, *args, "--position", "0,1")  # several: each prompt in turn
+    assert code == 0 and out.startswith("[1 of 2] task kv-lookup") and "\n\n[2 of 2] task kv-lookup" in out, err
+
+
+@pytest.mark.parametrize("task, spec, want", [
+    ("kv-lookup", "all", [0, 1, 2, 3]), ("kv-lookup", "0,2,3", [0, 2, 3]), ("kv-lookup", "0%,100%", [0, 3]),
+    ("kv-2hop", "0:1,3:2", [(0, 1), (3, 2)]), ("kv-2hop", "connected", "connected"),
+])
+def test_the_cli_shows_every_placement_a_positions_spec_names(model_dir, monkeypatch, capsys, task, spec, want):
+    """`--position` takes what `--positions` takes (the forms show's own hints and sweep's suggest): one prompt per
+    placement, in the sweep's order, each show_prompt's; --json a list of their records."""
+    args = ["--model", str(model_dir), "--task", task, "--facts", "4", "--digits", "3", "--position", spec]
+    code, out, err = _cli(monkeypatch, capsys, *args)
+    placed = posbias.get_task(task, **KV).placements(spec)
+    assert want == "connected" or placed == want
+    shown = [show_prompt(task, p, model=str(model_dir), task_options=KV) for p in placed]
+    assert code == 0 and out == "\n\n".join(f"[{k} of {len(shown)}] {s.format()}" for k, s in enumerate(shown, 1)) + "\n", err
+    code, out, err = _cli(monkeypatch, capsys, *args, "--json")
+    assert code == 0 and json.loads(out) == [s.record for s in shown], err
+
+
+def test_show_prompts_resolves_a_spec_as_a_sweep_does(lo):
+    got = show_prompts("kv-lookup", "all", 1, loaded=lo, task_options=KV, seed=2)
+    assert [s.position for s in got] == [0, 1, 2, 3]
+    assert [s.record for s in got] == [show_prompt("kv-lookup", p, 1, loaded=lo, task_options=KV, seed=2).record
+                                       for p in range(4)]
+    assert [s.position for s in show_prompts("kv-2hop", [(2, 0), (0, 1)], loaded=lo, task_options=KV)] == [(2, 0), (0, 1)]
+    assert [s.position for s in show_prompts("kv-lookup", loaded=lo, task_options=KV)] == [0]  # the first default
+    for kw, words in (({"positions": "9"}, "out of range"), ({"example": -1}, "no example -1"), ({"skip": -1}, "skip")):
+        with pytest.raises(PosbiasError, match=words) as e:
+            show_prompts("kv-lookup", **{"positions": "0", **kw}, loaded=lo, task_options=KV)
+        assert "`positions" not in str(e.value)  # the parameter is show's `position` (the CLI's --position)
+
+
+def test_the_placements_given_as_pairs_are_named_pairs_in_the_hint(model_dir, monkeypatch, capsys):
+    args = ["--model", str(model_dir), "--task", "kv-2hop", "--facts", "4", "--digits", "3"]
+    code, _, err = _cli(monkeypatch, capsys, *args, "--pairs", "0,1")
+    assert code == 2 and "bad pair '0' in --pairs" in err and "e.g. --pairs 0:1" in err, err
+    code, out, err = _cli(monkeypatch, capsys, *args, "--pairs", "0:1")  # the hint, followed
+    assert code == 0 and "at slot 0:1" in out, err
 
 
 def test_smollm2s_default_system_turn_and_token_count(smollm2):

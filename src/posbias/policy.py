@@ -12,8 +12,9 @@ retriever's best-ranked item into the best slot, its second into the second best
                   "template": {...}, "posbias": "0.x", "sha256": "..."},
      "fitted_on": {"task": "kv-lookup", "seed": 0, "skip": 1000, "n": 30}}   the examples a comparison must avoid
 
-read_policy accepts a policy file, a finished sweep folder or its sweep.json; check_policy refuses, in one line, a
-policy from another model, task shape or slot count.
+read_policy accepts a policy file, a finished sweep folder or its sweep.json, and refuses, in one line naming the file
+and the field, a field the code reads that is missing or of another type (`slots`, `measured`, `fitted_on` and
+`curve` may be left out); check_policy refuses, in one line, a policy from another model, task shape or slot count.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def policy_from_sweep(record: dict, source: str = "") -> dict:
     got = sorted(p["position"] for p in per)
     if not n or got != list(range(n)):
         raise PosbiasError(f"{where} measured slots {','.join(map(str, got))} of {n}; a policy needs every slot",
-                           "sweep every slot (positions all, the default)")
+                           "sweep every slot: posbias sweep ... --positions all (the default)")
     per = sorted(per, key=lambda p: p["position"])
     acc = [float(p["accuracy"]) for p in per]
     return {"posbias_policy": VERSION, "model": (record.get("model") or {}).get("name", cfg.get("model")), "task": task,
@@ -95,8 +96,14 @@ def policy_from_sweep(record: dict, source: str = "") -> dict:
             "measured": {"run": source, "engine": cfg.get("engine"), "n": cfg.get("n"), "seed": cfg.get("seed"),
                          "skip": cfg.get("skip"), "chat_used": cfg.get("chat_used"), "template": cfg.get("template"),
                          "posbias": (record.get("versions") or {}).get("posbias")},
-            "fitted_on": {"task": task.get("name"), "seed": cfg.get("seed"), "skip": cfg.get("skip"), "n": cfg.get("n")},
+            "fitted_on": _split(task.get("name"), cfg),
             "curve": _curve_summary(record.get("summary") or {})}
+
+
+def _split(task: str | None, cfg: dict) -> dict | None:
+    """The examples the sweep scored (what a comparison must not evaluate); None where its record does not say."""
+    split = {"task": task, "seed": cfg.get("seed"), "skip": cfg.get("skip"), "n": cfg.get("n")}
+    return split if None not in split.values() else None
 
 
 def _curve_summary(summary: dict) -> dict:
@@ -130,23 +137,85 @@ def read_policy(path: str | Path) -> dict:
         raise PosbiasError(f"{f} is not JSON ({type(e).__name__})", "export the policy again") from None
     if not isinstance(rec, dict):
         raise PosbiasError(f"{f} is not a policy or a sweep record", "pass a policy file or a finished sweep folder")
-    pol = rec if "posbias_policy" in rec else policy_from_sweep(rec, str(f))
+    try:
+        pol = rec if "posbias_policy" in rec else policy_from_sweep(rec, str(f))
+    except (AttributeError, KeyError, TypeError, ValueError) as e:  # a field of another type than a sweep writes
+        raise PosbiasError(f"{f} is neither a policy nor a finished sweep record ({type(e).__name__}: {e})",
+                           "pass a policy file (posbias policy export RUN) or a finished sweep folder") from None
     _validate(pol, f)
     return {**pol, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
 
 
 def _validate(pol: dict, where: str | Path) -> None:
-    """Refuse, in one line, a policy (a file's, or a dict: `where` names it) of another version or a broken ranking."""
+    """Refuse, in one line, a policy (a file's, or a dict: `where` names it) of another version, or with a field the
+    code reads missing or of the wrong type (naming the field and what it must be), or a broken ranking."""
     if pol.get("posbias_policy") != VERSION:
         raise PosbiasError(f"{where} is policy version {pol.get('posbias_policy')!r}, this posbias reads {VERSION}",
                            "export the policy again with this posbias (posbias policy export RUN)")
-    try:
-        n, ranking = int(pol["n_slots"]), [int(s) for s in pol["ranking"]]
-        pol["model"], pol["task"]  # noqa: B018 - the fields every policy has
-    except (KeyError, TypeError, ValueError) as e:
-        raise PosbiasError(f"{where} is not a posbias policy ({type(e).__name__}: {e})", "export it again") from None
+    need = _Fields(pol, where)
+    need("model", isinstance(pol.get("model"), str) and pol["model"], "the name of the model the curve belongs to")
+    need("task", isinstance(pol.get("task"), dict), "an object (the task's shape, task.config())")
+    need("n_slots", _whole(pol.get("n_slots")) and pol["n_slots"] >= 1, "a whole number of slots, 1 or more")
+    ranking, n = pol.get("ranking"), pol["n_slots"]
+    need("ranking", isinstance(ranking, list) and all(map(_whole, ranking)), "a list of slots (whole numbers), best first")
     if sorted(ranking) != list(range(n)):
         raise PosbiasError(f"{where} ranks slots {ranking}, not each of its {n} slots once", "export the policy again")
+    for k, s in enumerate(_optional(pol, "slots", list, need, "a list of per-slot objects")):
+        ok = (isinstance(s, dict) and _whole(s.get("slot")) and _number(s.get("accuracy")) and _whole(s.get("n"))
+              and _pair(s.get("ci")))
+        need(f"slots[{k}]", ok, 'an object {"slot": whole number, "accuracy": number, "ci": [low, high], "n": whole number}')
+    run = _optional(pol, "measured", dict, need, "an object (how the curve was measured)").get("run")
+    need("measured.run", run is None or isinstance(run, str), "the path of the sweep record, or null")
+    split = _optional(pol, "fitted_on", dict, need, "an object (the examples the curve was measured on), or null")
+    if split:
+        need("fitted_on.task", isinstance(split.get("task"), str), "a task name")
+        for key in ("seed", "skip", "n"):
+            need(f"fitted_on.{key}", _whole(split.get(key)) and split[key] >= 0, "a whole number, 0 or more")
+    curve = _optional(pol, "curve", dict, need, "an object (the curve's gap and shape), or null")
+    need("curve.separable", curve.get("separable") in (None, True, False), "true, false or null")
+    if curve.get("separable") is False:
+        need("curve.gap_ci", _pair(curve.get("gap_ci")), "[low, high] (two numbers)")
+        for key in ("gap", "average"):
+            need(f"curve.{key}", _number(curve.get(key)), "a number")
+
+
+_MISSING = object()
+
+
+class _Fields:
+    """need(field, ok, must): refuse in one line, naming the policy, the field and what it must be, unless ok."""
+
+    def __init__(self, pol: dict, where: str | Path):
+        self.pol, self.where = pol, where
+
+    def __call__(self, name: str, ok: Any, must: str) -> None:
+        if ok:
+            return
+        got: Any = self.pol
+        for part in name.replace("[", ".").replace("]", "").split("."):
+            got = got.get(part, _MISSING) if isinstance(got, dict) else got[int(part)]
+        shown = "nothing (no such field)" if got is _MISSING else json.dumps(got)
+        raise PosbiasError(f"{self.where}: '{name}' must be {must}, got {shown if len(shown) <= 60 else shown[:57] + '...'}",
+                           "correct that field, or export the policy again (posbias policy export RUN)")
+
+
+def _optional(pol: dict, name: str, kind: type, need: _Fields, must: str):
+    """A field the policy may leave out (or null): its value, or an empty one of `kind`; a value of another type refused."""
+    value = pol.get(name)
+    need(name, value is None or isinstance(value, kind), must)
+    return value or kind()
+
+
+def _whole(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _pair(x: Any) -> bool:
+    return isinstance(x, list) and len(x) == 2 and all(map(_number, x))
 
 
 def check_policy(policy: dict, model: str | None = None, task: dict | None = None, n_slots: int | None = None) -> None:

@@ -13,6 +13,7 @@ named by `api_key_env` (default OPENAI_API_KEY) and is never written to disk.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import PosbiasError
 from ..specs import guess, split_pairs
@@ -78,9 +79,14 @@ class ModelSpec:
 
 
 def parse_spec(spec: str) -> ModelSpec:
-    """`BACKEND:model,key=value,...` (or a plain in-process model name / path) -> ModelSpec; unknown backends,
-    malformed pairs and keys a backend does not take are refused in one line."""
+    """`BACKEND:model,key=value,...` (or a plain in-process model name / path) -> ModelSpec; unknown backends (a
+    `NAME:` head that is no registered backend, where the spec is no existing path), malformed pairs and keys a
+    backend does not take are refused in one line."""
     head, sep, rest = spec.partition(":")
+    if sep and head.isidentifier() and head not in BACKENDS and not Path(spec).expanduser().exists():
+        raise PosbiasError(f"unknown backend '{head}' in model spec '{spec}' (nor is it a file or folder)",
+                           f"name one of the backends: {', '.join(BACKENDS)} (`posbias backends`), as NAME:MODEL,..., "
+                           "or pass a registered model name (`posbias models`), a model directory or a .gguf file")
     if not sep or head not in BACKENDS:  # a registered name, a path, a hub id: in process
         return ModelSpec("hf", {"model": spec}, spec)
     cls = BACKENDS[head]

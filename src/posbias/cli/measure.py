@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from .. import BACKENDS, MODELS, TASKS, SweepConfig, run_compare, run_sweep
-from ..measure import COLLAPSE_MARGIN, JSONL_SCHEMA, ORDER_SCHEMAS, export_model, show_prompt, split_models, split_specs
+from .. import BACKENDS, MODELS, TASKS, PosbiasError, SweepConfig, run_compare, run_sweep
+from ..measure import COLLAPSE_MARGIN, JSONL_SCHEMA, ORDER_SCHEMAS, export_model, show_prompts, split_models, split_specs
 from .options import (
     MODEL,
     RUN,
@@ -75,17 +75,29 @@ SHOW_SCORING = Group("scoring", "Scoring", engine=Opt(type=Optional[str], values
 
 @uses(SweepConfig, SHOW_MODEL, TASK, SHOW_SPLIT, SHOW_SCORING)
 def show(model: Args, task: Args, split: Args, scoring: Args,
-         position: Optional[str] = typer.Option(None, help="the one placement to show: a slot (5), a percent of the "
-                                                "last slot (50%), or first:second hop slots (0:1); default: the "
-                                                "task's first default placement"),
+         position: Optional[str] = typer.Option(None, help="the placements to show, as --positions names them: a "
+                                                "slot (5), a list (0,4,9), percents of the last slot (50%), all, or "
+                                                "first:second hop slots (0:1, connected); each prompt in turn; "
+                                                "default: the task's first default placement"),
          example: int = typer.Option(0, help="which example: its row number in the order --seed and --skip give, "
                                              "as a sweep with them numbers its examples"),
-         as_json: bool = typer.Option(False, "--json", help="print the whole record as JSON instead")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="print the whole record as JSON instead (several "
+                                                            "placements: a list of records)")) -> None:
     """Print the exact prompt one row is scored on: chat template, system turn, answer prefix, where the gold sits."""
-    t = task_fields(task)
-    shown = show_prompt(t["task"], placements(task, position), example, model=model.model, chat=model.chat,
-                        data_dir=t["data_dir"], task_options=t["task_options"], **vars(split), **vars(scoring))
-    typer.echo(json.dumps(shown.record, indent=2, ensure_ascii=False) if as_json else shown.format())
+    t, spec = task_fields(task), placements(task, position)
+    try:
+        shown = show_prompts(t["task"], spec, example, model=model.model, chat=model.chat, data_dir=t["data_dir"],
+                             task_options=t["task_options"], **vars(split), **vars(scoring))
+    except PosbiasError as e:  # the placements came as --pairs: the hint names that flag
+        if spec is position:
+            raise
+        raise PosbiasError(e.problem.replace("`position", "`pairs"), e.fix and e.fix.replace("`position", "`pairs")) from None
+    if as_json:
+        records = [s.record for s in shown]
+        typer.echo(json.dumps(records[0] if len(records) == 1 else records, indent=2, ensure_ascii=False))
+    else:
+        n = len(shown)  # several: each numbered, so a long listing can be searched
+        typer.echo("\n\n".join((f"[{k} of {n}] " if n > 1 else "") + s.format() for k, s in enumerate(shown, 1)))
 
 
 def tasks() -> None:

@@ -2,6 +2,7 @@
 
     shown = show_prompt("kv-lookup", 5)                  # example 0 of seed 0, the gold fact at slot 5
     print(shown.format())                                # header, where the gold sits, answers, the prompt verbatim
+    shown = show_prompts("kv-lookup", "0,4,9")           # one ShownPrompt per placement, as a sweep names them
 
 The example is the `example`-th of the seeded order (`task.examples(example + 1, seed, skip)[example]`: row number
 `example` of a sweep with that seed and skip), the placement is resolved from a positions spec as a sweep resolves
@@ -54,6 +55,7 @@ class ShownPrompt:
     answer_prefix: str
     engine: str
     max_new_tokens: int
+    judge_template: str | None = None  # a judge task's template: its file's name and sha256, or the built-in `ask`
 
     @property
     def record(self) -> dict:
@@ -79,6 +81,8 @@ class ShownPrompt:
                      + (f", up to {self.max_new_tokens} new tokens" if self.engine == "generate" else ""))
         if self.options:
             lines.append(f"options: {', '.join(self.options)}")
+        if self.judge_template:
+            lines.append(f"judge template: {self.judge_template}")
         rule = "-" * 80
         return "\n".join([*lines, rule, self.text, rule])
 
@@ -90,7 +94,20 @@ def _gold_line(g: dict, n: int) -> str:
     where = (f" (tokens {g['tokens'][0]} to {g['tokens'][1] - 1})" if g["tokens"]
              else f" (characters {g['chars'][0]} to {g['chars'][1] - 1})" if g["chars"] else "")
     text = g["text"] if len(g["text"]) <= 70 else g["text"][:67] + "..."
-    return f"{what} at slot {g['slot']}{where}: {text!r}"
+    around = f"\n  between ...{g['around'][0]!r} and {g['around'][1]!r}..." if "around" in g else ""
+    return f"{what} at slot {g['slot']}{where}: {text!r}{around}"
+
+
+def _needle_at(gold: list[dict], ex, text: str) -> list[dict]:
+    """A haystack's needle (tasks/haystack.py: its slot is a depth, not an item): its text, where it sits and the 30
+    characters either side of it, so a sentence boundary can be seen."""
+    needles = getattr(ex, "needles", None)
+    at = text.find(needles[0].text) if needles and "text" not in gold[0] else -1
+    if at >= 0:
+        end = at + len(needles[0].text)
+        gold[0].update(text=needles[0].text, chars=[at, end], tokens=None, around=[text[max(at - 30, 0):at],
+                                                                                     text[end:end + 30]])
+    return gold
 
 
 class TokenizerOnly(Backend):
@@ -129,8 +146,8 @@ def tokenizer_of(model: str) -> TokenizerOnly:
     return TokenizerOnly(str(spec.args["model"]), spec.backend, spec.caps, load_tokenizer(str(source), progress=False))
 
 
-def _placement(task: Task, position) -> Placement:
-    """The one placement a positions spec names; None: the task's first default placement."""
+def _placements(task: Task, position) -> list[Placement]:
+    """The placements a positions spec names, as a sweep resolves them; None: the task's first default placement."""
     if isinstance(position, tuple) and len(position) == 2 and task.n_gold == 2:
         position = [position]  # one pair, not two slots
     try:
@@ -138,10 +155,16 @@ def _placement(task: Task, position) -> Placement:
     except PosbiasError as e:  # the spec is `position` here
         raise PosbiasError(e.problem.replace("`positions", "`position"),
                            e.fix and e.fix.replace("`positions", "`position")) from None
-    if position is not None and len(found) != 1:
+    return found if position is not None else found[:1]
+
+
+def _placement(task: Task, position) -> Placement:
+    """The one placement a positions spec names; None: the task's first default placement."""
+    found = _placements(task, position)
+    if len(found) != 1:
         shown = ", ".join(label(p) for p in found[:4]) + (", ..." if len(found) > 4 else "")
         raise PosbiasError(f"`position={position}` names {len(found)} placements ({shown}), and one prompt has one",
-                           f"name one, e.g. `position={label(found[0])}`")
+                           f"name one, e.g. `position={label(found[0])}`, or call show_prompts for each")
     return found[0]
 
 
@@ -149,7 +172,9 @@ def _example(task: Task, example: int, seed: int, skip: int):
     pool = task.pool_size
     if example < 0 or (pool is not None and skip + example >= pool):
         last = "" if pool is None else f" (task {task.name} has {pool} examples; `skip={skip}`)"
-        fix = "use `example=0` or more" if example < 0 else f"use `example={max(pool - skip - 1, 0)}` or less"
+        fix = ("use `example=0` or more" if example < 0 else f"use `example={pool - skip - 1}` or less" if skip < pool
+               else f"use `skip={pool - 1 - example}` or less" if example < pool  # past the pool, no example is left
+               else f"use `skip=0` and `example={pool - 1}`")
         raise PosbiasError(f"there is no example {example}{last}", fix)
     return task.examples(example + 1, seed, skip)[example]
 
@@ -201,5 +226,33 @@ def show_prompt(task: str | Task, position=None, example: int = 0, *, model: str
         task=t.name, model=str(backend.info.get("name", model)), example_id=p.example_id, position=placement,
         text=text, n_tokens=len(row.prompt_ids), chat_used=scorer.chat,
         system=default_system(tok) if scorer.chat else None, template_sha256=template_sha256(tok) if scorer.chat else None,
-        gold=_gold(tok, row, text, scorer.chat), answers=list(p.answers), options=list(p.options),
-        answer_prefix=p.answer_prefix, engine=scorer.engine.name, max_new_tokens=scorer.max_new_tokens)
+        gold=_needle_at(_gold(tok, row, text, scorer.chat), ex, text), answers=list(p.answers), options=list(p.options),
+        answer_prefix=p.answer_prefix, engine=scorer.engine.name, max_new_tokens=scorer.max_new_tokens,
+        judge_template=_judge_template(t))
+
+
+def _judge_template(task: Task) -> str | None:
+    """A judge task's template as `show` names it (tasks/judge_template.py): a file by name and sha256, the built-in
+    question by its `ask`."""
+    cfg = task.config()
+    if "template" in cfg:
+        return f"{cfg['template']['name']} (sha256 {cfg['template']['sha256']})"
+    return f"built-in, ask={cfg['ask']}" if "ask" in cfg else None
+
+
+def show_prompts(task: str | Task, positions=None, example: int = 0, *, model: str = DEFAULT_MODEL,
+                 loaded: Loaded | Backend | None = None, chat: str | bool = "auto", seed: int = 0, skip: int = 0,
+                 data_dir: str | None = None, task_options: dict | None = None, engine: str | None = None,
+                 max_new_tokens: int | None = None) -> list[ShownPrompt]:
+    """`show_prompt` at every placement `positions` names, as a sweep names them ("all", "0,4,9", "0%,50%,100%", a
+    list of slots; on a two-hop task pairs "0:1,5:13", "connected", a list of pairs), in the order a sweep scores
+    them (`posbias show --position`); the task and the tokenizer are loaded once. None: the task's first default
+    placement. Every check is made before the tokenizer loads."""
+    if skip < 0:
+        raise PosbiasError(f"`skip` must be >= 0, got {skip}", "use `skip=0` or more")
+    t = task if isinstance(task, Task) else get_task(task, data_dir=data_dir, **(task_options or {}))
+    found = _placements(t, positions)
+    _example(t, example, seed, skip)
+    backend = as_backend(loaded) if loaded is not None else tokenizer_of(model)
+    return [show_prompt(t, p, example, model=model, loaded=backend, chat=chat, seed=seed, skip=skip, engine=engine,
+                        max_new_tokens=max_new_tokens) for p in found]

@@ -5,6 +5,10 @@ integrations/ apply the same placement in a user's pipeline).
     curve:RUN[:SIGNAL]       RUN: a finished sweep folder of the unmodified model (every slot, one gold item) or a policy
                              file (`posbias policy export RUN`); SIGNAL: bm25 (default) or oracle, as in reorder
 
+Which colon ends RUN: a spec that names an existing file or folder as a whole is RUN (a path may hold colons);
+otherwise the text after the last colon is SIGNAL where it holds no `/` (then it must be bm25 or oracle: anything
+else is refused naming it), and the whole spec is RUN where it does (`curve:runs/a:b/sweep`).
+
 It generalises reorder's fixed rules: on a primacy curve it is `first`, on a recency curve `last`, and on any other
 shape it follows the measured ranking. The curve must come from the same model, the same task shape (task.config())
 and slot count, and from examples a comparison does not evaluate (its `fitted_on`: compare refuses an overlap).
@@ -33,7 +37,8 @@ class Curve(Reorder):
 
     def __init__(self, policy: str, signal: str = "bm25"):
         if signal not in SIGNALS:
-            raise PosbiasError(f"unknown relevance signal {signal!r} for curve", f"write curve:RUN:{'|'.join(SIGNALS)}")
+            raise PosbiasError(f"unknown relevance signal {signal!r} for curve (curve:{policy}:{signal})",
+                               f"write curve:{policy}:bm25 or curve:{policy}:oracle, or curve:{policy} for bm25")
         super().__init__(signal, "first")
         self.rule = "curve"
         self.policy_path = str(policy)
@@ -45,7 +50,12 @@ class Curve(Reorder):
         if not arg:
             raise PosbiasError("curve needs a measured curve", f"write it as {cls.usage} (a sweep folder or a policy file)")
         path, _, signal = arg.rpartition(":")
-        return cls(path, signal) if path and signal in SIGNALS else cls(arg)
+        if Path(arg).exists() or not path or "/" in signal:  # the whole spec is RUN (module docstring)
+            return cls(arg)
+        if signal not in SIGNALS and not Path(path).exists():
+            raise PosbiasError(f"no policy or finished sweep at {arg}, nor at {path} with the relevance signal {signal!r}",
+                               "pass an existing policy file or sweep folder, as curve:RUN or curve:RUN:bm25|oracle")
+        return cls(path, signal)
 
     @property
     def label(self) -> str:
