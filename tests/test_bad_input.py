@@ -43,6 +43,7 @@ def env(tmp_path_factory):
     (root / "afile").write_text("not a folder")
     run_gain([root / "compare"], root / "gain")
     _corrupt_states(root, model, cfg)
+    _policies(root, model, cfg)
     data = root / "data"
     data.mkdir()
     good = {"question": "q", "answers": ["a"], "documents": ["x", "y"], "gold": 0}
@@ -55,9 +56,11 @@ def env(tmp_path_factory):
              "clash": {"question": "q", "options": ["a", "b"], "gold": 0, "labels": ["A", "A"]}}
     for name, rec in order.items():
         (data / f"order-{name}.jsonl").write_text(json.dumps(rec) + "\n")
+    _judge_templates(data)
     (data / "hop1.jsonl").write_text(json.dumps({**good, "gold": [1]}) + "\n")
     (data / "same.jsonl").write_text(json.dumps({**good, "documents": ["x", "x", "x"]}) + "\n")
     (data / "dupgold.jsonl").write_text(json.dumps({**good, "documents": ["x", "y", "x"]}) + "\n")
+    _needles(data)
     (data / "latin1.jsonl").write_bytes(json.dumps(good).replace('"q"', '"caf\u00e9"', 1).encode("latin-1") + b"\n")
     (data / "plain.jsonl.gz").write_text(json.dumps(good) + "\n")
     blob = gzip.compress(("\n".join(json.dumps(good) for _ in range(200)) + "\n").encode())
@@ -71,6 +74,34 @@ def env(tmp_path_factory):
         (root / name / "hidden.json").write_text(json.dumps({"channel": 3, "scale": 0.0, "layers": [1], "model_info": info,
                                                              "fitted_on": split}))
     return {"ROOT": str(root), "MODEL": model, "DATA": str(data)}
+
+
+def _judge_templates(data: Path) -> None:
+    """Judge files and templates (tasks/judge_template.py), good and bad, and a file that repeats an id."""
+    pair = {"question": "q", "answers": ["a", "b"], "preferred": 0}
+    (data / "judge.jsonl").write_text("".join(json.dumps({**pair, "id": f"j{i}"}) + "\n" for i in range(2)))
+    (data / "judge-ctx.jsonl").write_text(json.dumps({**pair, "context": "a reference"}) + "\n")
+    texts = {"plain.txt": "{question} {answer_a} {answer_b}", "kv.txt": "{context} {question} {answer_a} {answer_b}",
+             "unknown.txt": "{question} {answer_a} {answer_b} {verdict}", "noanswer.txt": "{question} {answer_a}",
+             "brace.txt": "{question} {answer_a} {answer_b} {", "system.json": json.dumps(
+                 {"prompt": "{question} {answer_a} {answer_b}", "system": "Be fair."}),
+             "samelabels.json": json.dumps({"prompt": "{question} {answer_a} {answer_b}", "labels": ["x", "x"]})}
+    for name, text in texts.items():
+        (data / f"tpl-{name}").write_text(text)
+    (data / "order-dupid.jsonl").write_text("".join(json.dumps({"id": i, "question": "q", "options": ["a", "b"], "gold": 0})
+                                                    + "\n" for i in ("q1", "q2", "q1")))
+
+
+def _policies(root: Path, model: str, cfg: SweepConfig) -> None:
+    """A slot policy of the tiny model (posbias/policy.py), and copies with a field of the wrong type."""
+    from posbias import get_task
+
+    task = get_task(cfg.task, **cfg.task_options).config()
+    ok = {"posbias_policy": 1, "model": model, "task": task, "n_slots": 4, "ranking": [0, 3, 1, 2],
+          "slots": [{"slot": s, "accuracy": 0.5, "ci": [0.2, 0.8], "n": 2} for s in range(4)], "measured": {"run": "x"}}
+    for name, change in (("ok", {}), ("rfloat", {"ranking": [0.0, 3.0, 1.0, 2.0]}), ("rstr", {"ranking": ["0", "3", "1", "2"]}),
+                         ("task", {"task": "kv-lookup"}), ("measured", {"measured": "x"})):
+        (root / f"policy-{name}.json").write_text(json.dumps({**ok, **change}))
 
 
 def _corrupt_states(root: Path, model: str, cfg: SweepConfig) -> None:
@@ -102,6 +133,17 @@ def _corrupt_states(root: Path, model: str, cfg: SweepConfig) -> None:
     one_run_path(root / "bad-ckpt", synth).with_suffix(".ckpt").write_bytes(b"PK\x03\x04 cut short")
 
 
+def _needles(data: Path) -> None:
+    """niah needle files (tasks/haystack.py): one good line, then lines a user could get wrong; a QA file with a number."""
+    sf = {"id": "sf", "needle": "The best thing to do in San Francisco is eat a sandwich.",
+          "question": "What is the best thing to do in San Francisco?", "answers": ["eat a sandwich"]}
+    for name, bad in (("one", None), ("answers5", {"answers": 5}), ("int", {"answers": [5521]}), ("empty", {"needle": ""})):
+        (data / f"needle-{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [sf, bad and {**sf, **bad, "id": "x"}]
+                                                            if r))
+    (data / "qa-int.jsonl").write_text(json.dumps({"question": "q", "answers": [5521], "documents": ["x", "y"], "gold": 0})
+                                       + "\n")
+
+
 SYNTH_TINY = ["--iters", "5", "--eval-seqs", "20", "--classes", "64", "--labels", "8", "--burstiness", "2", "--items", "4",
               "--dim", "16", "--quiet"]
 
@@ -119,10 +161,37 @@ CASES = [
     (["sweep", "--model", "openai:model=m,prompts=tokens", *TINY], "new", "prompts=tokens needs the served model's tokenizer"),
     (["sweep", "--model", "openai:model=m,colour=red", *TINY], "new", "backend 'openai' takes no 'colour'"),
     (["sweep", "--model", "openai:m,notapair", *TINY], "new", "'notapair' in model spec"),
-    (["sweep", "--model", "openai:model=m,base_url=http://127.0.0.1:9/v1,retries=1,tokenizer={MODEL}", *TINY], "new",
-     "cannot connect"),
+    (["sweep", "--model", "openai:model=m,base_url=http://127.0.0.1:9/v1,tokenizer={MODEL}", *TINY], "new",
+     "nothing listens at http://127.0.0.1:9/v1 (connection refused)"),
     (["lpes", "search", "--model", "openai:model=m,tokenizer={MODEL}", "--n", "2", "--quiet"], "new",
-     "is a served model, and this command needs the model in process"),
+     "is a backend spec ('openai:...'), not a model file, folder or registered name, and this command loads its model"),
+    # an unknown backend is refused as such, on every command that takes a model spec (backends/spec.py)
+    (["sweep", "--model", "nosuch:model=x", *TINY], "new", "unknown backend 'nosuch' in model spec 'nosuch:model=x'"),
+    (["compare", "--models", "{MODEL},nosuch:model=x", *TINY], "new", "unknown backend 'nosuch'"),
+    (["grid", "--model", "nosuch:model=x", *TINY, "--sizes", "4", "--depths", "0%"], "new", "unknown backend 'nosuch'"),
+    (["lpes", "search", "--model", "nosuch:model=x", *TINY], "new", "unknown backend 'nosuch'"),
+    (["show", "--model", "nosuch:model=x"], "new", "unknown backend 'nosuch'"),
+    # show's own hints, followed, are placements show takes (several: each prompt in turn)
+    (["show", "--model", "{MODEL}", *KV, "--position", "0:1"], "new", "are pairs of slots (two hops)"),
+    (["show", "--model", "{MODEL}", *KV, "--position", ""], "new", "--position is empty"),
+    (["show", "--model", "{MODEL}", *KV, "--task", "kv-2hop", "--position", ""], "new", "--position is empty"),
+    (["show", "--model", "{MODEL}", *KV, "--task", "kv-2hop", "--position", "0,1"], "new", "bad pair '0' in --position"),
+    (["show", "--model", "{MODEL}", *KV, "--task", "kv-2hop", "--pairs", "0,1"], "new", "bad pair '0' in --pairs"),
+    (["show", "--model", "{MODEL}", *KV, "--position", "9"], "new", "position 9 is out of range"),
+    (["show", "--model", "{MODEL}", *KV, "--example", "-1"], "new", "there is no example -1"),
+    (["show", "--model", "{MODEL}", "--task", "kv-uuid", "--skip", "600"], "new", "there is no example 0"),
+    (["show", "--model", "{MODEL}", "--task", "kv-uuid", "--skip", "600", "--example", "700"], "new", "no example 700"),
+    # slot policies (posbias/policy.py) read by curve:POLICY: every field the code reads, checked before the model loads
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "curve:{ROOT}/policy-ok.json:bogus"], "new",
+     "unknown relevance signal 'bogus' for curve"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "curve:{ROOT}/policy-rfloat.json"], "new",
+     "policy-rfloat.json: 'ranking' must be a list of slots (whole numbers)"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "curve:{ROOT}/policy-rstr.json"], "new",
+     "policy-rstr.json: 'ranking' must be a list of slots (whole numbers)"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "curve:{ROOT}/policy-task.json"], "new",
+     "policy-task.json: 'task' must be an object"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "curve:{ROOT}/policy-measured.json"], "new",
+     "policy-measured.json: 'measured' must be an object"),
     (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,12"], "new", "position 12 is out of range"),
     (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,x"], "new", "bad position 'x' in --positions"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "nq", "--data-dir", "/nonexistent"], "new", "does not exist"),
@@ -180,6 +249,27 @@ CASES = [
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "mc:{DATA}/order-gold.jsonl"], "new", "gold=2 but there are 2"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "mc:{DATA}/order-clash.jsonl"], "new", "'labels' lists 'A' twice"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge-kv", "--options", "11"], "new", "cannot be labelled"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "mc:{DATA}/order-dupid.jsonl"], "new",
+     "order-dupid.jsonl:3: id 'q1' is also the id of line 1"),
+    # judge templates (tasks/judge_template.py): refused before the model loads, naming the file
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge:{DATA}/judge.jsonl", "--judge-template",
+      "{DATA}/tpl-unknown.txt"], "new", "tpl-unknown.txt: unknown placeholder {verdict}"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge:{DATA}/judge.jsonl", "--judge-template",
+      "{DATA}/tpl-noanswer.txt"], "new", "has no {answer_b}"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge:{DATA}/judge.jsonl", "--judge-template",
+      "{DATA}/tpl-brace.txt"], "new", "Single '{' encountered"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge:{DATA}/judge.jsonl", "--judge-template",
+      "{DATA}/tpl-system.json"], "new", "unknown key 'system'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge:{DATA}/judge.jsonl", "--judge-template",
+      "{DATA}/tpl-samelabels.json"], "new", "could not be told apart"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge:{DATA}/judge.jsonl", "--judge-template",
+      "{DATA}/tpl-nosuch.txt"], "new", "tpl-nosuch.txt' does not exist"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge:{DATA}/judge.jsonl", "--judge-template",
+      "{DATA}/tpl-plain.txt", "--ask", "correct"], "new", "--ask correct picks a built-in judge question"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge:{DATA}/judge-ctx.jsonl", "--judge-template",
+      "{DATA}/tpl-plain.txt"], "new", "judge-ctx.jsonl:1 (id line1) gives a 'context'"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge-kv", "--options", "3", "--judge-template",
+      "{DATA}/tpl-kv.txt"], "new", "has no {answer_c}"),
     (["sweep", "--model", "{MODEL}", *TINY, "--method", "swap"], "new", "kv-lookup is not one"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/answers5.jsonl"], "new", ":2: 'answers' must be"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/docstr.jsonl"], "new", ":2: 'documents' must be a list"),
@@ -188,6 +278,23 @@ CASES = [
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/plain.jsonl.gz"], "new", "not a complete gzip file"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/cut.jsonl.gz"], "new", "not a complete gzip file"),
     (["sweep", "--model", "{MODEL}", *TINY, "--n", "abc"], "new", "Invalid value for '--n'"),
+    # niah needle files (tasks/haystack.py) and a QA file whose answer is a number
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "niah", "--needle", "{DATA}/needle-answers5.jsonl"], "new",
+     'needle-answers5.jsonl:2 (id x): "answers" must be a list of non-empty strings, got 5'),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "niah", "--needle", "{DATA}/needle-int.jsonl"], "new",
+     'got [5521] -- write answers as strings, e.g. "answers": ["5521"]'),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/qa-int.jsonl"], "new",
+     'got [5521] -- write answers as strings, e.g. "answers": ["5521"]'),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "niah", "--needle", "{DATA}/needle-empty.jsonl"], "new",
+     'needle-empty.jsonl:2 (id x): the line\'s "needle" is empty'),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "niah", "--needle", "{DATA}/needle-one.jsonl"], "new",
+     "has 1 examples but 2 were asked for"),
+    (["grid", "--model", "{MODEL}", *TINY, "--task", "niah", "--needle", "{DATA}/needle-one.jsonl", "--lengths", "600"],
+     "new", "or repeat lines in"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--n", "1", "--task", "niah", "--needle", "{DATA}/needle-one.jsonl", "--engine",
+      "teacher-forced"], "new", "the needle has no answer prefix, so teacher forcing would score"),
+    (["grid", "--model", "{MODEL}", *TINY, "--n", "1", "--task", "niah", "--needle", "{DATA}/needle-one.jsonl", "--engine",
+      "teacher-forced", "--lengths", "600"], "new", "give an answer prefix with --answer-prefix TEXT"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--pairs", "0:12"], "new", "pair 0:12 is out of range"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--pairs", "3:3"], "new", "both hops in slot 3"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--positions", "0,1"], "new", "bad pair '0'"),
@@ -300,7 +407,7 @@ CASES = [
 
 
 # commands whose hints are rerun up to the model load (the others' hints are parsed, not run: they would run for real)
-RERUN = ("sweep", "compare", "lpes", "distill", "moice", "analyze", "grid")
+RERUN = ("sweep", "compare", "lpes", "distill", "moice", "analyze", "grid", "show")
 
 
 # what needs the model: checked after it loads (docs/reliability.md); every other case is refused before
@@ -347,7 +454,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(env, tmp_path, monke
     head = 2 if argv[0] in ("lpes", "distill", "synth", "moice", "hidden") else 1
     if argv[0] in ("sweep", "compare", "lpes", "distill", "moice", "hidden") and "--task" not in argv and argv[1] != "gain":
         argv = argv[:head] + KV + argv[head:]  # kv-lookup, sized for the tiny model
-    if "--out" not in argv and args[0] != "frob":
+    if "--out" not in argv and args[0] not in ("frob", "show"):  # show prints, and writes nothing
         argv += ["--out", str(out)]
     monkeypatch.setattr(sys, "argv", ["posbias", *argv])
     loads = _count_model_loads(monkeypatch)

@@ -23,10 +23,13 @@ def _options(tmp_path) -> dict[str, tuple[str, dict]]:
     hops = tmp_path / "hops.jsonl"
     hops.write_text(json.dumps({"question": "q", "answers": ["a"], "documents": ["x", "y", "z"], "gold": [0, 2]}) + "\n")
     order = {"options": 3, "labels": "digits"}
+    plain, kv_tpl = tmp_path / "judge.txt", tmp_path / "judge-kv.txt"  # judge templates (tasks/judge_template.py)
+    plain.write_text("{question} {answer_a} {answer_b}")
+    kv_tpl.write_text("{context} {question} {answer_a} {answer_b}")
     hay = tmp_path / "hay.txt"
     hay.write_text("The river bends west. A mill stood there. Grain came by boat.\nWinters were long.\n")
     return {"niah": ("niah", {"tokens": 512, "needle": "nq-sentence", "haystack": str(hay), "overlap": "none",
-                              "context": "needle"}),
+                              "context": "needle", "answer_prefix": "The answer is"}),
             "niah+keys": ("niah", {"keys": 3}), "niah+values": ("niah", {"values": 2}),
             "niah+queries": ("niah", {"queries": 2}),
             "kv-lookup": ("kv-lookup", {"facts": 7, "digits": 4}), "kv-uuid": ("kv-uuid", {"pairs": 12}),
@@ -37,10 +40,14 @@ def _options(tmp_path) -> dict[str, tuple[str, dict]]:
             "kv-2hop": ("kv-2hop", {"facts": 6, "digits": 3, "style": "cot"}),
             "judge-nq": ("judge-nq", {**order, "reference": "no", "ask": "preference"}), "mc-nq": ("mc-nq", {**order, "reference": "no"}),
             "judge-kv": ("judge-kv", {**order, "facts": 4, "digits": 5, "ask": "preference"}), "mc-kv": ("mc-kv", {**order, "facts": 4, "digits": 4}),
-            "judge": (f"judge:{judge}", {"labels": "digits", "ask": "correct", "ties": "drop"}), "mc": (f"mc:{mc}", {"labels": "digits"})}
+            "judge": (f"judge:{judge}", {"labels": "digits", "ask": "correct", "ties": "drop"}), "mc": (f"mc:{mc}", {"labels": "digits"}),
+            "judge-nq+template": ("judge-nq", {"reference": "no", "template": str(plain)}),
+            "judge-kv+template": ("judge-kv", {"template": str(kv_tpl)}),
+            "judge+template": (f"judge:{judge}", {"template": str(plain)})}
 
 
-EXTRA = ("jsonl+hops", "niah+keys", "niah+values", "niah+queries")  # a further example of a registered task (a two-hop file takes `prompt`)
+# a further example of a registered task (a two-hop file takes `prompt`; a judge template excludes `ask`)
+EXTRA = ("jsonl+hops", "niah+keys", "niah+values", "niah+queries", "judge-nq+template", "judge-kv+template", "judge+template")
 
 
 def test_every_registered_task_has_an_example_with_every_option(tmp_path):

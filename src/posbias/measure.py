@@ -7,10 +7,14 @@
 - `JSONL_SCHEMA` / `ORDER_SCHEMAS`: the formats of your own data (`task="jsonl:PATH"`, `judge:PATH`, `mc:PATH`);
 - `COLLAPSE_MARGIN`: `run_compare`'s default collapse guard;
 - `export_model`: a model posbias loads, written as a plain Hugging Face directory an engine serves;
+- `choose_dtype(dtype, device)` -> (bf16 | fp32, why): what `dtype="auto"` (the default) takes on this machine (bf16
+  where the CPU or GPU computes it natively, else fp32), `cpu_kind()` what it read of the CPU, `dtype_note` the line
+  the CLI prints;
 - `field_docs(Config)`: each field's meaning, as the config's docstring states it (the CLI's option help);
 - `set_threads` (honours POSBIAS_THREADS) and `is_main_process` (rank 0 under `accelerate launch`);
 - `show_prompt(task, position, example)` -> `ShownPrompt`: one row's prompt exactly as the model receives it (chat
   template, system turn, answer prefix), where its gold item sits and its token count (`posbias show`);
+  `show_prompts(task, positions, example)` one per placement a positions spec names ("all", "0,4,9");
 - slot policies (docs/rag.md): `read_policy` (a policy file, a finished sweep folder or its sweep.json),
   `policy_from_sweep` (a sweep record's), `check_policy` (refuses another model, task shape or slot count),
   `write_policy`, `apply_ranking(best_first, ranking)` (items placed, the best into the best-read slot) and
@@ -28,7 +32,11 @@ from .eval.engines import ENGINES as ENGINES
 from .eval.scorer import Scorer as Scorer
 from .eval.show import ShownPrompt as ShownPrompt
 from .eval.show import show_prompt as show_prompt
+from .eval.show import show_prompts as show_prompts
 from .methods import split_specs as split_specs
+from .models.dtype import choose_dtype as choose_dtype
+from .models.dtype import cpu_kind as cpu_kind
+from .models.dtype import dtype_note as dtype_note
 from .models.load import export_model as export_model
 from .models.load import set_threads as set_threads
 from .policy import apply_ranking as apply_ranking
@@ -44,6 +52,6 @@ from .tasks import ORDER_SCHEMAS as ORDER_SCHEMAS
 from .tasks import resolve_positions as resolve_positions
 
 __all__ = ["Backend", "COLLAPSE_MARGIN", "ENGINES", "JSONL_SCHEMA", "ModelSpec", "ORDER_SCHEMAS", "Scorer", "ShownPrompt",
-           "apply_ranking", "check_policy", "export_model", "field_docs", "is_main_process", "parse_spec",
-           "policy_from_sweep", "ranking_note", "read_policy", "resampled_ranking", "resolve_positions", "set_threads", "show_prompt",
+           "apply_ranking", "check_policy", "choose_dtype", "cpu_kind", "dtype_note", "export_model", "field_docs", "is_main_process", "parse_spec",
+           "policy_from_sweep", "ranking_note", "read_policy", "resampled_ranking", "resolve_positions", "set_threads", "show_prompt", "show_prompts",
            "split_models", "split_specs", "write_policy"]

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from .. import METHODS, TASKS, PosbiasError
-from ..measure import ENGINES, field_docs, parse_spec
+from ..measure import ENGINES, dtype_note, field_docs, parse_spec
 
 Args = SimpleNamespace  # what a command receives for each group
 FIELD: Any = "<the config field's>"  # an Opt's default or a field_option's: the config field's own (compared by `is`)
@@ -213,6 +213,10 @@ TASK = Group(
                      "replace the file's own", Optional[str]),
     ask=Opt(None, "judge tasks: the judge's question, correct (which answer is correct; judge-nq/judge-kv default) | "
                   "preference (which is better, MT-Bench style; judge:PATH default)", Optional[str]),
+    template=Opt(None, "judge tasks: your own judge prompt instead of --ask, a .txt file (the prompt) or .json "
+                       "(prompt, prompt_with_context, answer_prefix, labels) with {question} {answer_a} {answer_b} and "
+                       "optional {label_a} {label_b} {context} (docs/order-bias.md); its name and sha256 are recorded",
+                 Optional[str], ("--judge-template",)),
     ties=Opt(None, "judge:PATH: lines whose 'preferred' is null or \"tie\", refuse (default) | drop (left out, counted)",
              Optional[str]),
     reference=Opt(None, "judge-nq/mc-nq: show the gold passage, yes (default) | no (closed book)", Optional[str]),
@@ -230,6 +234,9 @@ TASK = Group(
     overlap=Opt(None, "niah: any (default) | none (only needles sharing no content word with the question, NoLiMa)",
                 Optional[str]),
     context=Opt(None, "niah: full (default) | needle (the needles alone) | none (closed book)", Optional[str]),
+    answer_prefix=Opt(None, "niah: the text the reply starts with, for needles without their own \"answer_prefix\" "
+                            "(nq, nq-sentence, a file's lines); teacher forcing needs one (without: engine generate)",
+                      Optional[str]),
     data_dir=Opt(type=Optional[Path]),
 )
 
@@ -267,8 +274,8 @@ RUN = Group(
 def task_fields(a: Args) -> dict:
     """TaskChoice fields of a library config from the TASK group (--pairs only where it is the kv-uuid count)."""
     opts = {k: getattr(a, k) for k in ("facts", "digits", "docs", "answers", "question", "style", "prompt", "options",
-                                       "labels", "ask", "ties", "reference", "tokens", "needle", "haystack", "keys",
-                                       "values", "queries", "overlap", "context")}
+                                       "labels", "ask", "template", "ties", "reference", "tokens", "needle", "haystack", "keys",
+                                       "values", "queries", "overlap", "context", "answer_prefix")}
     if a.pairs is not None and "pairs" in getattr(TASKS.get(a.task.partition(":")[0]), "options", ()):
         try:
             opts["pairs"] = int(a.pairs)
@@ -296,14 +303,17 @@ def run_kwargs(a: Args) -> dict:
 
 
 def announce(a: Args) -> str:
-    """What a command prints before it opens the model (MODEL group): `loading NAME (dtype, device) ...`; for a model
+    """What a command prints before it opens the model (MODEL group): `loading NAME (dtype, device) ...` (dtype auto:
+    its choice and the CPU it read, `auto -> fp32: AMD EPYC (x86_64, AVX2, no native bf16)`); for a model
     on a server, `connecting to openai:NAME at BASE_URL ...` (dtype and device do not apply there)."""
     try:
         spec = parse_spec(a.model)
     except PosbiasError:  # the command's own validation says what is wrong with it
         spec = None
     where = spec.cls.where(spec.args) if spec is not None else None
-    return f"loading {a.model} ({a.dtype}, {a.device}) ..." if where is None else f"connecting to {spec.label} at {where} ..."
+    if where is not None:
+        return f"connecting to {spec.label} at {where} ..."
+    return f"loading {a.model} ({dtype_note(a.dtype, a.device)}, {a.device}) ..."
 
 
 # ----------------------------------------------------------------------------- small parsers

@@ -25,6 +25,7 @@ from ..backends import Backend, as_backend, check_method, open_backend
 from ..core.metrics import curve_shape, format_shape, summarize_curve, wilson_ci
 from ..errors import PosbiasError
 from ..methods import DecisionRule, Method, get_method
+from ..models.dtype import cpu_kind
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, read_json, versions
 from ..runs import write_json_atomic, write_jsonl_atomic
@@ -33,6 +34,7 @@ from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, 
 from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
 from .cost import BudgetReached, CostFolder, Meter, current_meter, metering
 from .engines import get_engine
+from ..core.order import format_no_gold
 from .judging import format_order, order_summary, write_flips
 from .scaleout import broadcast_rows, score_split, start_processes
 from .ensemble import ensemble_record
@@ -165,6 +167,7 @@ def preflight(cfg: SweepConfig, method: Method, task, positions: list) -> list:
     """Refuse, before any model loads, a method that cannot run on this task, placements and engine, and a decision
     rule whose calibration items the task does not hold; -> the calibration items (the next ones after the evaluated
     ones in the seeded order, never evaluated; none for other methods)."""
+    task.check_engine(cfg.engine or task.default_engine)  # e.g. a needle without an answer prefix: no teacher forcing
     method.check_task(task, positions, cfg.engine or task.default_engine)
     c = method.calibration(cfg.n) if isinstance(method, DecisionRule) else 0
     pool = task.pool_size
@@ -204,7 +207,7 @@ def _run(cfg, out, backend, task, method, positions, examples, calibration, fold
             summary["cut"] = {"rows": sum(bool(r["cut"]) for r in generated), "of": len(generated),
                               "max_new_tokens": scorer.max_new_tokens}
         if getattr(task, "order", False):  # the order of candidates: consistency, fairness, RStd, choice shares
-            summary["order"] = order_summary(all_rows, positions, ids, task.n_slots)
+            summary["order"] = order_summary(all_rows, positions, ids, task.n_slots, gold=task.score_name == "accuracy")
         if decision:
             summary["decision"] = {k: v for k, v in decision.items() if k != "calibration_items"}
         record = {**fingerprint, "versions": versions(), "per_position": per, "summary": summary,
@@ -242,7 +245,8 @@ def _score_kept(scorer: Scorer, rows, method: Method, done_rows: list[dict], log
         raise
     except PosbiasError as e:
         timing.save()
-        raise with_resume_hint(e, len(log.read(ROW_KEYS)) if log is not None and is_main_process() else 0) from None
+        kept = len(log.read(ROW_KEYS)) if log is not None and is_main_process() else 0
+        raise with_resume_hint(e, kept, folder=log is not None) from None
     except BaseException:  # an interrupt: what was spent is counted at the next resume
         timing.save()
         raise
@@ -251,14 +255,21 @@ def _score_kept(scorer: Scorer, rows, method: Method, done_rows: list[dict], log
     return new_rows
 
 
-def with_resume_hint(e: PosbiasError, kept: int) -> PosbiasError:
-    """`e`, its fix ending in "rerun with `resume` to continue (N rows are kept)" where a run folder keeps rows."""
+def with_resume_hint(e: PosbiasError, kept: int, folder: bool | None = None) -> PosbiasError:
+    """`e` with how to go on in the run folder (kept: its rows; folder: whether the run opened one, default: it keeps
+    rows or an inner run's hint said so): "..., and rerun with `resume` (N rows are kept)" where the fix leaves the
+    rows as they are (a server to start, a transport key such as timeout=: the error's `fix_resumes`, default yes),
+    "..., and rerun with `overwrite`" where it changes them (prompts=, context_window=). A folder without a row still
+    holds the run (run.json), so a plain rerun would be refused: it gets the hint too."""
     base = getattr(e, "fix_before_resume", e.fix)  # a hint an inner run (a compare entry) added is replaced
-    if kept < 1:
+    if not (folder if folder is not None else (kept > 0 or getattr(e, "in_folder", False))):
         return e
-    rows = f"{kept} row is" if kept == 1 else f"{kept} rows are"
-    hinted = PosbiasError(e.problem, "; ".join(x for x in (base, f"rerun with `resume` to continue ({rows} kept)") if x))
-    hinted.fix_before_resume = base  # type: ignore[attr-defined]
+    resumes = getattr(e, "fix_resumes", True)
+    rows = "no row is kept yet" if kept < 1 else "1 row is kept" if kept == 1 else f"{kept} rows are kept"
+    lost = "nothing is lost" if kept < 1 else "the row kept is scored again" if kept == 1 else f"the {kept} rows kept are scored again"
+    rerun = f"rerun with `resume` ({rows})" if resumes else f"rerun with `overwrite` ({lost})"
+    hinted = PosbiasError(e.problem, f"{base}, and {rerun}" if base else rerun)
+    hinted.fix_before_resume, hinted.fix_resumes, hinted.in_folder = base, resumes, True  # type: ignore[attr-defined]
     return hinted
 
 
@@ -287,7 +298,7 @@ class Timing:
         this = {"seconds": seconds, "rows": self.rows, **self.backend.counters()}
         totals = {k: self.prev.get(k, 0) + this.get(k, 0) for k in {**this, **self.prev} if k != "invocations"}
         return {**totals, "invocations": int(self.prev.get("invocations", 0)) + 1, "this_run": this,
-                "seconds_this_run": seconds, "rows_this_run": self.rows}
+                "seconds_this_run": seconds, "rows_this_run": self.rows, "cpu": cpu_kind().describe()}
 
     def backend_record(self) -> dict:  # record["backend"]'s counters: the totals, and this invocation's own
         rec, names = self.record(), list(self.backend.counters())
@@ -369,20 +380,18 @@ def format_table(per: list[dict], summary: dict) -> str:
     s = summary
     avg_ci = f" [{s['average_ci'][0]:.3f}, {s['average_ci'][1]:.3f}]" if "average_ci" in s else ""
     chance = f" (chance {s['chance']:.3f})" if s.get("chance") else ""
-    lines.append(
+    lines += [  # a judge file without "preferred": no right answer, so no chance, best or worst (eval/judging.py)
         f"average {s['average']:.3f}{avg_ci}{chance} | best {s['best']:.3f} (pos {s['best_position']}) | worst {s['worst']:.3f} "
         f"(pos {s['worst_position']}) | gap {s['gap']:.3f} [{s['gap_ci'][0]:.3f}, {s['gap_ci'][1]:.3f}] | std {s['std']:.3f}"
-    )
+    ] if measure == "accuracy" else format_no_gold(s)
     if "modes" in s:
         modes = " | ".join(f"{m} {v:.3f}" for m, v in s["modes"].items())
         lines.append(f"modes: {modes} | gap between modes {s['mode_gap']:.3f}")
     lines += [format_shape(s["shape"])] if s.get("shape") else []  # primacy, recency, U, flat, middle (core.metrics)
-    if measure != "accuracy":
-        lines.append(f"values: {measure} (the file names no preferred answer), not accuracy")
     if s.get("cut", {}).get("rows"):
         c = s["cut"]
         lines.append(f"{c['rows']} of {c['of']} answers reached the {c['max_new_tokens']}-token limit unfinished: raise "
                      "max_new_tokens (--max-new-tokens) if they were cut mid-answer")
     if "order" in s:
-        lines += format_order(s["order"], s.get("decision"))
+        lines += format_order(s["order"], s.get("decision"), gold=measure == "accuracy", orders=len(per))
     return "\n".join(lines)

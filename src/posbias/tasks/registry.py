@@ -22,7 +22,8 @@ from .docqa import jsonl_task, nq_task
 from .haystack import Haystack
 from .kv_lookup import KVLookup
 from .kv_uuid import KVUUID
-from .order import kv_order_task, nq_order_task, order_file_task
+from .order import kv_order_task, nq_order_task
+from .order_files import order_file_task
 from .twohop import KV2Hop, musique_task
 
 
@@ -78,29 +79,33 @@ register_task("musique", lambda arg, data_dir, **o: musique_task(data_dir=data_d
 register_task("niah", lambda arg, data_dir, **o: Haystack(data_dir=data_dir, **o),
               "a needle at a depth of a natural haystack of `tokens` model tokens (RULER / NIAH; options: tokens, "
               "needle = kv | nq | nq-sentence | PATH.jsonl, haystack = nq | PATH (text file or folder), keys, values, "
-              "queries (multi-needle), overlap = any | none (NoLiMa), context = full | needle | none)",
+              "queries (multi-needle), overlap = any | none (NoLiMa), context = full | needle | none, answer_prefix = "
+              "the reply's start for needles without their own)",
               {"tokens": int, "needle": str, "haystack": str, "keys": int, "values": int, "queries": int,
-               "overlap": str, "context": str})
+               "overlap": str, "context": str, "answer_prefix": str})
 register_task("kv-2hop", lambda arg, data_dir, **o: KV2Hop(**o),
               "chain lookup 'The code for A is B.' ... 'The code for B is C.', two hops placed (options: facts, digits, "
               "style = direct | cot)", {"facts": int, "digits": int, "style": str})
 
 for _style, _k, _what in (("judge", 2, "pairwise judge: which of two candidate answers is correct"),
                           ("mc", 4, "multiple choice")):
-    _ask = {"ask": str} if _style == "judge" else {}  # the judge's question: correct | preference
+    # the judge's question: correct | preference, or a template file of your own (tasks/judge_template.py)
+    _ask = {"ask": str, "template": str} if _style == "judge" else {}
     register_task(f"{_style}-nq",
                   lambda arg, data_dir, options=_k, _s=_style, **o: nq_order_task(_s, int(options), data_dir, **o),
                   f"order bias, {_what} (default {_k} options), NQ-open questions, wrong candidates answers to other "
                   "questions of the same kind (options: options, reference = yes | no, labels = letters | digits"
-                  f"{', ask = correct | preference' if _ask else ''})", {"options": int, "labels": str, "reference": str, **_ask})
+                  f"{', ask = correct | preference, template = FILE' if _ask else ''})",
+                  {"options": int, "labels": str, "reference": str, **_ask})
     register_task(f"{_style}-kv", lambda arg, data_dir, options=_k, _s=_style, **o: kv_order_task(_s, int(options), **o),
                   f"order bias, {_what} (default {_k} options), generated facts, wrong candidates one digit off "
-                  f"(options: options, facts, digits, labels{', ask' if _ask else ''})",
+                  f"(options: options, facts, digits, labels{', ask, template' if _ask else ''})",
                   {"facts": int, "digits": int, "options": int, "labels": str, **_ask})
     register_task(_style, lambda arg, data_dir, _s=_style, **o: order_file_task(_s, arg, **o),
                   f"order bias on your own {'pairwise judge' if _style == 'judge' else 'multiple-choice'} file (schemas "
-                  f"below; options: labels{', ask = preference | correct, ties = refuse | drop' if _ask else ''})",
-                  {"labels": str, **({"ask": str, "ties": str} if _ask else {})}, arg="PATH")
+                  "below; options: labels"
+                  f"{', ask = preference | correct, template = FILE, ties = refuse | drop' if _ask else ''})",
+                  {"labels": str, **({"ask": str, "template": str, "ties": str} if _ask else {})}, arg="PATH")
 
 
 # The formats of users' own files, by name -> (the registered task that reads them, what a line holds). A new format
