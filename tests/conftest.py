@@ -201,6 +201,7 @@ _LLAMA: dict = {}  # the same for llama.cpp's server (tests/llamacpp.py; the `ll
 # `slow`, so `make test-fast` leaves them to `make test`. Listed here, not decorated, to keep the test files as they are.
 SLOW = (
     "test_faults.py::test_two_concurrent_sweeps_into_one_folder_and_sigint",
+    "test_statistics.py::test_full_grid",
     "test_scoring.py::test_batch_size_1_and_8_give_identical_results",
     "test_scoring.py::test_teacher_forced_agrees_with_generate",
     "test_synth.py::test_tiny_training_beats_chance",

@@ -22,7 +22,7 @@ KV = {"options": 3, "facts": 2, "digits": 3}
 def test_figures_match_hand_counts():
     # item rows: (slot chosen with the correct answer at slot 0, at slot 1)
     ch = np.array([[0, 0], [0, 0], [1, 1], [0, 1], [1, 0], [0, -1]])
-    f = order_figures(ch, [0, 1], 2, n_boot=50)
+    f = order_figures(ch, [0, 1], 2)
     assert f["consistency"]["value"] == pytest.approx(2 / 5)  # (0,1) right twice, (1,0) wrong twice; unread left out
     assert f["conflict_rate"]["value"] == pytest.approx(3 / 5)
     assert f["preference_fairness"]["value"] == pytest.approx((1 - 2) / 6)  # recency 1, primacy 2, over 6 pairs
@@ -40,12 +40,12 @@ def test_preference_fairness_is_the_authors_rescaled_raw_score(seed):
     r = int(((ch[:, 0] == 1) & (ch[:, 1] == 1)).sum())
     n = len(ch)
     raw = r * r / (p + r) - p * p / (p + r) if p + r else 0.0
-    assert order_figures(ch, [0, 1], 2, n_boot=0)["preference_fairness"]["value"] == pytest.approx((raw + n) / (2 * n) * 2 - 1)
+    assert order_figures(ch, [0, 1], 2)["preference_fairness"]["value"] == pytest.approx((raw + n) / (2 * n) * 2 - 1)
 
 
 def test_conflicts_over_pairs_of_orders_for_k_options():
     ch = np.array([[0, 1, 2], [0, 0, 0]])  # always right; always slot 0 (candidates 0, 2, 1)
-    f = order_figures(ch, [0, 1, 2], 3, n_boot=0)
+    f = order_figures(ch, [0, 1, 2], 3)
     assert f["consistency"]["value"] == 0.5 and f["conflict_rate"]["value"] == 0.5
     assert "preference_fairness" not in f and candidate(0, 1, 3) == 2
 

@@ -6,13 +6,15 @@
 
 from __future__ import annotations
 
-import math
 import re
 import string
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+from .stats import ALPHA, diff_ci, diff_se, format_p, gap_interval, mean_ci, position_test, z_of
+from .stats import wilson_ci as wilson_ci  # re-exported: one slot's interval, where the curve code reads it
 
 _PUNCT = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -83,19 +85,6 @@ METRICS = {"best_subspan_em": best_subspan_em, "substring": substring_match, "re
            "subspan": subspan, "all_subspan": all_subspan}
 
 
-def wilson_ci(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion k/n (95% by default)."""
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if k == 0 else max(0.0, centre - half)
-    hi = 1.0 if k == n else min(1.0, centre + half)
-    return (lo, hi)
-
-
 @dataclass(frozen=True)
 class CurveSummary:
     average: float
@@ -106,35 +95,33 @@ class CurveSummary:
     gap: float
     std: float
     gap_ci: tuple[float, float]
-    average_ci: tuple[float, float] = (float("nan"), float("nan"))  # the average's, from the same bootstrap
+    average_ci: tuple[float, float] = (float("nan"), float("nan"))
+    best_ci: tuple[float, float] = (float("nan"), float("nan"))
+    worst_ci: tuple[float, float] = (float("nan"), float("nan"))
+    position_test: dict | None = None
 
     def as_dict(self) -> dict:
         d = self.__dict__.copy()
-        d["gap_ci"], d["average_ci"] = list(self.gap_ci), list(self.average_ci)
+        for key in ("gap_ci", "average_ci", "best_ci", "worst_ci"):
+            d[key] = list(d[key])
         return d
 
 
-def summarize_curve(
-    positions: Sequence[int], correct: np.ndarray, n_boot: int = 1000, seed: int = 0
-) -> CurveSummary:
-    """Summary of a paired accuracy curve.
+def summarize_curve(positions: Sequence[int], correct: np.ndarray, seed: int = 0) -> CurveSummary:
+    """Summary of a paired accuracy curve (core/stats.py says how each interval is built and docs/statistics.md
+    what it covers).
 
-    correct: bool array [n_examples, n_positions]; column j is position positions[j].
-    std is the population std of the per-position accuracies. gap_ci is a paired
-    bootstrap (resampling examples, keeping their row across positions) 95% interval
-    of best - worst, re-selecting best and worst in each resample; average_ci the same
-    bootstrap's interval of the average (what the chance-aware collapse rule reads).
+    correct: [n_examples, n_positions] 0/1 (or scores in [0, 1]); column j is position positions[j].
+    gap = best - worst observed slot (biased upward: on a flat curve it is the noise's range) and gap_ci an interval
+    for the largest TRUE slot difference (simultaneous paired intervals over all slot pairs); best_ci / worst_ci the
+    two slots' own intervals; average_ci the average's (mean of each example's average over slots, what the
+    chance-aware collapse rule reads); position_test whether the slots differ at all (the test the policy's
+    `separable`, the shape and the reports read); std the population std of the per-position accuracies.
     """
     correct = np.asarray(correct, dtype=float)
     acc = correct.mean(axis=0)
     b, w = int(np.argmax(acc)), int(np.argmin(acc))
-    rng = np.random.default_rng(seed)
-    n = correct.shape[0]
-    idx = rng.integers(0, n, size=(n_boot, n))
-    boot = correct[idx].mean(axis=1)  # [n_boot, n_positions]
-    gaps = boot.max(axis=1) - boot.min(axis=1)
-    lo, hi = np.quantile(gaps, [0.025, 0.975])
-    avg_lo, avg_hi = np.quantile(boot.mean(axis=1), [0.025, 0.975])
+    slot_ci = lambda j: mean_ci(correct[:, j])  # noqa: E731 - Clopper-Pearson's for 0/1 outcomes
     return CurveSummary(
         average=float(acc.mean()),
         best=float(acc[b]),
@@ -143,42 +130,68 @@ def summarize_curve(
         worst_position=_label(positions[w]),
         gap=float(acc[b] - acc[w]),
         std=float(acc.std()),
-        gap_ci=(float(lo), float(hi)),
-        average_ci=(float(avg_lo), float(avg_hi)),
+        gap_ci=gap_interval(correct),
+        average_ci=mean_ci(correct.mean(axis=1)),
+        best_ci=slot_ci(b),
+        worst_ci=slot_ci(w),
+        position_test=position_test(correct, seed=seed),
     )
 
 
-def curve_shape(slots: Sequence[int], correct: np.ndarray, n_boot: int = 1000, seed: int = 0) -> dict | None:
-    """The shape of a depth curve: primacy, recency, U, flat, or middle (the inverse of U), from paired contrasts.
+def curve_shape(slots: Sequence[int], correct: np.ndarray, test: dict | None = None, seed: int = 0) -> dict | None:
+    """The shape of a depth curve: primacy, recency, U, middle (the inverse of U), uneven, or flat.
 
-    slots: the curve's slots (at least 3; their order in `correct`'s columns); correct: bool [n_examples, n_slots].
-    Per example, `first` is the accuracy at the lowest slot minus the mean over the interior slots (neither the
-    lowest nor the highest), `last` the same for the highest slot; each contrast's 95% interval comes from a paired
-    bootstrap over examples. An edge is "up" when its interval lies above 0 and "down" when below. U: both up;
-    primacy / recency: only the first / last up; middle: an edge down and none up; flat: no edge either way (at the
-    floor or the ceiling a curve is flat: nothing can be told apart). None for fewer than 3 slots.
+    slots: the curve's slots (at least 3; their order in `correct`'s columns); correct: [n_examples, n_slots].
+    Flat unless the position test (`test`, computed when not given) finds a difference between slots (p < ALPHA):
+    the shape's false-call rate on a flat curve is the test's level. Then, per example, `first` is the outcome at
+    the lowest slot minus the mean over the interior slots, `last` the same for the highest slot, each with a
+    paired interval (diff_ci) at 1 - ALPHA/2 (Bonferroni over the two edges). An edge is "up" when its interval lies
+    above 0, "down" when below. U: both up; primacy / recency: that edge up, the other not; middle: both down;
+    uneven: slots differ but not by this edge pattern (one edge down alone, or a difference inside). None for fewer
+    than 3 slots or slots without a depth order (two-hop pairs).
     """
-    if len(slots) < 3 or not all(isinstance(x, (int, np.integer)) for x in slots):  # two-hop pairs: no depth order
+    if len(slots) < 3 or not all(isinstance(x, (int, np.integer)) for x in slots):
         return None
     correct = np.asarray(correct, dtype=float)[:, np.argsort(slots)]
+    test = test or position_test(correct, seed=seed)
     interior = correct[:, 1:-1].mean(axis=1)
-    contrasts = {"first": correct[:, 0] - interior, "last": correct[:, -1] - interior}
-    idx = np.random.default_rng(seed).integers(0, correct.shape[0], size=(n_boot, correct.shape[0]))
+    z = z_of(ALPHA / 2)
     out, way = {}, {}
-    for name, d in contrasts.items():
-        lo, hi = np.quantile(d[idx].mean(axis=1), [0.025, 0.975])
+    for name, d in {"first": correct[:, 0] - interior, "last": correct[:, -1] - interior}.items():
+        lo, hi = diff_ci(d, z)
         out[name] = {"difference": float(d.mean()), "ci": [float(lo), float(hi)]}
         way[name] = "up" if lo > 0 else "down" if hi < 0 else ""
     ups = {k for k, v in way.items() if v == "up"}
-    shape = ("U" if len(ups) == 2 else "primacy" if ups == {"first"} else "recency" if ups == {"last"}
-             else "middle" if "down" in way.values() else "flat")
-    return {"shape": shape, **out}
+    if test["p"] >= ALPHA:
+        shape = "flat"
+    else:
+        shape = ("U" if len(ups) == 2 else "primacy" if ups == {"first"} else "recency" if ups == {"last"}
+                 else "middle" if set(way.values()) == {"down"} else "uneven")
+    return {"shape": shape, "p": test["p"], **out}
 
 
 def format_shape(shape: dict) -> str:
-    """One line: the shape and its two edge contrasts with their intervals."""
+    """One line: the shape and its two edge contrasts with their intervals (97.5% each: two edges)."""
     part = lambda k: f"{k} - interior {shape[k]['difference']:+.3f} [{shape[k]['ci'][0]:+.3f}, {shape[k]['ci'][1]:+.3f}]"  # noqa: E731
     return f"shape {shape['shape']} ({part('first')}; {part('last')})"
+
+
+def format_gap(s: dict) -> str:
+    """The gap as printed: `gap 0.880 [0.747, 0.978]`; the interval (gap_ci) is for the largest true slot difference
+    (simultaneous over slot pairs), the point the observed best - worst (biased upward)."""
+    ci = s.get("gap_ci")
+    return f"gap {s['gap']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+
+def format_effect(s: dict) -> str:
+    """The position test as printed: `position effect p < 0.001 (Cochran's Q 400.0, 99 examples vary)`, or
+    `no position effect (p = 0.41, ...)`; '' for a summary written before the test existed."""
+    t = s.get("position_test")
+    if not t:
+        return ""
+    what = "position effect" if t["p"] < ALPHA else "no position effect"
+    stat = f"Cochran's Q {t['statistic']:.1f}, " if t["name"].startswith("Cochran") else ""
+    return f"{what} ({format_p(t['p'])}; {stat}{t['n']} examples vary across slots, {t['permutations']} permutations)"
 
 
 def _label(position):
@@ -186,20 +199,18 @@ def _label(position):
     return position if isinstance(position, str) else int(position)
 
 
-def paired_difference(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, seed: int = 0) -> dict:
-    """Average accuracy of b minus a on the same examples, with a paired bootstrap 95% interval.
+def paired_difference(a: np.ndarray, b: np.ndarray) -> dict:
+    """Average accuracy of b minus a on the same examples, with a paired 95% interval (diff_ci, Agresti-Min).
 
-    a, b: bool arrays [n_examples, n_positions], rows the same examples in the same order.
-    Resamples examples (whole rows), so the interval respects the paired design. Also the standard error
-    of the mean per-example difference and `mde80`, the smallest true difference this many examples would
-    detect with 80% power at two-sided alpha 0.05 if the per-example spread stayed as observed:
-    (z_0.975 + z_0.8) * se = 2.80 * se (normal approximation; the power statement the LPES docs report).
+    a, b: arrays [n_examples, n_positions], rows the same examples in the same order. Also the standard error of
+    the mean per-example difference (diff_se: never 0, so three identical examples do not claim certainty) and
+    `mde80`, the smallest true difference this many examples would detect with 80% power at two-sided alpha 0.05
+    if the per-example spread stayed as observed: (z_0.975 + z_0.8) * se = 2.80 * se (normal approximation).
     """
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape:
         raise ValueError(f"paired arrays differ in shape: {a.shape} vs {b.shape}")
     d = (b - a).mean(axis=1)  # per-example difference, averaged over positions
-    idx = np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))
-    lo, hi = np.quantile(d[idx].mean(axis=1), [0.025, 0.975])
-    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+    lo, hi = diff_ci(d)
+    se = diff_se(d)
     return {"difference": float(d.mean()), "ci": [float(lo), float(hi)], "se": se, "mde80": 2.8016 * se}

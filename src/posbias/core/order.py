@@ -5,7 +5,7 @@ the cyclic order that puts the correct one in slot p, so slot s holds candidate 
 is the swap of MT-Bench and FairEval; for k options the cyclic permutations PriDe averages over. A row's
 `choice` is the slot it picked, -1 when no option could be read from a generated verdict.
 
-Figures (each with a bootstrap CI over items, `order_figures`):
+Figures (each a mean over items with its 95% interval, `order_figures`; rstd without one):
   consistency          share of items whose chosen candidate is the same under every order shown (items with
                        an unread verdict left out, as "Judging the Judges" leaves out failed extractions)
   conflict_rate        share of (item, pair of orders) whose choices differ (FairEval's conflict rate; for
@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-N_BOOT = 2000
+from .stats import diff_ci, mean_ci
 
 
 def candidate(choice: int, placement: int, k: int) -> int:
@@ -116,42 +116,43 @@ def _conflicts(cand: np.ndarray) -> np.ndarray:
         return differ.sum(axis=1) / valid.sum(axis=1)
 
 
-def _figures(choices: np.ndarray, placements: list[int], k: int) -> dict:
+def format_figure(fig: dict, digits: int = 3) -> str:
+    """One order figure as printed: `0.620 [0.550, 0.700]`, or the value alone where it has no interval (rstd)."""
+    v, ci = fig["value"], fig.get("ci")
+    return f"{v:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
+
+
+def _per_item(choices: np.ndarray, placements: list[int], k: int) -> dict[str, np.ndarray]:
+    """Each figure's per-item values (the figure is their mean): 0/1, shares in [0, 1], or -1/0/+1 for fairness;
+    items a figure cannot read (an unread verdict) left out."""
     cand = np.where(choices < 0, -1, (choices - np.asarray(placements)[None, :]) % k)
     read, consistent = _consistency(cand)
     conflicts = _conflicts(cand)
     right = choices == np.asarray(placements)[None, :]  # [items, orders]
-    acc = right.mean(axis=0)
-    out = {"strict_accuracy": float(right.all(axis=1).mean()) if len(right) else float("nan"),
-           "consistency": float(consistent.sum() / read.sum()) if read.any() else float("nan"),
-           "conflict_rate": float(np.nanmean(conflicts)) if not np.isnan(conflicts).all() else float("nan"),
-           "rstd": float(np.std(acc)) if len(placements) == k else float("nan")}
+    out = {"strict_accuracy": right.all(axis=1).astype(float), "consistency": consistent[read].astype(float),
+           "conflict_rate": conflicts[~np.isnan(conflicts)]}
     if k == 2 and sorted(placements) == [0, 1]:
         a = choices[:, placements.index(0)]  # the slot chosen with the correct candidate first, and second
         b = choices[:, placements.index(1)]
-        primacy, recency = int(((a == 0) & (b == 0)).sum()), int(((a == 1) & (b == 1)).sum())
-        out["preference_fairness"] = (recency - primacy) / len(a)
+        # "Judging the Judges": recency-preferred (slot B both times) minus primacy-preferred (slot A both times)
+        out["preference_fairness"] = ((a == 1) & (b == 1)).astype(float) - ((a == 0) & (b == 0))
     return out
 
 
-def order_figures(choices: np.ndarray, placements: Sequence[int], k: int, n_boot: int = N_BOOT, seed: int = 0) -> dict:
-    """The module's figures for a choice matrix [items, orders] (slot chosen, -1 unread), each as
-    {"value", "ci"} (95% percentile bootstrap over items, seeded), plus choice_share per slot and unread."""
+def order_figures(choices: np.ndarray, placements: Sequence[int], k: int) -> dict:
+    """The module's figures for a choice matrix [items, orders] (slot chosen, -1 unread), each as {"value", "ci"}:
+    a mean over items with its 95% interval (core/stats: Clopper-Pearson for shares of items, Agresti-Min for fairness's
+    -1/0/+1; never zero-width at a handful of items); rstd without an interval (a spread of slot accuracies is biased
+    upward like the gap: the curve's position test says whether the slots differ). Plus choice_share and unread."""
     choices = np.asarray(choices, dtype=int)
     placements = list(placements)
-    point = _figures(choices, placements, k)
-    rng = np.random.default_rng(seed)
-    boots: dict[str, list[float]] = {name: [] for name in point}
-    for _ in range(n_boot if len(choices) > 1 else 0):
-        b = _figures(choices[rng.integers(0, len(choices), len(choices))], placements, k)
-        for name in point:
-            boots[name].append(b[name])
     out = {}
-    for name, v in point.items():
-        vals = np.asarray(boots[name], dtype=float)
-        vals = vals[~np.isnan(vals)]
-        ci = [float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))] if len(vals) and not np.isnan(v) else [v, v]
-        out[name] = {"value": v, "ci": ci}
+    for name, vals in _per_item(choices, placements, k).items():
+        interval = diff_ci if name == "preference_fairness" else mean_ci
+        v = float(vals.mean()) if len(vals) else float("nan")
+        out[name] = {"value": v, "ci": [float(c) for c in interval(vals)] if len(vals) else [v, v]}
+    acc = (choices == np.asarray(placements)[None, :]).mean(axis=0)
+    out["rstd"] = {"value": float(np.std(acc)) if len(placements) == k and len(choices) else float("nan"), "ci": None}
     flat = choices.ravel()
     out["choice_share"] = [float((flat == s).mean()) for s in range(k)]
     out["unread"] = float((flat < 0).mean())

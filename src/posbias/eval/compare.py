@@ -229,7 +229,7 @@ def _correct_matrix(rows: list[dict], examples: list[str], positions: list) -> n
 
 
 def _add_paired_differences(results: list[dict]) -> None:
-    """Each entry's average minus the first entry's, paired over the same examples (bootstrap CI)."""
+    """Each entry's average minus the first entry's, paired over the same examples (Agresti-Min 95% interval, core/stats.py)."""
     examples = sorted({r["example_id"] for r in results[0]["rows"]})
     positions = [p["position"] for p in results[0]["per_position"]]
     a = _correct_matrix(results[0]["rows"], examples, positions)
@@ -295,27 +295,30 @@ def _measure_line(first: dict) -> list[str]:
 
 
 def format_compare(record: dict | CompareResult) -> str:
-    """Accuracy per position, one row per entry, then average and gap (paired-bootstrap 95% CI)."""
+    """Accuracy per position, one row per entry, then average, gap (95% interval for the largest true slot
+    difference), the position test's p (any difference between slots) and the paired difference from the first."""
     record = record.record if isinstance(record, CompareResult) else record
     rows = record["methods"]
     positions = [p["position"] for p in rows[0]["per_position"]]
     w = max(12, *(len(r["label"]) for r in rows))
     first = rows[0]["label"]
     what = "method" if record["config"].get("model") else "model"  # compare --models: entries are models
-    head = (f"{what:<{w}} " + " ".join(f"{label(p):>6}" for p in positions) + f" {'avg':>6} {'gap':>6}  gap 95% CI"
-            + f"        avg - {first} (paired 95% CI)  detectable at 80% power")
+    head = (f"{what:<{w}} " + " ".join(f"{label(p):>6}" for p in positions)
+            + f" {'avg':>6} {'gap':>6}  gap 95% CI        position p  avg - {first} (paired 95% CI)  detectable at 80% power")
     lines = [head]
     for r in rows:
         s = r["summary"]
         accs = " ".join(f"{p['accuracy']:>6.3f}" for p in r["per_position"])
         ci = f"[{s['gap_ci'][0]:.3f}, {s['gap_ci'][1]:.3f}]"
+        t = s.get("position_test")  # older compare.json files have none
+        pval = ("< 0.001" if t["p"] < 0.001 else f"{t['p']:.3f}") if t else "-"
         v = r.get("vs_first")
         vs = f"{v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" if v else ""
         if v and v.get("mde80"):  # older compare.json files have no power figure
             vs += f"  {v['mde80']:.3f}"
         c = r.get("collapse") or {}
         flag = "  COLLAPSED" if c.get("flagged") else "  at chance" if c.get("at_chance") else ""
-        lines.append(f"{r['label']:<{w}} {accs} {s['average']:>6.3f} {s['gap']:>6.3f}  {ci:<16}  {vs}{flag}")
+        lines.append(f"{r['label']:<{w}} {accs} {s['average']:>6.3f} {s['gap']:>6.3f}  {ci:<16}  {pval:>10}  {vs}{flag}")
     flagged = [r for r in rows if (r.get("collapse") or {}).get("flagged")]
     lines += [f"COLLAPSED {r['label']}: {'; '.join(r['collapse']['reasons'])}" for r in flagged]
     lines += _measure_line(rows[0])
@@ -328,7 +331,7 @@ def format_compare(record: dict | CompareResult) -> str:
         lines += ["", f"{what:<{w}} " + "  ".join(f"{t:>22}" for t in columns.values()) + "  forward passes per verdict"]
         for r in rows:
             o, dec = r["summary"]["order"], r["summary"].get("decision") or {}
-            cells = [f"{o[k]['value']:.3f} [{o[k]['ci'][0]:.2f},{o[k]['ci'][1]:.2f}]"
+            cells = [f"{o[k]['value']:.3f}" + (f" [{o[k]['ci'][0]:.2f},{o[k]['ci'][1]:.2f}]" if o[k].get("ci") else "")
                      if k in o and o[k]["value"] == o[k]["value"] else "-" for k in columns]
             cost = f"{dec.get('forward_passes_per_verdict', 1):g}"  # an adaptive swap's is a mean (1.36)
             cost += f" + {dec['calibration_forward_passes']} calibration" if "calibration_forward_passes" in dec else ""

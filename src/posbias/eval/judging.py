@@ -1,7 +1,7 @@
 """Judges in practice: what a sweep of an order task reports beyond the order figures' headline (core/order.py).
 
   strict_accuracy  CircularEval (OpenCompass): an item counts as right only if it is right under every order shown
-                   (core.order's figures, with a bootstrap CI); the accuracy-by-slot curve is printed beside it.
+                   (core.order's figures, each with its 95% interval); the accuracy-by-slot curve is printed beside it.
   flips            every item whose verdict is not the same under every order (an unread verdict, -1, counting as a
                    verdict of its own; an item unread under every order is no flip), with the causes that can explain
                    it, checked in the order of CAUSES; the first that holds is its primary cause:
@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-from ..core.order import candidate, label_margin, order_figures
+from ..core.order import candidate, format_figure, label_margin, order_figures
 from ..runs import RunFolder, write_jsonl_atomic
 from ..tasks import placement_key
 
@@ -119,7 +119,7 @@ def binned(choices: np.ndarray, positions: list, k: int, values, bins, right_clo
     for name, lo, hi in bins:
         inside = (v > lo) & (v <= hi) if right_closed else (v >= lo) & (v < hi)
         row: dict = {"bin": name, "n": int(inside.sum())}
-        f = order_figures(choices[inside], positions, k, n_boot=0) if inside.any() else {}
+        f = order_figures(choices[inside], positions, k) if inside.any() else {}
         for key in ("conflict_rate",) + (("preference_fairness",) if k == 2 else ()):
             value = f.get(key, {}).get("value")
             row[key] = None if value is None or value != value else value
@@ -146,7 +146,7 @@ def format_order(o: dict, decision: dict | None = None, gold: bool = True, order
     order bias (each candidate visits each slot once), and the line says so."""
     names = (("strict_accuracy", "strict accuracy"), ("consistency", "consistency"), ("conflict_rate", "conflict rate"),
              ("preference_fairness", "preference fairness"), ("rstd", "RStd"))
-    figs = [f"{text} {o[k]['value']:.3f} [{o[k]['ci'][0]:.3f}, {o[k]['ci'][1]:.3f}]" for k, text in names
+    figs = [f"{text} {format_figure(o[k])}" for k, text in names
             if k in o and o[k]["value"] == o[k]["value"] and (gold or k not in GOLD_FIGURES)]  # NaN: not defined here
     shares = " ".join(f"{s}:{v:.2f}" for s, v in enumerate(o["choice_share"]))
     k = len(o["choice_share"])

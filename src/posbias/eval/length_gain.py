@@ -1,6 +1,6 @@
 """Method gain against context length (LPES Table 17's question on one model): read several `compare`
 folders (the same methods on the same model at different context lengths), and for every method the
-paired difference to the first entry (its average minus the unmodified model's, bootstrap 95% CI over
+paired difference to the first entry (its average minus the unmodified model's, Agresti-Min 95% CI over
 the same examples, as `compare` computed it) against the mean prompt length in model tokens.
 
 Files in OUT: gain.json (atomic, last) and gain.png (one line per method with CI bars).

@@ -15,7 +15,7 @@ up to float noise (given the same threads per process). The split runs in rounds
 
 A kill loses at most the round in flight (rows scored but not yet gathered); `--resume` reads examples.jsonl on
 rank 0, broadcasts those rows to every rank, and the rounds are cut from what is left. Every rank ends with all
-rows, sorted as the one-process run sorts them, so sweep.json (bootstrap CIs included) is the one-process file.
+rows, sorted as the one-process run sorts them, so sweep.json (intervals and the seeded position test included) is the one-process file.
 Parallelism is bounded by the units: a prefix-shared group holds up to `max_batch` examples (fewer when their
 spines fill `batch_tokens`), so a sweep of few examples has few groups; lower `max_batch` for more. One process
 never comes here, and never imports accelerate.

@@ -22,22 +22,22 @@ from pathlib import Path
 import numpy as np
 
 from ..backends import Backend, as_backend, check_method, open_backend
-from ..core.metrics import curve_shape, format_shape, summarize_curve, wilson_ci
+from ..core.metrics import curve_shape, format_effect, format_gap, format_shape, summarize_curve
+from ..core.order import format_no_gold
+from ..core.stats import exact_ci
 from ..errors import PosbiasError
 from ..methods import DecisionRule, Method, get_method
 from ..models.dtype import cpu_kind
 from ..models.load import Loaded
-from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, read_json, versions
-from ..runs import write_json_atomic, write_jsonl_atomic
+from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, read_json, versions, write_json_atomic, write_jsonl_atomic
 from ..runs import progress as progress_bar
 from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, placement_key, positions_spec
 from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
 from .cost import BudgetReached, CostFolder, Meter, current_meter, metering
 from .engines import get_engine
-from ..core.order import format_no_gold
+from .ensemble import ensemble_record
 from .judging import format_order, order_summary, write_flips
 from .scaleout import broadcast_rows, score_split, start_processes
-from .ensemble import ensemble_record
 from .scorer import Scorer, in_row_order
 
 ROW_KEYS = ("example_id", "position", "correct")
@@ -88,7 +88,7 @@ class SweepResult:
 
     config: dict  # the resolved configuration (engine, answer length, chat use, positions filled in)
     per_position: list[dict]  # position, n, correct, accuracy, ci_low, ci_high
-    summary: dict  # average, best, worst, gap (+ paired-bootstrap CI), std
+    summary: dict  # average, best, worst, gap and their intervals, position_test, std, shape
     rows: list[dict] = field(repr=False)  # one per example x position
     record: dict = field(repr=False)  # the content of sweep.json
     out: Path | None = None
@@ -105,21 +105,22 @@ class SweepResult:
 
 def per_position_stats(rows: list[dict], positions: list[Placement], example_ids: list[str],
                        also: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
-    """Accuracy per placement (Wilson CI; the task's further metrics as rates) and the curve summary; for a pair
+    """Accuracy per placement (exact Clopper-Pearson 95% CI; the task's further metrics as rates) and the curve summary; for a pair
     sweep also the mode of each placement, the per-mode averages and the gap between modes."""
     by_key = {(r["example_id"], placement_key(r["position"])): r for r in rows}
     m = np.array([[bool(by_key[(e, p)]["correct"]) for p in positions] for e in example_ids], dtype=bool)
     per = []
     for j, p in enumerate(positions):
         k, n = int(m[:, j].sum()), m.shape[0]
-        lo, hi = wilson_ci(k, n)
+        lo, hi = exact_ci(k, n)
         row = {"position": as_json(p), "n": n, "correct": k, "accuracy": k / n, "ci_low": lo, "ci_high": hi}
         if isinstance(p, tuple):
             row["mode"] = mode_of(p)
         row.update({a: sum(bool(by_key[(e, p)][a]) for e in example_ids) / n for a in also})
         per.append(row)
     summary = summarize_curve([label(p) if isinstance(p, tuple) else p for p in positions], m).as_dict()
-    return per, {**summary, **(mode_summary(per) or {}), **({"shape": sh} if (sh := curve_shape(positions, m)) else {})}
+    sh = curve_shape(positions, m, summary["position_test"])
+    return per, {**summary, **(mode_summary(per) or {}), **({"shape": sh} if sh else {})}
 
 
 def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | Backend | None = None,
@@ -382,8 +383,9 @@ def format_table(per: list[dict], summary: dict) -> str:
     chance = f" (chance {s['chance']:.3f})" if s.get("chance") else ""
     lines += [  # a judge file without "preferred": no right answer, so no chance, best or worst (eval/judging.py)
         f"average {s['average']:.3f}{avg_ci}{chance} | best {s['best']:.3f} (pos {s['best_position']}) | worst {s['worst']:.3f} "
-        f"(pos {s['worst_position']}) | gap {s['gap']:.3f} [{s['gap_ci'][0]:.3f}, {s['gap_ci'][1]:.3f}] | std {s['std']:.3f}"
+        f"(pos {s['worst_position']}) | {format_gap(s)} | std {s['std']:.3f}"
     ] if measure == "accuracy" else format_no_gold(s)
+    lines += [effect] if (effect := format_effect(s)) else []
     if "modes" in s:
         modes = " | ".join(f"{m} {v:.3f}" for m, v in s["modes"].items())
         lines.append(f"modes: {modes} | gap between modes {s['mode_gap']:.3f}")

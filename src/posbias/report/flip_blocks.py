@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..core.order import format_figure
 from .blocks import Raw, fmt, para, table
 
 FLIPS_SHOWN = 20
@@ -60,8 +61,7 @@ NEEDS_GOLD = ("strict_accuracy", "rstd")  # undefined without a right answer (a 
 def order_cells(s: dict, figures=ORDER_FIGURES) -> list:
     """An order task's figures as '0.620 [0.55, 0.70]' cells ('-' where not defined), then the choice shares."""
     o = s["order"]
-    cells = [f"{fmt(o[k]['value'])} [{fmt(o[k]['ci'][0])}, {fmt(o[k]['ci'][1])}]" if k in o and o[k]["value"] == o[k]["value"]
-             else "-" for k, _ in figures]
+    cells = [format_figure(o[k]) if k in o and o[k]["value"] == o[k]["value"] else "-" for k, _ in figures]
     dec = s.get("decision") or {}
     cost = str(dec.get("forward_passes_per_verdict", 1)) + (f" + {dec['calibration_forward_passes']} calibration"
                                                             if "calibration_forward_passes" in dec else "")
@@ -69,8 +69,9 @@ def order_cells(s: dict, figures=ORDER_FIGURES) -> list:
 
 
 def order_table(entries: list[tuple[str, dict]]) -> Raw:
-    """Order figures (95% bootstrap CIs over items) per entry: how the candidates' order moves the verdict."""
+    """Order figures (95% intervals over items) per entry: how the candidates' order moves the verdict."""
     gold = any(s.get("measure", "accuracy") == "accuracy" for _, s in entries)
     figures = tuple(f for f in ORDER_FIGURES if gold or f[0] not in NEEDS_GOLD)
     return table(["entry", *(name for _, name in figures), "chosen by slot", "forward passes per verdict"],
-                 [[label, *order_cells(s, figures)] for label, s in entries], "order of the candidates (95% CIs over items)")
+                 [[label, *order_cells(s, figures)] for label, s in entries],
+                 "order of the candidates (95% intervals over items" + ("; RStd without one)" if gold else ")"))

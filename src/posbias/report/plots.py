@@ -7,6 +7,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from ..core.order import format_figure
+
 
 def subplots(nrows: int = 1, ncols: int = 1, *, figsize=None, dpi=None, layout=None, **kw):
     """`plt.subplots` without pyplot: a Figure for a file (never shown, nothing to close) and its axes."""
@@ -40,7 +42,7 @@ def plot_curve(per_position: list[dict], title: str, path: str | Path) -> None:
     lo = [r["ci_low"] for r in per_position]
     hi = [r["ci_high"] for r in per_position]
     fig, ax = subplots(figsize=(6, 3.6), dpi=120)
-    ax.fill_between(x, lo, hi, alpha=0.25, label="95% CI (Wilson)")
+    ax.fill_between(x, lo, hi, alpha=0.25, label="95% CI (Clopper-Pearson)")
     ax.plot(x, y, marker="o", label="accuracy")
     _position_axes(ax, x, title, legend_size=8, labels=labels)
     save_figure(fig, path)
@@ -168,7 +170,7 @@ def plot_order(summary: dict, title: str, path: str | Path) -> None:
     if "prior" in dec:
         ax.bar([s + width / 2 for s in range(k)], dec["prior"], width, label="PriDe prior")
     ax.axhline(1 / k, color="grey", linestyle="--", linewidth=1, label=f"no order bias (1/{k})")
-    figs = [f"{name} {o[key]['value']:.2f} [{o[key]['ci'][0]:.2f}, {o[key]['ci'][1]:.2f}]"
+    figs = [f"{name} {format_figure(o[key], 2)}"
             for key, name in (("consistency", "consistency"), ("preference_fairness", "pref. fairness"), ("rstd", "RStd"))
             if key in o and o[key]["value"] == o[key]["value"]]
     ax.set_xticks(range(k))

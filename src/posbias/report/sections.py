@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..core.metrics import format_effect
 from ..core.order import format_no_gold
+from ..core.stats import format_p
 from .blocks import Raw, details, esc, figure, figures, fmt, key_values, para, pos_label, rows_table, scalars, table
 from .flip_blocks import flips_block, order_table
 from .longctx_blocks import long_blocks
@@ -71,7 +73,7 @@ def generic(run: Run) -> str:
 
 
 def curve_table(per_position: list[dict], measure: str = "accuracy") -> Raw:
-    """Accuracy per position (or what the run measured: `summary.measure`) with its 95% CI (Wilson), n, and the further
+    """Accuracy per position (or what the run measured: `summary.measure`) with its 95% CI (Clopper-Pearson), n, and the further
     metrics a task adds."""
     base = ("position", "n", "correct", "accuracy", "ci_low", "ci_high")
     extra = [k for k in per_position[0] if k not in base]
@@ -83,14 +85,16 @@ def curve_table(per_position: list[dict], measure: str = "accuracy") -> Raw:
 def summary_line(s: dict) -> Raw:
     """average (and the chance level) | best | worst | gap [CI] | std, as the sweep prints it (and per-mode averages
     for two hops); a judge file without "preferred": no chance, best or worst (core.order.format_no_gold)."""
+    effect = format_effect(s)
     if s.get("measure", "accuracy") != "accuracy":
-        return Raw(f'<p class="summary">{esc(" ".join(format_no_gold(s)))}</p>')
+        return Raw(f'<p class="summary">{esc(" ".join([*format_no_gold(s), effect]))}</p>')
     gap_ci = s.get("gap_ci") or [None, None]
     chance = f" (chance {fmt(s['chance'])})" if s.get("chance") else ""
     text = (f"average {fmt(s.get('average'))}{chance} | best {fmt(s.get('best'))} "
             f"(pos {pos_label(s.get('best_position'))}) | "
             f"worst {fmt(s.get('worst'))} (pos {pos_label(s.get('worst_position'))}) | gap {fmt(s.get('gap'))} "
-            f"[{fmt(gap_ci[0])}, {fmt(gap_ci[1])}] (paired bootstrap 95% CI) | std {fmt(s.get('std'))}")
+            f"[{fmt(gap_ci[0])}, {fmt(gap_ci[1])}] (95% interval for the largest true slot difference) | std {fmt(s.get('std'))}"
+            + (f" | {effect}" if effect else ""))
     if "modes" in s:
         text += " | modes: " + ", ".join(f"{m} {fmt(v)}" for m, v in s["modes"].items()) + f" | mode gap {fmt(s.get('mode_gap'))}"
     return Raw(f'<p class="summary">{esc(text)}</p>')
@@ -123,15 +127,18 @@ def comparison(run: Run) -> str:
         diff = f"{v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" if v else "-"
         col = e.get("collapse") or {}
         flag = "; ".join(col.get("reasons", [])) or ("at chance" if col.get("at_chance") else "-" if col else "")
-        rows.append([e["label"], *accs, s["average"], s["gap"], f"[{fmt(s['gap_ci'][0])}, {fmt(s['gap_ci'][1])}]", diff, flag])
-    head = ["entry", *(f"pos {pos_label(p)}" for p in positions), "average", "gap", "gap 95% CI",
+        t = s.get("position_test")
+        pval = format_p(t["p"]) if t else "-"
+        rows.append([e["label"], *accs, s["average"], s["gap"], f"[{fmt(s['gap_ci'][0])}, {fmt(s['gap_ci'][1])}]", pval,
+                     diff, flag])
+    head = ["entry", *(f"pos {pos_label(p)}" for p in positions), "average", "gap", "gap 95% CI", "position test",
             f"average - {first} (paired 95% CI)", "collapsed"]
     s0 = entries[0]["summary"]
     chance = f" Chance: {fmt((entries[0].get('collapse') or {}).get('chance', s0.get('chance')))}." \
         if (entries[0].get("collapse") or {}).get("chance", s0.get("chance")) else ""
     measure = s0.get("measure", "accuracy")
-    parts = [para(f"{len(entries)} entries on the same examples; {measure} per position with its 95% CI (Wilson); "
-                  f"differences paired over examples (bootstrap).{chance}"), table(head, rows)]
+    parts = [para(f"{len(entries)} entries on the same examples; {measure} per position with its 95% CI (Clopper-Pearson); "
+                  f"differences paired over examples (Agresti-Min 95% intervals).{chance}"), table(head, rows)]
     if "modes" in entries[0]["summary"]:
         modes = list(entries[0]["summary"]["modes"])
         parts.append(table(["entry", *modes, "mode gap"],

@@ -1,0 +1,149 @@
+"""Every interval and test posbias prints holds its nominal rate on simulated curves whose truth is known
+(core/coverage.py; docs/statistics.md). Each check is shown to fail on the interval posbias printed before
+(`legacy=True`), so it can fail for the reason it names. Fast: a small grid; `slow`: the full grid."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from posbias.core.coverage import coverage, curves, judge_coverage, paired_coverage
+from posbias.core.metrics import paired_difference, summarize_curve
+from posbias.core.stats import exact_ci, gap_interval, mean_ci, position_test
+
+NOMINAL, FLOOR, ALPHA_MAX = 0.95, 0.93, 0.05
+
+
+def tolerance(reps: int) -> float:
+    """Binomial slack of a coverage estimated from `reps` draws (one-sided, about 2.3 sd at 95%)."""
+    return 2.33 * math.sqrt(NOMINAL * (1 - NOMINAL) / reps)
+
+
+def check(c: dict, reps: int, flat: bool) -> list[str]:
+    """What fails in one coverage record: an interval under FLOOR, or (flat curve) a false effect / shape over 5%."""
+    bad = [f"{k} covers {v:.3f}" for k, v in c.items() if k not in ("shape called", "effect found")
+           and v < FLOOR - tolerance(reps)]
+    if flat:
+        bad += [f"{k} on a flat curve {c[k]:.3f}" for k in ("shape called", "effect found")
+                if k in c and c[k] > ALPHA_MAX + tolerance(reps)]
+    return bad
+
+
+FAST = [(k, n, name, rho) for k, n in ((5, 10), (10, 30), (20, 60)) for name in ("flat 0.5", "flat 0.05", "U", "ramp 0.3")
+        for rho in (0.0, 0.6)]
+
+
+@pytest.mark.parametrize("k,n,name,rho", FAST)
+def test_every_curve_interval_covers_its_truth(k, n, name, rho):
+    reps = 200
+    c = coverage(curves(k)[name], n, reps, rho=rho, seed=k * 1000 + n)
+    assert not check(c, reps, name.startswith("flat")), (k, n, name, rho, c)
+
+
+def test_the_old_gap_interval_and_shape_rule_fail_the_same_check():
+    """The suite can fail: the old bootstrap of max - min never covers a flat curve's gap of 0, and the old shape rule
+    calls a shape on a flat curve far more than 5% of the time."""
+    reps = 200
+    c = coverage(curves(10)["flat 0.5"], 30, reps, legacy=True)
+    assert c["gap"] < 0.1 and c["shape called"] > 0.1, c
+    assert any("gap" in b for b in check(c, reps, flat=True))
+
+
+def test_paired_difference_in_compare_covers():
+    for n in (10, 30, 100):
+        assert paired_coverage(n, 400, seed=n) >= FLOOR - tolerance(400), n
+
+
+def test_judge_figures_cover():
+    for a, b, n in ((0.9, 0.5, 10), (0.7, 0.7, 30), (0.95, 0.2, 60)):
+        c = judge_coverage(a, b, n, 300, seed=n)
+        assert min(c.values()) >= FLOOR - tolerance(300), (a, b, n, c)
+
+
+def test_a_handful_of_items_gets_an_honest_interval_not_zero_width():
+    """FairEval's case: 3 items, all wrong. The exact interval for 0/3 is [0, 0.708], which holds a judge's chance 0.5;
+    the old percentile bootstrap said [0, 0] (and compare printed COLLAPSED)."""
+    lo, hi = exact_ci(0, 3)
+    assert lo == 0 and hi == pytest.approx(0.7076, abs=1e-3)
+    s = summarize_curve([0, 1], np.zeros((3, 2)))
+    assert s.average_ci[1] > 0.5 and s.gap_ci[1] > 0.3
+    assert paired_difference(np.zeros((3, 2)), np.zeros((3, 2)))["mde80"] > 0  # the power column is never empty
+    assert mean_ci(np.array([0.5, 0.5, 0.5]))[1] - mean_ci(np.array([0.5, 0.5, 0.5]))[0] > 0.2
+
+
+def test_clopper_pearson_holds_where_wilson_dips():
+    """Exact coverage (summed over the binomial) at n = 10, p = 0.05: Wilson's is 91.4%, Clopper-Pearson's >= 95%."""
+    from posbias.core.stats import wilson_ci
+
+    def exact_coverage(ci, n, p):
+        return sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1) if ci(k, n)[0] <= p <= ci(k, n)[1])
+
+    assert exact_coverage(wilson_ci, 10, 0.05) < 0.92
+    for n in (3, 10, 30):
+        for p in (0.01, 0.05, 0.3, 0.5, 0.9):
+            assert exact_coverage(exact_ci, n, p) >= NOMINAL - 1e-9, (n, p)
+
+
+def test_the_gap_interval_holds_its_own_point():
+    """The old interval could sit above its point (0.333 [0.333, 0.833]); the new one holds the observed gap."""
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n, k = int(rng.integers(1, 60)), int(rng.integers(2, 12))
+        x = (rng.random((n, k)) < rng.random(k)).astype(float)
+        gap = np.ptp(x.mean(axis=0))
+        lo, hi = gap_interval(x)
+        assert lo - 1e-12 <= gap <= hi + 1e-12, (n, k, gap, lo, hi)
+
+
+def test_position_test_finds_a_real_curve_and_is_exact_on_a_flat_one():
+    rng = np.random.default_rng(0)
+    kv = (rng.random((100, 10)) < np.array([0.95] + [0.1] * 8 + [0.5])).astype(float)
+    assert position_test(kv)["p"] < 0.001
+    same = np.repeat(rng.random((40, 1)) < 0.5, 10, axis=1)  # every slot holds the same outcome: no effect
+    t = position_test(same)
+    assert t["p"] == 1.0 and t["n"] == 0
+    assert gap_interval(same)[0] == 0.0
+
+
+def test_full_grid():
+    """The grid of issue 47: n 10-200, 2-30 slots, every curve of core/coverage.curves, independent and correlated
+    examples. About two minutes."""
+    reps, bad = 300, []
+    for k in (2, 3, 5, 10, 30):
+        for n in (10, 30, 100, 200):
+            for name, p in curves(k).items():
+                for rho in (0.0, 0.5, 0.9):
+                    c = coverage(p, n, reps, rho=rho, seed=hash((k, n, name, rho)) % 2**31)
+                    bad += [(k, n, name, rho, b) for b in check(c, reps, name.startswith("flat"))]
+    assert not bad, bad
+
+
+def test_a_sweep_whose_curve_does_not_move_reports_no_effect_and_the_policy_warns(tmp_path, model_dir, loaded,
+                                                                                   monkeypatch, capsys):
+    """Issue 47's first check on a real sweep: posbias refuses a line whose documents are all the same, so here the
+    answer is one no document holds and the tiny model cannot produce: every example scores the same at every slot.
+    The sweep must report no position effect (p = 1: no example varies) and `posbias policy export` must warn (the old
+    rule warned here too; a mid-range flat curve, where it did not, is simulated above)."""
+    import json
+    import sys
+
+    from posbias import SweepConfig, run_sweep
+    from posbias.cli import main
+
+    docs = [{"title": f"Note {j}", "text": f"The code for vault {j} is {4821 + j}."} for j in range(5)]
+    lines = [{"id": f"q{i}", "question": f"What is code {i}?", "answers": ["qzqzqzqzqz"], "documents": docs,
+              "gold": 0} for i in range(12)]
+    data = tmp_path / "same.jsonl"
+    data.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    res = run_sweep(SweepConfig(model=str(model_dir), task=f"jsonl:{data}", positions="all", n=12, engine="teacher-forced"),
+                    tmp_path / "run", loaded=loaded, progress=False)
+    assert res.summary["position_test"]["p"] == 1.0 and res.summary["shape"]["shape"] == "flat"
+    assert "no position effect (p = 1.000" in res.format()
+    monkeypatch.setattr(sys, "argv", ["posbias", "policy", "export", str(tmp_path / "run")])
+    try:
+        main()
+    except SystemExit as e:
+        assert e.code in (0, None)
+    assert "warning: no position effect: permutation test p = 1.000" in capsys.readouterr().out
