@@ -22,8 +22,9 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "posbias"
 
 LAYERS = [  # lowest first; units in one layer may not import each other
     ("version", "errors"),
-    ("runs", "specs", "policy"),
+    ("runs", "specs"),
     ("core",),
+    ("policy",),  # reads the position test's level (core/metrics.py ALPHA)
     ("report",),
     ("models", "tasks", "integrations"),
     ("methods",),

@@ -99,8 +99,11 @@ def _policies(root: Path, model: str, cfg: SweepConfig) -> None:
     task = get_task(cfg.task, **cfg.task_options).config()
     ok = {"posbias_policy": 1, "model": model, "task": task, "n_slots": 4, "ranking": [0, 3, 1, 2],
           "slots": [{"slot": s, "accuracy": 0.5, "ci": [0.2, 0.8], "n": 2} for s in range(4)], "measured": {"run": "x"}}
+    test = {"name": "Cochran's Q, within-example permutation", "statistic": 1.0, "p": 0.4, "n": 2, "permutations": 99}
     for name, change in (("ok", {}), ("rfloat", {"ranking": [0.0, 3.0, 1.0, 2.0]}), ("rstr", {"ranking": ["0", "3", "1", "2"]}),
-                         ("task", {"task": "kv-lookup"}), ("measured", {"measured": "x"})):
+                         ("task", {"task": "kv-lookup"}), ("measured", {"measured": "x"}),
+                         ("ptest", {"curve": {"position_test": {**test, "p": "high"}}}),
+                         ("psep", {"curve": {"position_test": test, "separable": True}})):
         (root / f"policy-{name}.json").write_text(json.dumps({**ok, **change}))
 
 
@@ -169,6 +172,9 @@ CASES = [
     (["sweep", "--model", "nosuch:model=x", *TINY], "new", "unknown backend 'nosuch' in model spec 'nosuch:model=x'"),
     (["compare", "--models", "{MODEL},nosuch:model=x", *TINY], "new", "unknown backend 'nosuch'"),
     (["grid", "--model", "nosuch:model=x", *TINY, "--sizes", "4", "--depths", "0%"], "new", "unknown backend 'nosuch'"),
+    # sigmoid depths that round onto one 0.1% slot: the count refused, naming the counts that work (eval/longctx.py)
+    (["grid", "--model", "{MODEL}", *TINY, "--task", "niah", "--lengths", "600", "--depths", "sigmoid:86"], "new",
+     "--depths sigmoid:86 gives 84 distinct depths, not 86"),
     (["lpes", "search", "--model", "nosuch:model=x", *TINY], "new", "unknown backend 'nosuch'"),
     (["show", "--model", "nosuch:model=x"], "new", "unknown backend 'nosuch'"),
     # show's own hints, followed, are placements show takes (several: each prompt in turn)
@@ -192,6 +198,15 @@ CASES = [
      "policy-task.json: 'task' must be an object"),
     (["sweep", "--model", "{MODEL}", *TINY, "--method", "curve:{ROOT}/policy-measured.json"], "new",
      "policy-measured.json: 'measured' must be an object"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "curve:{ROOT}/policy-ptest.json"], "new",
+     "policy-ptest.json: 'curve.position_test.p' must be a p-value"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "curve:{ROOT}/policy-psep.json"], "new",
+     "policy-psep.json: 'curve.separable' must be false (position_test.p 0.4 >= 0.05)"),
+    # order ensembles (methods/ensemble.py): more orders than the items have (4 facts: 4 shifts, 24 permutations)
+    (["sweep", "--model", "{MODEL}", *TINY, "--method", "ensemble:5"], "new",
+     "ensemble:5:shift asks for 5 orders, and kv-lookup's 4 items have only 4 distinct shifts -- write ensemble:4:shift"),
+    (["compare", "--model", "{MODEL}", *TINY, "--methods", "none,ensemble:25:perm"], "new",
+     "have only 24 distinct orders -- write ensemble:24:perm or fewer orders"),
     (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,12"], "new", "position 12 is out of range"),
     (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,x"], "new", "bad position 'x' in --positions"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "nq", "--data-dir", "/nonexistent"], "new", "does not exist"),

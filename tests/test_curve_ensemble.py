@@ -166,16 +166,59 @@ def test_ensemble_orders_are_permutations_and_order_0_is_the_prompt(mode):
     assert orders == [m.order(p, j) for j in range(4)]  # seeded: the same again
 
 
-def test_ensemble_vote_majority_ties_to_the_earliest_order_and_mean_logprob():
+def test_ensemble_vote_majority_and_mean_logprob():
     m = get_method("ensemble:3")
     rows = [{"prediction": "A b", "correct": False, "logprob": -1.0}, {"prediction": "c", "correct": True, "logprob": -2.0},
             {"prediction": "the c.", "correct": True, "logprob": -3.0}]
     v = m.vote(rows)
-    assert v["chosen_order"] == 1 and v["correct"] and v["agreement"] == pytest.approx(2 / 3)
+    assert v["chosen_order"] == 1 and v["correct"] and v["agreement"] == pytest.approx(2 / 3) and not v["tie"]
     assert v["ensemble_logprob"] == pytest.approx(-2.0) and v["passes"] == 3
-    tie = m.vote([{"prediction": "x", "correct": False}, {"prediction": "y", "correct": True}, {"prediction": "z",
-                                                                                              "correct": True}])
-    assert tie["chosen_order"] == 0 and not tie["correct"]
+
+
+def _tied(k: int, i: int) -> list[dict]:
+    """K orders of example i that all answer differently (order j answers "a{j}"; order 0 alone is right)."""
+    return [{"example_id": f"e{i}#order{j}", "position": 3, "prediction": f"a{j}", "correct": j == 0} for j in range(k)]
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_an_ensemble_tie_does_not_go_to_the_unmodified_order(k):
+    """A tie (every order answers differently) goes to each tied answer about equally often, seeded: with the old rule
+    (the earliest order) ensemble:2 returned the unmodified answer on every row, and so did every tie at any K."""
+    m = get_method(f"ensemble:{k}")
+    votes = [m.vote(_tied(k, i)) for i in range(300)]
+    share = [sum(v["chosen_order"] == j for v in votes) / len(votes) for j in range(k)]
+    assert all(abs(s - 1 / k) < 0.1 for s in share), share  # each order's answer wins its share of ties
+    assert all(v["tie"] and v["agreement"] == 1 / k for v in votes)
+    assert [m.vote(_tied(k, i))["chosen_order"] for i in range(20)] == [v["chosen_order"] for v in votes[:20]]  # seeded
+    two = m.vote([{**r, "prediction": "x" if j < 2 else r["prediction"]} for j, r in enumerate(_tied(k, 0))])
+    if k > 2:  # a majority is no tie: orders 0 and 1 agree
+        assert two["chosen_order"] == 0 and not two["tie"]
+
+
+@pytest.mark.parametrize("spec, n, most", [("ensemble:5", 4, 4), ("ensemble:5:shift:adaptive", 4, 4),
+                                           ("ensemble:25:perm", 4, 24), ("ensemble:7:perm", 3, 6)])
+def test_more_orders_than_the_items_have_are_refused_naming_the_most(spec, n, most):
+    """K above the distinct orders (n shifts of n items, n! permutations) would read an order twice: refused in one
+    line before the model loads, naming the most; the spec the hint suggests is accepted."""
+    task = get_task("kv-lookup", facts=n)
+    with pytest.raises(PosbiasError, match=f"have only {most} distinct") as e:
+        get_method(spec).check_task(task, [0], "teacher-forced")
+    assert "\n" not in str(e.value)
+    hint = str(e.value).split(" -- ")[1].split()[1]  # "write ensemble:4:shift or fewer orders ..."
+    assert hint.startswith(f"ensemble:{most}:")
+    get_method(hint).check_task(task, [0], "teacher-forced")
+
+
+@pytest.mark.parametrize("spec, n", [("ensemble:4", 4), ("ensemble:24:perm", 4), ("ensemble:6:perm", 3), ("ensemble:7", 10)])
+def test_every_order_of_an_ensemble_is_a_different_one(spec, n):
+    """K up to the distinct orders: K different orders of every prompt (seeded shuffles may repeat: redrawn)."""
+    task = get_task("kv-lookup", facts=n)
+    m = get_method(spec)
+    m.check_task(task, [0], "teacher-forced")
+    for ex in task.examples(5):
+        p = task.prompt(ex, 1)
+        orders = [tuple(m.order(p, j)) for j in range(m.orders)]
+        assert len(set(orders)) == m.orders and orders[0] == tuple(range(n))
 
 
 @pytest.mark.parametrize("spec, message", [("ensemble:1", "at least 2 orders"), ("ensemble:3:bogus", "bad ensemble spec"),

@@ -186,7 +186,9 @@ def test_resampling_maps_slot_j_of_m_to_measured_slot_round_j_n1_over_m1():
     pol = policy_of(CURVE)  # n = 5
     assert resampled_ranking(pol, 5) == RANKING  # the identity mapping
     assert resampled_ranking(pol, 3) == [0, 2, 1]  # slots 0, 2, 4: 0.9, 0.1, 0.7
-    assert resampled_ranking(pol, 7) == [0, 6, 4, 5, 1, 2, 3]  # slots 0,1,1,2,3,3,4: ties go to the lower slot
+    # slots 0,1,1,2,3,3,4 (depths 0, .67, 1.33, 2, 2.67, 3.33, 4): of the two on measured slot 3, slot 5 leans to
+    # slot 4 (0.7), slot 4 to slot 2 (0.1), so 5 goes first; of the two on slot 1, slot 1 leans to slot 0 (0.9)
+    assert resampled_ranking(pol, 7) == [0, 6, 5, 4, 1, 2, 3]
     assert resampled_ranking(pol, 1) == [0]
     assert resampled_ranking(policy_of([0.9, 0.2, 0.6, 0.5]), 3) == [0, 1, 2]  # 1.5 rounds to slot 2 (0.6), not 1 (0.2)
     six = policy_of([0.9, 0.2, 0.6, 0.1, 0.5, 0.4])
@@ -199,7 +201,19 @@ def test_the_integrations_resample_only_when_asked(tmp_path):
     assert [d.metadata["rank"] for d in got] == apply_ranking([0, 1, 2], [0, 2, 1]) == [0, 2, 1]
     placed = PolicyNodePostprocessor(pol, resample=True).postprocess_nodes(nodes([0.3, 0.2, 0.1, 0.05, 0.01, 0.0, 0.4]))
     assert [n.node.node_id for n in placed] == apply_ranking(["n6", "n0", "n1", "n2", "n3", "n4", "n5"],
-                                                             [0, 6, 4, 5, 1, 2, 3])
+                                                             [0, 6, 5, 4, 1, 2, 3])
+
+
+@pytest.mark.parametrize("m", [11, 20, 30])
+def test_resampled_ties_are_placed_as_the_curve_ranks_them(m):
+    """On a recency curve the best document goes to the last slot of m, not the one before it: slots that take the
+    same measured slot are ordered by the curve at their exact depth (the old rule gave ties to the lower slot, and the
+    best document landed at slot 18 of 20)."""
+    rising = policy_of([0.1 * (s + 1) for s in range(10)])
+    got = resampled_ranking(rising, m)
+    assert got[0] == m - 1 and got == list(range(m - 1, -1, -1))  # deepest first, all the way down
+    falling = policy_of([1 - 0.1 * s for s in range(10)])
+    assert resampled_ranking(falling, m) == list(range(m))  # primacy: the first slot first
 
 
 # ----------------------------------------------------------------------------- posbias policy export
@@ -246,14 +260,59 @@ def test_policy_export_refuses_bad_input_with_exit_2_one_line_and_writes_nothing
     assert not list(tmp_path.rglob("policy.json*")) and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("gap_ci, warned", [([0.0, 0.25], True), ([0.2, 0.9], False), (None, False)])
-def test_a_curve_whose_gap_ci_reaches_zero_is_flagged_as_noise(gap_ci, warned):
+def _test(p: float, n: int = 30) -> dict:
+    return {"name": "Cochran's Q, within-example permutation", "statistic": 4.2, "p": p, "n": n, "permutations": 2000}
+
+
+@pytest.mark.parametrize("p, warned", [(0.4, True), (0.05, True), (0.049, False), (0.0005, False)])
+def test_the_position_test_decides_whether_the_ranking_is_noise(p, warned):
+    """separable = the position test's p < ALPHA; the warning names the p-value and the examples. The gap interval is
+    kept for display and decides nothing: a gap clear of 0 does not silence a warning, one reaching 0 raises none."""
     from posbias.measure import policy_from_sweep, ranking_note
 
     rec = sweep_record()
-    rec["summary"].update(gap=0.1, **({"gap_ci": gap_ci} if gap_ci else {}))
+    rec["summary"].update(gap=0.4, gap_ci=[0.0, 0.6] if not warned else [0.2, 0.7], position_test=_test(p, n=12))
     pol = policy_from_sweep(rec, "s")
     note = ranking_note(pol)
-    assert (note is not None) == warned and pol["curve"]["separable"] is (None if gap_ci is None else not warned)
+    assert pol["curve"]["separable"] is (not warned) and pol["curve"]["position_test"]["p"] == p
+    assert pol["curve"]["gap_ci"] == rec["summary"]["gap_ci"]  # kept for display
+    assert (note is not None) == warned, note
     if warned:
-        assert "this ranking is noise" in note and "[0.000, 0.250]" in note
+        assert note.startswith("warning: no position effect: permutation test p = ") and f"p = {p:.3f} over" in note
+        assert f"n = {N} examples (12 answer differently at some slot" in note and "this ranking is noise" in note
+
+
+def test_a_sweep_without_the_position_test_gets_no_verdict_and_a_note_saying_how_to_get_it(tmp_path):
+    """A sweep written by an older posbias: separable None, whatever its gap interval says, and a note naming the run
+    and `--resume` (a resume of a finished sweep recomputes its summary from its rows); a policy written by hand (no
+    curve) gets nothing. An old policy file's separable (the gap interval's verdict) is not trusted either."""
+    from posbias.measure import policy_from_sweep, ranking_note
+
+    rec = sweep_record()
+    rec["summary"].update(gap=0.1, gap_ci=[0.0, 0.25])
+    pol = policy_from_sweep(rec, "runs/x/sweep.json")
+    assert pol["curve"]["separable"] is None
+    note = ranking_note(pol)
+    assert note.startswith("note: runs/x/sweep.json has no position-effect test") and "--resume" in note
+    assert ranking_note({k: v for k, v in pol.items() if k != "curve"}) is None
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({**pol, "curve": {"gap": 0.1, "gap_ci": [0.0, 0.25], "average": 0.5, "separable": False}}))
+    assert read_policy(old)["curve"]["separable"] is None and ranking_note(read_policy(old)).startswith("note: ")
+
+
+@pytest.mark.parametrize("curve, field", [
+    ({"position_test": "flat"}, "'curve.position_test' must be an object"),
+    ({"position_test": {**_test(0.4), "p": "high"}}, "'curve.position_test.p' must be a p-value"),
+    ({"position_test": {**_test(0.4), "p": 1.5}}, "'curve.position_test.p' must be a p-value"),
+    ({"position_test": {**_test(0.4), "n": 3.5}}, "'curve.position_test.n' must be a whole number"),
+    ({"position_test": _test(0.4), "separable": True}, r"'curve.separable' must be false \(position_test.p 0.4 >= 0.05\)"),
+    ({"position_test": _test(0.001), "separable": False}, "'curve.separable' must be true"),
+    ({"gap": "big"}, "'curve.gap' must be a number"),
+])
+def test_a_policy_whose_position_test_is_broken_or_disagrees_is_refused(tmp_path, curve, field):
+    pol = policy_of(CURVE)
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({**pol, "curve": {**pol["curve"], **curve}}))
+    with pytest.raises(PosbiasError, match=field) as e:
+        read_policy(f)
+    assert str(e.value).startswith(f"{f}: ") and "\n" not in str(e.value)

@@ -10,7 +10,9 @@ retriever's best-ranked item into the best slot, its second into the second best
      "slots": [{"slot": 0, "accuracy": 1.0, "ci": [0.886, 1.0], "n": 30}, ...],   in slot order
      "measured": {"run": ".../sweep.json", "engine": ..., "n": 30, "seed": 0, "skip": 1000, "chat_used": true,
                   "template": {...}, "posbias": "0.x", "sha256": "..."},
-     "fitted_on": {"task": "kv-lookup", "seed": 0, "skip": 1000, "n": 30}}   the examples a comparison must avoid
+     "fitted_on": {"task": "kv-lookup", "seed": 0, "skip": 1000, "n": 30},   the examples a comparison must avoid
+     "curve": {"average": ..., "gap": ..., "gap_ci": [...], "shape": ..., "position_test": {"name", "statistic", "p",
+               "n", "permutations"}, "separable": true}}   separable: the test's p < ALPHA (null: no test recorded)
 
 read_policy accepts a policy file, a finished sweep folder or its sweep.json, and refuses, in one line naming the file
 and the field, a field the code reads that is missing or of another type (`slots`, `measured`, `fitted_on` and
@@ -20,11 +22,12 @@ and the field, a field the code reads that is missing or of another type (`slots
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
+from .core.stats import ALPHA
 from .errors import PosbiasError
 
 VERSION = 1
@@ -54,9 +57,12 @@ def apply_ranking(best_first: Sequence[T], ranking: Sequence[int]) -> list[T]:
 
 
 def resampled_ranking(policy: dict, m: int) -> list[int]:
-    """The policy's curve mapped to m slots by relative depth, ranked (ties: the lower slot first): slot j of m takes
-    the accuracy of measured slot round(j*(n-1)/(m-1)) (Python's round: a half goes to the even slot; m=1: slot 0).
-    A caveat: a curve measured on n items says nothing sure about m; this assumes the shape scales with depth."""
+    """The policy's curve mapped to m slots by relative depth, ranked: slot j of m takes the place in the policy's
+    ranking of measured slot round(j*(n-1)/(m-1)) (Python's round: a half goes to the even slot; m=1: slot 0). Slots
+    that take the same measured slot are ordered as the curve ranks their exact depths, x = j*(n-1)/(m-1): by the
+    accuracy interpolated there between the two nearest measured slots (on a rising curve the deeper one first), then
+    the lower slot. A caveat: a curve measured on n items says nothing sure about m; this assumes the shape scales
+    with depth."""
     n = int(policy["n_slots"])
     acc = {int(s["slot"]): float(s["accuracy"]) for s in policy.get("slots") or []}
     if sorted(acc) != list(range(n)):
@@ -64,8 +70,14 @@ def resampled_ranking(policy: dict, m: int) -> list[int]:
                            "export the policy again (posbias policy export RUN)")
     if m < 0:
         raise PosbiasError(f"cannot rank {m} slots", "pass the number of retrieved items, 0 or more")
-    measured = [0] if m == 1 else [round(j * (n - 1) / (m - 1)) for j in range(m)]
-    return slot_ranking([acc[s] for s in measured])
+    depth = [0.0] if m == 1 else [j * (n - 1) / (m - 1) for j in range(m)]
+    place = {s: r for r, s in enumerate(policy["ranking"])}
+
+    def curve_at(x: float) -> float:  # the accuracy at depth x, linear between the measured slots
+        lo = min(int(x), n - 1)
+        return acc[lo] + (x - lo) * (acc[min(lo + 1, n - 1)] - acc[lo])
+
+    return sorted(range(m), key=lambda j: (place[round(depth[j])], -curve_at(depth[j]), j))
 
 
 def policy_from_sweep(record: dict, source: str = "") -> dict:
@@ -107,21 +119,37 @@ def _split(task: str | None, cfg: dict) -> dict | None:
 
 
 def _curve_summary(summary: dict) -> dict:
-    """The sweep's gap (best - worst slot) with its 95% CI and the curve's shape: whether the ranking rests on more
-    than noise. `separable` is False when the gap's CI reaches 0 (a flat or floor curve: the ranking is arbitrary)."""
-    gap, ci = summary.get("gap"), summary.get("gap_ci")
-    return {"average": summary.get("average"), "gap": gap, "gap_ci": ci, "shape": summary.get("shape"),
-            "separable": None if not ci else bool(ci[0] > 0)}
+    """The sweep's curve as the policy keeps it: average, gap (best - worst slot) and its interval and the shape, for
+    display, and the position-effect test (a within-example permutation test of any difference between slots,
+    core/metrics.py) that decides whether the ranking rests on more than noise: `separable` is its p < ALPHA. A sweep
+    written before the test existed has none: `separable` is None (ranking_note says how to get it)."""
+    test = summary.get("position_test") or None
+    return {"average": summary.get("average"), "gap": summary.get("gap"), "gap_ci": summary.get("gap_ci"),
+            "shape": summary.get("shape"), "position_test": test,
+            "separable": None if test is None else bool(test["p"] < ALPHA)}
 
 
 def ranking_note(policy: dict) -> str | None:
-    """A warning when the measured curve does not separate its slots (the gap's 95% CI reaches 0), else None."""
-    c = policy.get("curve") or {}
-    if c.get("separable") is not False:
+    """A warning when the position-effect test finds no difference between the slots (p >= ALPHA: the ranking is
+    noise); a note when the curve carries no test (a sweep or policy of an older posbias); else None. A policy with no
+    curve at all (written by hand) gets none. The gap interval is shown, never decided with."""
+    c = policy.get("curve")
+    if not c:
         return None
-    lo, hi = c["gap_ci"]
-    return (f"warning: the curve does not separate its slots (gap {c['gap']:.3f}, 95% CI [{lo:.3f}, {hi:.3f}], average "
-            f"{c['average']:.3f}): this ranking is noise; measure more examples, or a task the model does above the floor")
+    test, run = c.get("position_test"), (policy.get("measured") or {}).get("run") or "the sweep"
+    if not test:
+        return (f"note: {run} has no position-effect test (written by an older posbias), so nothing says whether this "
+                "ranking is more than noise: rerun that sweep's posbias sweep command with --resume (its rows are kept "
+                "and the summary is computed again), then export the policy again")
+    if test["p"] < ALPHA:
+        return None
+    gap = "" if not (_number(c.get("gap")) and _pair(c.get("gap_ci"))) else \
+        f"; gap {c['gap']:.3f} [{c['gap_ci'][0]:.3f}, {c['gap_ci'][1]:.3f}]"
+    total = (policy.get("measured") or {}).get("n")
+    varied = f"{test['n']} answer differently at some slot"
+    over = f"n = {total} examples ({varied}" if _whole(total) else f"the examples ({varied}"
+    return (f"warning: no position effect: permutation test p = {test['p']:.3f} over {over}; level {ALPHA}{gap}): "
+            "this ranking is noise; measure more examples, or a task the model does above the floor")
 
 
 def read_policy(path: str | Path) -> dict:
@@ -143,6 +171,8 @@ def read_policy(path: str | Path) -> dict:
         raise PosbiasError(f"{f} is neither a policy nor a finished sweep record ({type(e).__name__}: {e})",
                            "pass a policy file (posbias policy export RUN) or a finished sweep folder") from None
     _validate(pol, f)
+    if pol.get("curve") and not pol["curve"].get("position_test"):  # an older posbias judged by the gap interval
+        pol = {**pol, "curve": {**pol["curve"], "separable": None}}
     return {**pol, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
 
 
@@ -171,12 +201,28 @@ def _validate(pol: dict, where: str | Path) -> None:
         need("fitted_on.task", isinstance(split.get("task"), str), "a task name")
         for key in ("seed", "skip", "n"):
             need(f"fitted_on.{key}", _whole(split.get(key)) and split[key] >= 0, "a whole number, 0 or more")
-    curve = _optional(pol, "curve", dict, need, "an object (the curve's gap and shape), or null")
-    need("curve.separable", curve.get("separable") in (None, True, False), "true, false or null")
-    if curve.get("separable") is False:
-        need("curve.gap_ci", _pair(curve.get("gap_ci")), "[low, high] (two numbers)")
-        for key in ("gap", "average"):
-            need(f"curve.{key}", _number(curve.get(key)), "a number")
+    _validate_curve(_optional(pol, "curve", dict, need, "an object (the curve's test, gap and shape), or null"), need)
+
+
+def _validate_curve(curve: dict, need: "_Fields") -> None:
+    """The curve's fields ranking_note reads: the gap, its interval and the average (shown), and the position-effect
+    test (decides): {"name": text, "statistic": number, "p": number in [0, 1], "n": whole, "permutations": whole}, or
+    null in a policy of an older posbias; `separable` must agree with it (p < ALPHA)."""
+    need("curve.gap_ci", curve.get("gap_ci") is None or _pair(curve["gap_ci"]), "[low, high] (two numbers), or null")
+    for key in ("gap", "average"):
+        need(f"curve.{key}", curve.get(key) is None or _number(curve[key]), "a number, or null")
+    test = curve.get("position_test")
+    need("curve.position_test", test is None or isinstance(test, dict), "an object (the position-effect test), or null")
+    if test is not None:
+        need("curve.position_test.name", isinstance(test.get("name"), str), "the test's name")
+        need("curve.position_test.p", _number(test.get("p")) and 0 <= test["p"] <= 1, "a p-value, a number in [0, 1]")
+        need("curve.position_test.statistic", _number(test.get("statistic")), "a number")
+        for key in ("n", "permutations"):
+            need(f"curve.position_test.{key}", _whole(test.get(key)) and test[key] >= 0, "a whole number, 0 or more")
+    sep, want = curve.get("separable"), None if test is None else bool(test["p"] < ALPHA)
+    need("curve.separable", sep in (None, True, False) and (test is None or sep is want),
+         "true, false or null" if test is None else f"{json.dumps(want)} (position_test.p {test['p']} "
+                                                    f"{'<' if want else '>='} {ALPHA})")
 
 
 _MISSING = object()

@@ -2,11 +2,15 @@
 
     ensemble[:K][:shift|perm][:adaptive]    K orders (default 3): `shift` (default) moves every item by round(j*n/K)
                                             slots for order j (the gold visits K evenly spread slots); `perm` takes
-                                            seeded random permutations (seeded by example id and order). Order 0 is
-                                            always the prompt as the task built it.
+                                            seeded random permutations (seeded by example id and order), each
+                                            different from the earlier ones. Order 0 is always the prompt as the
+                                            task built it. K above the distinct orders (n items: n shifts, n!
+                                            permutations) is refused: it would read some order twice.
 
 The answer is the majority over the K answers, compared after normalisation (SQuAD's: lower case, no articles or
-punctuation); a tie goes to the earliest order among the tied answers, so order 0 breaks it. Teacher forcing also
+punctuation). A tie (2-2 at K = 4; three different answers at K = 3) goes to one of the tied answers drawn uniformly,
+seeded by the example and its slot: a rule that prefers an order (the earliest, say) hands every tie to that order's
+answer, and order 0 is the unmodified prompt, so `ensemble:2` would always be the unmodified model. Teacher forcing also
 records the mean answer log-probability over the orders (`ensemble_logprob`); its verdict is still the vote, because
 a free-answer task has no competing answers to compare log-probabilities with (the order tasks' `swap` averages the
 option labels' log-probabilities instead). Cost: K passes per row.
@@ -18,6 +22,7 @@ level: the model runs as it is, so they work on every backend, served ones inclu
 
 from __future__ import annotations
 
+import math
 import random
 from contextlib import contextmanager
 from typing import Iterator
@@ -79,17 +84,38 @@ class Ensemble(Method):
                                "candidates", "use swap, aswap or pride on an order task")
         if task.n_slots < 2:
             raise PosbiasError(f"{task.name} has {task.n_slots} slot: there is no other order", "use a task with items")
+        self._check_distinct(task.name, task.n_slots)
+
+    def _check_distinct(self, task: str, n: int) -> None:
+        """Refuse K above the distinct orders of n items (n shifts; n! permutations): one would be read twice."""
+        most = n if self.mode == "shift" else math.factorial(min(n, 20))  # 20! orders: more than anyone asks for
+        if self.orders <= most:
+            return
+        kinds = "shifts" if self.mode == "shift" else "orders"
+        tail = ":adaptive" if self.adaptive and most > FIRST else ""
+        perm = (f", or ensemble:{self.orders}:perm" + ":adaptive" * self.adaptive
+                if self.mode == "shift" and math.factorial(n) >= self.orders else "")
+        raise PosbiasError(f"{self.label} asks for {self.orders} orders, and {task}'s {n} items have only {most} "
+                           f"distinct {kinds}", f"write ensemble:{most}:{self.mode}{tail}{' or fewer orders' * (most > 2)}{perm}")
 
     def order(self, prompt: Prompt, j: int) -> list[int]:
         """order[s] = the slot whose item order j shows at slot s (order 0: as built)."""
         n = len(prompt.items)
-        if self.mode == "shift":
+        if self.mode == "shift":  # d = round(j*n/K) differ for j < K <= n (steps of n/K >= 1): K distinct shifts
             d = round(j * n / self.orders)
             return [(s - d) % n for s in range(n)]
-        out = list(range(n))
-        if j:
-            random.Random(f"{self.seed}:{prompt.example_id}:{j}").shuffle(out)
-        return out
+        if j >= math.factorial(min(n, 20)):  # check_distinct refuses it for the task; a prompt of fewer items too
+            raise PosbiasError(f"{self.label} asks for order {j} of {n} items, which have {math.factorial(n)} orders",
+                               f"write ensemble:{math.factorial(n)}:perm or fewer orders")
+        seen = [list(range(n))]
+        for i in range(1, j + 1):  # order i: the first seeded shuffle that differs from orders 0..i-1
+            out, tries = list(seen[0]), 0
+            while out in seen:
+                out = list(range(n))
+                random.Random(f"{self.seed}:{prompt.example_id}:{i}" + (f":{tries}" if tries else "")).shuffle(out)
+                tries += 1
+            seen.append(out)
+        return seen[j]
 
     def variant(self, prompt: Prompt, j: int, task: Task) -> Prompt:
         if not prompt.items:
@@ -98,12 +124,18 @@ class Ensemble(Method):
         return arrange(prompt, self.order(prompt, j), task.slot_label)
 
     def vote(self, results: list[dict]) -> dict:
-        """The ensemble's row from the orders' results (in order): majority answer, ties to the earliest order."""
+        """The ensemble's row from the orders' results (in order): the majority answer; a tie goes to one of the tied
+        answers drawn uniformly (seeded by the example and its slot), never to a fixed order, so order 0 (the
+        unmodified prompt) wins no more ties than any other. The row is that of the first order that gave it."""
         keys = [normalize_answer(str(r.get("prediction", ""))) for r in results]
         count = {a: keys.count(a) for a in keys}
-        win = max(range(len(keys)), key=lambda j: (count[keys[j]], -j))
+        tied = sorted(a for a in count if count[a] == max(count.values()))
+        row = results[0]
+        seed = f"{self.seed}:tie:{str(row.get('example_id', '')).split('#order')[0]}:{row.get('position')}"
+        answer = tied[0] if len(tied) == 1 else random.Random(seed).choice(tied)
+        win = keys.index(answer)
         out = {**results[win], "correct": bool(results[win]["correct"]), "passes": len(results),
-               "agreement": count[keys[win]] / len(results), "chosen_order": win,
+               "agreement": count[answer] / len(results), "chosen_order": win, "tie": len(tied) > 1,
                "order_correct": [bool(r["correct"]) for r in results],
                "order_predictions": [r.get("prediction", "") for r in results]}
         lps = [r.get("logprob") for r in results]
