@@ -13,9 +13,18 @@ import pytest
 
 from conftest import dies_after
 from posbias import GridConfig, PosbiasError, run_grid
-from posbias.core.metrics import normalize_answer
+from posbias.core.metrics import normalize_answer, ruler_all
 from posbias.eval import engines
-from posbias.eval.longctx import depth_spacing, effective_length, fill_sizes, needle_hits, parse_size
+from posbias.eval.longctx import (
+    depth_spacing,
+    effective_length,
+    effective_lengths,
+    fill_sizes,
+    needle_hits,
+    nolima_base,
+    parse_size,
+    ruler_share,
+)
 from posbias.eval.scorer import Scorer
 from posbias.tasks import content_words, get_task, sigmoid_depths
 from posbias.tasks.text import ABBREVIATIONS, sentences
@@ -138,23 +147,69 @@ def test_depth_spacings_and_lengths():
         fill_sizes("0%", 8192, 20)
 
 
-def test_effective_length_is_the_longest_length_keeping_the_threshold_with_a_paired_interval():
+def test_effective_length_is_the_longest_length_keeping_the_threshold_with_an_interval():
     short = np.ones(40)
     per = {1024: np.ones(40), 2048: np.r_[np.ones(36), np.zeros(4)], 4096: np.r_[np.ones(20), np.zeros(20)],
            8192: np.ones(40)}  # a recovery after a failing length does not count: every length up to L must keep it
     e = effective_length(per, short, 0.85)
     assert e["effective_length"] == 2048 and [r["keeps"] for r in e["ratios"]] == [True, True, False, True]
     assert e["ci"][0] <= 2048 <= e["ci"][1] and e["ci"][1] <= 2048
+    assert e["base"] == 1.0 and e["ratios"][0]["ci"][0] < 1.0  # no zero-width interval at the ceiling
     assert effective_length({1024: np.zeros(10)}, np.ones(10))["effective_length"] == 0
-    floor = effective_length({1024: np.zeros(10)}, np.zeros(10))
-    assert floor["effective_length"] is None and "needle alone" in floor["note"]
+
+
+def test_effective_length_keeps_the_threshold_at_exact_equality():
+    """17/28 against 20/28 is 0.85 exactly; in floating point 17/28 / (20/28) is 0.8499999999999999."""
+    acc, base = np.r_[np.ones(17), np.zeros(11)], np.r_[np.ones(20), np.zeros(8)]
+    e = effective_length({1024: acc, 2048: np.zeros(28)}, base, 0.85)
+    assert e["ratios"][0]["keeps"] is True and e["effective_length"] == 1024
+
+
+def test_a_zero_base_gives_no_length_and_an_interval_open_above_never_length_0():
+    floor = effective_length({1024: np.zeros(10), 2048: np.zeros(10)}, np.zeros(10))
+    assert floor["effective_length"] is None and "base score is 0" in floor["note"]
+    assert floor["ci"] == [0, 2048] and all(r["ci"][1] is None and r["ratio"] is None for r in floor["ratios"])
+    thin = effective_length({1024: np.ones(10), 2048: np.ones(10)}, np.r_[1.0, np.zeros(9)])  # base 0.1: lower end ~0
+    assert thin["effective_length"] == 2048 and thin["ci"][1] == 2048 and thin["ratios"][0]["ci"][1] is None
+
+
+def test_nolima_base_is_each_examples_best_short_length_and_both_bases_are_named():
+    per = {512: np.array([1.0, 0.0, 0.5]), 1024: np.array([0.5, 1.0, 0.5]), 4096: np.array([0.5, 0.5, 0.0])}
+    short, base = nolima_base(per)
+    assert short == [512, 1024] and base.tolist() == [1.0, 1.0, 0.5]  # NoLiMa Sec. 4.3: max per example, then mean
+    both = effective_lengths(per, np.ones(3))
+    assert set(both) == {"threshold", "lengths", "nolima_base", "needle_alone"}
+    assert both["nolima_base"]["base"] == pytest.approx(2.5 / 3) and both["nolima_base"]["base_lengths"] == [512, 1024]
+    assert both["needle_alone"]["base"] == 1.0
+    none = effective_lengths({2048: np.ones(3), 4096: np.ones(3)}, np.ones(3))["nolima_base"]
+    assert none["base"] is None and "add 1k to the lengths" in none["note"]
+
+
+def test_sigmoid_depths_that_round_onto_one_slot_are_refused_naming_counts_that_work():
+    for n in range(85, 89):
+        with pytest.raises(PosbiasError) as e:
+            depth_spacing(f"sigmoid:{n}")
+        assert "distinct depths" in e.value.problem and "`depths=sigmoid:84`" in e.value.fix
+        assert "`depths=sigmoid:89`" in e.value.fix
+    assert len(depth_spacing("sigmoid:84")) == 84 and len(depth_spacing("sigmoid:89")) == 89
+
+
+def test_kv_needles_are_matched_as_ruler_reads_them_with_ruler_s_generation_limit():
+    assert ruler_all("The numbers are 1234567 and 7654321.", ["1234567", "7654321"])
+    assert not ruler_all("The numbers are 1,234,567 and 7654321.", ["1234567", "7654321"])  # no punctuation stripped
+    assert ruler_all("KEY-ABC", ["key-abc"])  # case-insensitive, as RULER's string_match_all
+    assert ruler_share("1234567, then 1,111,111", ["1234567", "1111111", "2222222", "3333333"]) == 0.25
+    mv, one = get_task("niah", values=4), get_task("niah")
+    assert mv.metric == "ruler_all" and mv.multiline and mv.max_new_tokens == 128  # RULER's niah: 128 new tokens
+    assert one.max_new_tokens == 128 and not one.multiline  # one value: stops at its first newline, as before
+    assert get_task("niah", queries=16).max_new_tokens == 12 * 16
 
 
 def test_each_needles_hits_are_read_from_the_answer_by_its_depth():
-    rows = [{"needle_roles": ["gold", "value"], "needle_depths": [10.0, 90.0], "needle_answers": ["111", "222"],
-             "prediction": "111 and 333"}]
+    rows = [{"needle_roles": ["gold", "value"], "needle_depths": [10.0, 90.0], "needle_answers": ["111", "2222"],
+             "prediction": "111 and 2,222"}]
     hits = {(h["role"], h["depths"][0]): h["found"] for h in needle_hits(rows)}
-    assert hits == {("gold", 0.0): 1.0, ("value", 80.0): 0.0}
+    assert hits == {("gold", 0.0): 1.0, ("value", 80.0): 0.0}  # "2,222" is not 2222 (RULER's match)
 
 
 def _grid(model_dir, **kw) -> GridConfig:
@@ -179,6 +234,31 @@ def test_a_niah_grid_runs_references_and_resumes_after_a_kill(model_dir, loaded,
     again = run_grid(_grid(model_dir), tmp_path / "b", loaded=loaded, resume=True, progress=False)
     assert (tmp_path / "b" / "grid.json").read_text() == (tmp_path / "a" / "grid.json").read_text()
     assert again.record == rec
+
+
+def test_a_multi_value_grid_keeps_ruler_s_partial_credit_beside_all_or_nothing(model_dir, loaded, tmp_path, monkeypatch):
+    said = iter(["1,234,567 and {0}", "none", "The values: {0} and\n{1}"] * 10)  # by turns: one found, none, both
+
+    def reply(self, scorer, batch, active, shared):  # each row's answer (a list over two lines is read whole)
+        out = []
+        for row in batch:
+            text = next(said).format(*row.prompt.answers)
+            out.append({"correct": ruler_all(text, row.prompt.answers), "prediction": text, "cut": False})
+        return out
+
+    monkeypatch.setattr(engines.Generate, "_predict", reply)
+    res = run_grid(_grid(model_dir, sizes="600", n=2, engine="generate", task_options={"values": 2}), tmp_path / "mv",
+                   loaded=loaded, progress=False)
+    assert {r["partial"] for r in res.rows} == {0.0, 0.5, 1.0}
+    assert all(r["partial"] == (1.0 if r["correct"] else 0.5 if "1,234,567" in r["prediction"] else 0.0)
+               for r in res.rows)
+    for c in res.record["cells"]:
+        rows = [r for r in res.rows if r["depth"] == c["depth"]]
+        assert c["partial"] == pytest.approx(np.mean([r["partial"] for r in rows]))
+        assert c["accuracy"] == pytest.approx(np.mean([r["correct"] for r in rows]))
+    assert res.record["sizes"][0]["partial"] == pytest.approx(np.mean([r["partial"] for r in res.rows]))
+    text = res.format()
+    assert "all-or-nothing" in text and "RULER's partial credit" in text and "NoLiMa base over lengths 600" in text
 
 
 def test_fill_sizes_the_lengths_from_the_window(model_dir, loaded, tmp_path):

@@ -13,6 +13,7 @@ import pytest
 
 from posbias.report import plots
 from posbias.report.grid_plots import plot_grid_heatmap
+from posbias.report.longctx_blocks import effective_bases
 from posbias.report.sections import Run, grid, renderer_for
 
 SIZES, DEPTHS = [512, 1024], [0, 50, 100]
@@ -42,18 +43,24 @@ def facts_record() -> dict:
 
 
 def niah_record(effective_length: int | None) -> dict:
-    """A niah grid: references, fill per length, shapes, and the effective length (a length, 0, or None with a note)."""
+    """A niah grid: references, fill per length, shapes, and the effective length under both bases: NoLiMa's (1024)
+    and the needle alone's (a length, 0, or None with a note)."""
     sizes = [{"size": s, "dir": f"size-{s}", "positions": [0, 500, 1000], "tokens": {"mean": s - 20.0, "min": 1, "max": 2},
               "summary": _summary(s), "fill": (s - 20.0) / 8192} for s in SIZES]
     refs = {"closed": {"n": 8, "correct": 1, "accuracy": 0.125, "ci_low": 0.022, "ci_high": 0.471},
             "needle": {"n": 8, "correct": 7, "accuracy": 0.875, "ci_low": 0.529, "ci_high": 0.978}}
     ratios = [{"length": 512, "accuracy": 0.9167, "ratio": 1.0476, "ci": [0.8, 1.3], "keeps": True},
               {"length": 1024, "accuracy": 0.5833, "ratio": 0.6667, "ci": [0.4, 0.9], "keeps": False}]
-    eff = {"threshold": 0.85, "short_context": 0.875, "lengths": SIZES, "effective_length": effective_length,
-           "ci": [0, 1024], "ratios": ratios}
+    needle = {"threshold": 0.85, "base": 0.875, "base_ci": [0.529, 0.978], "n": 8, "lengths": SIZES,
+              "effective_length": effective_length, "ci": [0, 1024], "ratios": ratios}
     if effective_length is None:
-        eff.update(ci=None, ratios=[], short_context=0.0,
-                   note="the model fails the needle alone: no short-context score to relate the lengths to")
+        needle.update(ci=[0, 1024], base=0.0, ratios=[{**r, "ratio": None, "keeps": None, "ci": [0.0, None]} for r in ratios],
+                      note="the base score is 0: no score to relate the lengths to")
+    nolima = {"threshold": 0.85, "base": 0.9583, "base_ci": [0.7, 0.99], "n": 8, "lengths": SIZES, "base_lengths": SIZES,
+              "effective_length": 1024, "ci": [512, 1024],
+              "ratios": [{"length": 512, "accuracy": 0.9167, "ratio": 0.9565, "ci": [0.85, 1.0], "keeps": True},
+                         {"length": 1024, "accuracy": 0.8333, "ratio": 0.8696, "ci": [0.7, 0.95], "keeps": True}]}
+    eff = {"threshold": 0.85, "lengths": SIZES, "nolima_base": nolima, "needle_alone": needle}
     return {"task": "niah", "size_option": "tokens", "sizes": sizes, "depths": DEPTHS, "cells": _cells(),
             "references": refs, "effective": eff, "window": 8192}
 
@@ -80,6 +87,10 @@ def _dashed_at(ax) -> list[float]:
     return [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"]
 
 
+def _styled(ax, style: str) -> list[float]:
+    return [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == style]
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_niah_heatmap_shows_fill_references_and_effective_length(case, tmp_path, monkeypatch):
     ax = _draw(niah_record(CASES[case]), tmp_path / "heatmap.png", monkeypatch)
@@ -87,13 +98,15 @@ def test_niah_heatmap_shows_fill_references_and_effective_length(case, tmp_path,
     assert ticks == ["512 tok\n6% of window", "1024 tok\n12% of window"]
     title = ax.get_title()
     assert "closed-book 0.12 [0.02, 0.47]" in title and "needle alone 0.88 [0.53, 0.98]" in title
-    if case == "positive":  # 512 is the first column: the line on its right edge
-        assert _dashed_at(ax) == [0.5]
-        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["effective length 512 (≥85% of needle alone)"]
+    assert _dashed_at(ax) == [1.5]  # NoLiMa's base: 1024, the second column's right edge
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    if case == "positive":  # the needle alone: 512, dotted at the first column's right edge
+        assert _styled(ax, ":") == [0.5]
+        assert legend == ["effective length 1024 (≥85% of NoLiMa base)", "effective length 512 (≥85% of needle alone)"]
     else:
-        assert _dashed_at(ax) == [] and ax.get_legend() is None
-    assert ("no length keeps 85% of the needle-alone score" in title) == (case == "zero")
-    assert ("fails the needle alone" in title) == (case == "none")
+        assert _styled(ax, ":") == [] and legend == ["effective length 1024 (≥85% of NoLiMa base)"]
+    assert ("no length keeps 85% of the needle alone score" in title) == (case == "zero")
+    assert ("no effective length vs needle alone: the base score is 0" in title) == (case == "none")
 
 
 def test_heatmap_of_another_grid_keeps_its_labels_and_marks_nothing(tmp_path, monkeypatch):
@@ -122,20 +135,58 @@ def test_niah_grid_section_has_references_lengths_and_effective_length(case, tmp
     page = _render(niah_record(CASES[case]), tmp_path / case)
     assert _row(page, "closed-book")[:2] == ["0.125", "[0.022, 0.471]"]
     assert _row(page, "needle alone")[:2] == ["0.875", "[0.529, 0.978]"]
+    assert _row(page, "NoLiMa base (lengths 512, 1024)")[:2] == ["0.958", "[0.700, 0.990]"]
+    assert "ratio to NoLiMa base" in page and "keeps ≥85% of needle alone" in page
+    assert "average accuracy (all-or-nothing)" in page and "RULER partial credit" not in page  # one value asked
     long, short = _row(page, "1024"), _row(page, "512")
-    assert long[1] == "12.3%" and long[8] == "+0.375 [-0.125, +0.625]"
-    assert short[6] == "primacy" and long[6] == "U"
+    assert long[1] == "12.3%" and long[11] == "+0.375 [-0.125, +0.625]"
+    assert short[9] == "primacy" and long[9] == "U"
+    assert short[3:6] == ["0.957", "[0.850, 1.000]", "yes"] and long[5] == "yes"  # NoLiMa's base
+    assert re.search(r"<p>Effective length vs NoLiMa base \([^<]*\): 1024 tokens of the model's 8192-token window, "
+                     r"95% CI \[512, 1024\] tokens", page)
     if case == "positive":
-        assert short[2:6] == ["0.917", "1.048", "[0.800, 1.300]", "yes"] and long[5] == "no"
-        assert re.search(r"<p>Effective length \([^<]*\): 512 tokens of the model's 8192-token window, "
-                         r"95% CI \[0, 1024\] tokens", page)
+        assert short[6:9] == ["1.048", "[0.800, 1.300]", "yes"] and long[8] == "no"
+        assert re.search(r"<p>Effective length vs needle alone \([^<]*\): 512 tokens of the model's 8192-token "
+                         r"window, 95% CI \[0, 1024\] tokens", page)
     elif case == "zero":
-        assert re.search(r"<p>Effective length \([^<]*\): 0 tokens — no length keeps 85% of the needle-alone score; "
-                         r"95% CI \[0, 1024\]", page)
+        assert re.search(r"<p>Effective length vs needle alone \([^<]*\): 0 tokens — no length keeps 85% of the "
+                         r"needle alone score; 95% CI \[0, 1024\]", page)
     else:
-        assert short[3:6] == ["-", "[-, -]", "-"]
-        assert "<p>Effective length: none — the model fails the needle alone: no short-context score" in page
+        assert short[6:9] == ["-", "[0.000, -]", "-"]
+        assert "<p>Effective length vs needle alone: none — the base score is 0: no score to relate" in page
     assert "heatmap.png" in page
+
+
+def test_a_grid_from_before_the_two_bases_reads_as_the_needle_alone(tmp_path):
+    """grid.json written with one base (the needle alone, `short_context`) renders under its own name."""
+    rec = niah_record(512)
+    old = rec["effective"]["needle_alone"]
+    rec["effective"] = {**{k: v for k, v in old.items() if k not in ("base", "base_ci", "n")}, "short_context": 0.875}
+    assert list(effective_bases(rec["effective"])) == ["needle_alone"]
+    page = _render(rec, tmp_path / "old")
+    assert "Effective length vs needle alone" in page and "NoLiMa base" not in page
+
+
+def test_a_grid_without_a_length_up_to_1k_says_nolima_s_base_is_unavailable(tmp_path, monkeypatch):
+    rec = niah_record(512)
+    rec["effective"]["nolima_base"] = {"threshold": 0.85, "base": None, "effective_length": None, "ci": None,
+                                       "ratios": [], "base_lengths": [], "note": "no grid length is <= 1024 tokens "
+                                       "(NoLiMa's base is the task's own accuracy at 250, 500 and 1K tokens): add 1k to "
+                                       "the lengths"}
+    page = _render(rec, tmp_path / "none")
+    assert "<p>Effective length vs NoLiMa base: none — no grid length is <= 1024 tokens" in page
+    assert _row(page, "NoLiMa base (lengths none <= 1K: unavailable)")[0] == "-"
+    ax = _draw(rec, tmp_path / "h.png", monkeypatch)
+    assert "no effective length vs NoLiMa base: no grid length is <= 1024 tokens" in ax.get_title()
+
+
+def test_partial_credit_is_a_column_of_its_own_when_several_values_are_asked(tmp_path):
+    rec = niah_record(512)
+    for s, v in zip(rec["sizes"], (0.9, 0.7)):
+        s["partial"] = v
+    page = _render(rec, tmp_path / "mv")
+    assert "RULER partial credit (share of values found)" in page
+    assert _row(page, "512")[2:4] == ["0.917", "0.900"] and _row(page, "1024")[3] == "0.700"
 
 
 def test_another_grid_renders_without_the_niah_sections(tmp_path):

@@ -1,7 +1,7 @@
 """Depth x length grid: the gold at each relative depth for each context size, one sweep per size.
 
 The grid of needle-in-a-haystack, RULER and NeedleBench (accuracy over context length x needle
-depth), here with a Wilson 95% CI per cell. The size is the task's own count option (facts,
+depth), here with an exact (Clopper-Pearson) 95% CI per cell. The size is the task's own count option (facts,
 pairs or documents) and is reported in the model's own tokens; depth d% puts the gold at slot
 round(d/100 * (size - 1)) (tasks/placement.py, as `positions=d%`).
 
@@ -20,16 +20,29 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backends import Backend, as_backend, open_backend
 from ..errors import PosbiasError
 from ..methods import Method, get_method
-from ..backends import Backend, as_backend, open_backend
 from ..models.load import Loaded
 from ..runs import RunFolder, is_main_process, versions, write_json_atomic
 from ..tasks import Task, get_task
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, plain
 from .encode import encode
-from .longctx import (REFERENCES, THRESHOLD, depth_spacing, effective_length, fill_list, fill_sizes, format_long,
-                      needle_hits, parse_size, per_example, reference_record)
+from .grid_text import format_grid
+from .longctx import (
+    REFERENCES,
+    THRESHOLD,
+    depth_spacing,
+    effective_lengths,
+    fill_list,
+    fill_sizes,
+    needle_hits,
+    parse_size,
+    partial_credit,
+    per_example,
+    reference_record,
+    ruler_share,
+)
 from .scaleout import start_processes
 from .scorer import Scorer
 from .sweep import SweepConfig, SweepResult, run_sweep
@@ -56,8 +69,9 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
         sigmoid:N spaces N depths from 0% to 100% evenly or denser at both ends (NIAH's sigmoid).
     fill: niah: lengths as shares of the model's context window instead of `sizes`, comma-separated percents
         (25%,50%,100%; 100% leaves room for the answer).
-    threshold: niah: the effective length is the longest length whose accuracy stays at least this share of the
-        model's own short-context accuracy (NoLiMa's 0.85).
+    threshold: niah: the effective length is the longest length up to which every length's accuracy stays at least
+        this share of the base (NoLiMa's 0.85), under two bases: NoLiMa's (the grid's own accuracy at its lengths
+        <= 1k) and the needle alone (no haystack).
     n: examples per cell.
     seed: example selection / generation seed.
     skip: start offset in the seeded example order (disjoint splits).
@@ -174,9 +188,13 @@ def depth_slots(depths: list[float], task: Task) -> list[int]:
 
 
 def _answer_room(cfg: GridConfig, task: Task, loaded: Backend) -> int:
-    """Tokens a full window keeps free for the answer: the generation limit (a needle file's derived from its
-    answers) and a margin for token merges."""
-    return Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat).max_new_tokens + 8
+    """Tokens a full window keeps free for the answer, and a margin of 8 for token merges: a generated answer's
+    limit (a needle file's derived from its answers); a teacher-forced one's longest answer, at least 12 tokens."""
+    scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat)
+    if scorer.engine.name == "generate" or cfg.max_new_tokens:
+        return scorer.max_new_tokens + 8
+    answers = [a for ex in task.examples(cfg.n, cfg.seed, cfg.skip) for a in ex.answers]
+    return max(12, *(scorer.count_tokens(a) for a in answers)) + 8
 
 
 def _sweep_config(cfg: GridConfig, size: int, slots: list[int], method: Method, **extra) -> SweepConfig:
@@ -258,9 +276,15 @@ def _grid(cfg, out, loaded: Backend, method, tasks, folder, option, sizes, depth
             _long_record(record, cfg, results, refs, loaded.context_window)
         if folder.path is not None and is_main_process():  # several processes: rank 0 writes
             _write(folder, record, time.perf_counter() - t0)
-    rows = [{**row, "size": s, "depth": d} for s, res in results.items() for d, p in zip(depths, slots[s])
-            for row in res.rows if row["position"] == p]
+    rows = [{**row, "size": s, "depth": d, **_partial(row)} for s, res in results.items()
+            for d, p in zip(depths, slots[s]) for row in res.rows if row["position"] == p]
     return GridResult(record["cells"], record["sizes"], record["config"], record, folder.path, rows)
+
+
+def _partial(row: dict) -> dict:
+    """A row that asks several values keeps RULER's partial credit beside its all-or-nothing `correct`."""
+    answers = row.get("answers") or ()
+    return {"partial": ruler_share(row.get("prediction") or "", answers)} if len(answers) > 1 else {}
 
 
 def _references(cfg, folder, loaded, method, tasks, size, progress) -> dict[str, SweepResult]:
@@ -287,13 +311,18 @@ def _long_record(record: dict, cfg: GridConfig, results: dict, refs: dict, windo
     ids = [r["example_id"] for r in refs["needle"].rows]
     record["references"] = {k: {**reference_record(v.rows, ids), "engine": v.config["engine"]} for k, v in refs.items()}
     per = {s: per_example(res.rows, ids) for s, res in results.items()}
-    record["effective"] = effective_length(per, per_example(refs["needle"].rows, ids), cfg.threshold or THRESHOLD)
+    record["effective"] = effective_lengths(per, per_example(refs["needle"].rows, ids), cfg.threshold or THRESHOLD)
     record["window"] = window
+    partial = partial_credit({s: res.rows for s, res in results.items()})  # several asked values: RULER's score
     for s in record["sizes"]:
         s["fill"] = s["tokens"]["mean"] / window
+        if partial:
+            s["partial"] = partial[s["size"]]["average"]
         hits = needle_hits(results[s["size"]].rows)
         if hits:
             s["needles"] = hits
+    for c in record["cells"] if partial else ():
+        c["partial"] = partial[c["size"]]["positions"][c["position"]]
 
 
 def grid_record(cfg: GridConfig, option: str, depths: list[float], slots: dict[int, list[int]],
@@ -349,32 +378,3 @@ def _write(folder: RunFolder, record: dict, seconds: float) -> None:
     plot_grid_heatmap(record, title, folder.file("heatmap.png"))
     write_json_atomic(folder.file("timing.json"), {"seconds_this_run": seconds}, indent=2)
     folder.finish(record)  # last: its presence means "complete"
-
-
-def format_grid(res: GridResult | dict) -> str:
-    """Accuracy per cell: rows = depth, columns = size (with its mean tokens); then each size's average and gap."""
-    rec = res.record if isinstance(res, GridResult) else res
-    option, sizes = rec["size_option"], rec["sizes"]
-    acc = {(c["size"], c["depth"]): c for c in rec["cells"]}
-    heads = [f"{s['size']} {option}" for s in sizes]
-    w = max(12, *(len(h) + 1 for h in heads))
-    lines = [f"{'depth':>6}" + "".join(f"{h:>{w}}" for h in heads),
-             f"{'tokens':>6}" + "".join(f"{'~' + str(round(s['tokens']['mean'])):>{w}}" for s in sizes)]
-    for d in rec["depths"]:
-        cells = [acc[(s["size"], d)] for s in sizes]
-        lines.append(f"{str(d) + '%':>6}" + "".join(f"{_cell(c, option):>{w}}" for c in cells))
-    lines.append(f"{'avg':>6}" + "".join(f"{s['summary']['average']:>{w}.3f}" for s in sizes))
-    lines.append(f"{'gap':>6}" + "".join(f"{s['summary']['gap']:>{w}.3f}" for s in sizes))
-    lines.append(f"cells: accuracy{'' if option == 'tokens' else ' (slot)'}; 95% Wilson CIs per cell in grid.json; gap = "
-                 "best - worst slot (paired-bootstrap CI in grid.json)")
-    if option == "tokens":
-        lines += format_long(rec)
-    for s in sizes:
-        for m in s["merged_depths"]:
-            lines.append(f"note: at {s['size']} {option}, depths {', '.join(f'{d}%' for d in m['depths'])} "
-                         f"share slot {m['position']} (same numbers)")
-    return "\n".join(lines)
-
-
-def _cell(c: dict, option: str) -> str:
-    return f"{c['accuracy']:.2f}" if option == "tokens" else f"{c['accuracy']:.2f} ({c['position']})"

@@ -1,7 +1,8 @@
 """The figure of a depth x length grid: accuracy per (context size, gold depth), the numbers in the cells.
 
 For lengths in tokens (task niah, eval/longctx.py) the ticks also say how much of the model's window each length
-fills, the title carries the closed-book and needle-alone references, and the effective length is marked."""
+fills, the title carries the closed-book and needle-alone references, and the effective length under each base
+(NoLiMa's, the needle alone) is marked."""
 
 from __future__ import annotations
 
@@ -53,25 +54,29 @@ def _tick_labels(record: dict) -> list[str]:
 
 
 def _long_marks(ax, record: dict, col: dict) -> list[str]:
-    """Draw the effective length (dashed line at the right edge of its column, labelled); return the title's extra
-    lines: the reference scores, and the note when no length keeps the threshold (or there is no base score)."""
+    """Draw the effective length under each base (NoLiMa's: dashed; the needle alone: dotted; a line at the right edge
+    of its column, labelled); return the title's extra lines: the reference scores, and a note for a base under which
+    no length keeps the threshold (or that has no score)."""
+    from .longctx_blocks import BASE_NAMES, effective_bases
+
     lines = []
     refs = record.get("references") or {}
     if refs.get("closed") and refs.get("needle"):
         lines.append("; ".join(f"{name} {r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" for name, r in
                                (("closed-book", refs["closed"]), ("needle alone", refs["needle"]))))
-    eff = record.get("effective")
-    if not eff:
-        return lines
-    length, threshold = eff.get("effective_length"), eff.get("threshold", 0.85)
-    if length is None:
-        lines.append("no effective length: the model fails the needle alone")  # grid.json's note says more
-    elif length == 0:
-        lines.append(f"no length keeps {threshold:.0%} of the needle-alone score")
-    elif length in col:
-        x = col[length] + 0.5
-        ax.axvline(x, color="black", linestyle="--", linewidth=1.6,
-                   label=f"effective length {length} (≥{threshold:.0%} of needle alone)")
+    drawn = False
+    for key, eff in effective_bases(record.get("effective")).items():
+        name, style = BASE_NAMES[key], {"nolima_base": "--", "needle_alone": ":"}[key]
+        length, threshold = eff.get("effective_length"), eff.get("threshold", 0.85)
+        if length is None:
+            lines.append(f"no effective length vs {name}: {eff.get('note') or 'no base score'}"[:90])
+        elif length == 0:
+            lines.append(f"no length keeps {threshold:.0%} of the {name} score")
+        elif length in col:
+            ax.axvline(col[length] + 0.5, color="black", linestyle=style, linewidth=1.6,
+                       label=f"effective length {length} (≥{threshold:.0%} of {name})")
+            drawn = True
+    if drawn:
         from matplotlib.transforms import offset_copy
 
         below = offset_copy(ax.transAxes, fig=ax.figure, y=-48, units="points")  # under the ticks and the x label

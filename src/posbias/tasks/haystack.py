@@ -22,6 +22,12 @@ al. 2025) put a needle at a depth percent of a context of T tokens of natural te
   keys, values, queries   RULER's multi-key (keys - 1 distractor needles of the same form), multi-value (one key,
              `values` numbers, all asked) and multi-query (`queries` keys asked, all to be answered): the first
              needle moves with the depth, the others sit at depths drawn from the seed, the same at every depth
+  scoring    kv needles as RULER reads them (scripts/eval/synthetic/constants.py): a value counts when it occurs in
+             the answer, case-insensitive, no punctuation stripped ("1,234,567" does not hold 1234567). Several asked
+             values: `correct` is all-or-nothing (`ruler_all`); RULER's own score, the share found
+             (`string_match_all`), is eval/longctx.py's partial credit. The generated answer may run to RULER's 128
+             new tokens (12 per value when that is more); one asked value stops at its first newline as before,
+             several are read past newlines (a list, one value a line), stopped by the end of the turn or the limit
   overlap    `any`, or `none`: keep only needles sharing no content word with the question (NoLiMa's idea; how it
              is checked: `content_words`)
   context    `full`; `needle` (the needles alone: the short-context reference) or `none` (closed book)
@@ -40,6 +46,7 @@ from .base import Prompt, Task, file_stamp, read_jsonl, shared_data_dir
 from .text import content_words, nq_passages, sentences, text_units
 
 SLOTS = 1001  # slot k = depth k/10 percent
+RULER_TOKENS = 128  # RULER's niah tasks generate up to 128 tokens (scripts/data/synthetic/constants.py)
 DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
 NEEDLES, CONTEXTS, OVERLAPS = ("kv", "nq", "nq-sentence"), ("full", "needle", "none"), ("any", "none")
 # RULER's niah template (Hsieh et al. 2024, App. B), the answer prefix as its own prompt ends
@@ -110,8 +117,9 @@ class Haystack(Task):
         self.keys, self.values, self.queries, self.overlap, self.context = keys, values, queries, overlap, context
         self.data_dir = str(data_dir or shared_data_dir())
         self.multi = values > 1 or queries > 1
-        self.metric = "all_subspan" if self.multi else "substring" if needle == "kv" else "best_subspan_em"
-        self.max_new_tokens = 12 * values * queries if needle == "kv" else 24
+        self.metric = "ruler_all" if self.multi else "substring" if needle == "kv" else "best_subspan_em"
+        self.max_new_tokens = max(RULER_TOKENS, 12 * values * queries) if needle == "kv" else 24
+        self.multiline = self.multi  # several values: RULER reads the whole answer, a list over lines included
         self._records = None if needle == "kv" else self._read_needles()
         # a needle without an answer prefix: the free reply is scored (check_engine)
         self._bare = next((ex for ex in self._records or () if not ex.answer_prefix), None)
