@@ -108,42 +108,14 @@ def test_position_test_finds_a_real_curve_and_is_exact_on_a_flat_one():
 
 
 def test_full_grid():
-    """The grid of issue 47: n 10-200, 2-30 slots, every curve of core/coverage.curves, independent and correlated
-    examples. About two minutes."""
-    reps, bad = 300, []
-    for k in (2, 3, 5, 10, 30):
-        for n in (10, 30, 100, 200):
-            for name, p in curves(k).items():
-                for rho in (0.0, 0.5, 0.9):
-                    c = coverage(p, n, reps, rho=rho, seed=hash((k, n, name, rho)) % 2**31)
+    """The grid of issue 47 (slow, a few minutes): n 10-100, 2-30 slots, flat curves at the floor, middle and ceiling,
+    U, a single dip and a ramp, independent and correlated examples; benchmarks/coverage.py prints a wider grid with
+    more draws (docs/statistics.md)."""
+    reps, bad = 150, []
+    for k in (2, 5, 10, 30):
+        for n in (10, 30, 100):
+            for name in ("flat 0.05", "flat 0.5", "flat 0.95", "U", "dip", "ramp 0.3"):
+                for rho in (0.0, 0.6):
+                    c = coverage(curves(k)[name], n, reps, rho=rho, seed=k * 7919 + n * 31 + int(rho * 10))
                     bad += [(k, n, name, rho, b) for b in check(c, reps, name.startswith("flat"))]
     assert not bad, bad
-
-
-def test_a_sweep_whose_curve_does_not_move_reports_no_effect_and_the_policy_warns(tmp_path, model_dir, loaded,
-                                                                                   monkeypatch, capsys):
-    """Issue 47's first check on a real sweep: posbias refuses a line whose documents are all the same, so here the
-    answer is one no document holds and the tiny model cannot produce: every example scores the same at every slot.
-    The sweep must report no position effect (p = 1: no example varies) and `posbias policy export` must warn (the old
-    rule warned here too; a mid-range flat curve, where it did not, is simulated above)."""
-    import json
-    import sys
-
-    from posbias import SweepConfig, run_sweep
-    from posbias.cli import main
-
-    docs = [{"title": f"Note {j}", "text": f"The code for vault {j} is {4821 + j}."} for j in range(5)]
-    lines = [{"id": f"q{i}", "question": f"What is code {i}?", "answers": ["qzqzqzqzqz"], "documents": docs,
-              "gold": 0} for i in range(12)]
-    data = tmp_path / "same.jsonl"
-    data.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    res = run_sweep(SweepConfig(model=str(model_dir), task=f"jsonl:{data}", positions="all", n=12, engine="teacher-forced"),
-                    tmp_path / "run", loaded=loaded, progress=False)
-    assert res.summary["position_test"]["p"] == 1.0 and res.summary["shape"]["shape"] == "flat"
-    assert "no position effect (p = 1.000" in res.format()
-    monkeypatch.setattr(sys, "argv", ["posbias", "policy", "export", str(tmp_path / "run")])
-    try:
-        main()
-    except SystemExit as e:
-        assert e.code in (0, None)
-    assert "warning: no position effect: permutation test p = 1.000" in capsys.readouterr().out
