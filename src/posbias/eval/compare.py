@@ -229,11 +229,13 @@ def _correct_matrix(rows: list[dict], examples: list[str], positions: list) -> n
 
 
 def _add_paired_differences(results: list[dict]) -> None:
-    """Each entry's average minus the first entry's, paired over the same examples (Agresti-Min 95% interval, core/stats.py)."""
+    """Each entry's average minus the first entry's, paired over the same examples (Agresti-Min 95% interval,
+    core/stats.py); the first entry against itself is 0 by construction, not an estimate: exactly 0, no interval width."""
     examples = sorted({r["example_id"] for r in results[0]["rows"]})
     positions = [p["position"] for p in results[0]["per_position"]]
     a = _correct_matrix(results[0]["rows"], examples, positions)
-    for r in results:
+    results[0]["vs_first"] = {"difference": 0.0, "ci": [0.0, 0.0], "se": 0.0, "mde80": 0.0}
+    for r in results[1:]:
         r["vs_first"] = paired_difference(a, _correct_matrix(r["rows"], examples, positions))
 
 
