@@ -3,7 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posbias.core.metrics import best_subspan_em, normalize_answer, substring_match, summarize_curve, wilson_ci
+from posbias.core.metrics import best_subspan_em, normalize_answer, substring_match, summarize_curve
+from posbias.core.stats import exact_ci, wilson_ci
 
 
 def test_normalize_answer_follows_squad():
@@ -34,26 +35,15 @@ def test_wilson_ci_known_values():
     assert wilson_ci(0, 10)[0] == 0.0 and wilson_ci(10, 10)[1] == 1.0
 
 
-@settings(max_examples=50, deadline=None)
-@given(k=st.integers(0, 200), extra=st.integers(0, 200))
-def test_wilson_contains_estimate(k, extra):
-    n = k + extra
-    if n == 0:
-        return
-    lo, hi = wilson_ci(k, n)
-    assert 0 <= lo <= k / n <= hi <= 1
-
-
+@pytest.mark.parametrize("interval", [wilson_ci, exact_ci], ids=["wilson", "clopper-pearson"])
 @settings(max_examples=50, deadline=None)
 @given(k=st.integers(0, 300), extra=st.integers(0, 300))
-def test_exact_interval_contains_estimate(k, extra):
-    """Clopper-Pearson (the per-slot interval) holds the estimate and is within [0, 1]."""
-    from posbias.core.stats import exact_ci
-
+def test_interval_contains_estimate(interval, k, extra):
+    """Wilson's and Clopper-Pearson's (the per-slot interval) hold the estimate, within [0, 1]."""
     n = k + extra
     if n == 0:
         return
-    lo, hi = exact_ci(k, n)
+    lo, hi = interval(k, n)
     assert 0 <= lo <= k / n <= hi <= 1
 
 

@@ -56,7 +56,7 @@ def _old_gap(x: np.ndarray, n_boot: int = 1000, seed: int = 0) -> tuple[float, f
 def _old_shape_flat(x: np.ndarray) -> bool:
     """The old shape rule's call on a curve: True when it calls any shape (two uncorrected bootstrap edges)."""
     inner = x[:, 1:-1].mean(axis=1)
-    return any(_old_bootstrap(x[:, e] - inner)[0] > 0 or _old_bootstrap(x[:, e] - inner)[1] < 0 for e in (0, -1))
+    return any(lo > 0 or hi < 0 for lo, hi in (_old_bootstrap(x[:, e] - inner) for e in (0, -1)))
 
 
 def intervals(x: np.ndarray, legacy: bool = False) -> dict[str, tuple[float, float]]:

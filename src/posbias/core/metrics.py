@@ -14,7 +14,6 @@ from typing import Sequence
 import numpy as np
 
 from .stats import ALPHA, diff_ci, diff_se, format_p, gap_interval, mean_ci, position_test, z_of
-from .stats import wilson_ci as wilson_ci  # re-exported: one slot's interval, where the curve code reads it
 
 _PUNCT = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

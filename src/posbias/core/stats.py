@@ -178,6 +178,11 @@ def format_p(p: float) -> str:
     return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
+def p_cell(test: dict | None) -> str:
+    """A position test's p as a table cell (`< 0.001`, `0.412`), `-` for a summary written before the test."""
+    return "-" if not test else format_p(test["p"]).removeprefix("p ").removeprefix("= ")
+
+
 def pairs_z(k: int, alpha: float = ALPHA) -> float:
     """The Bonferroni z for simultaneous intervals over all k(k-1)/2 pairs of k slots."""
     return z_of(alpha / max(1, k * (k - 1) // 2))

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..backends import Backend, as_backend, check_method, open_backend, parse_spec
 from ..core.metrics import paired_difference
+from ..core.stats import p_cell
 from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded
@@ -313,7 +314,7 @@ def format_compare(record: dict | CompareResult) -> str:
         accs = " ".join(f"{p['accuracy']:>6.3f}" for p in r["per_position"])
         ci = f"[{s['gap_ci'][0]:.3f}, {s['gap_ci'][1]:.3f}]"
         t = s.get("position_test")  # older compare.json files have none
-        pval = ("< 0.001" if t["p"] < 0.001 else f"{t['p']:.3f}") if t else "-"
+        pval = p_cell(t)
         v = r.get("vs_first")
         vs = f"{v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" if v else ""
         if v and v.get("mde80"):  # older compare.json files have no power figure

@@ -3,6 +3,7 @@ gap and position test, then the long-context lines (eval/longctx.py) of a niah g
 
 from __future__ import annotations
 
+from ..core.stats import p_cell
 from .longctx import format_long
 
 
@@ -20,8 +21,7 @@ def format_grid(rec: dict) -> str:
         lines.append(f"{str(d) + '%':>6}" + "".join(f"{_cell(c, option):>{w}}" for c in cells))
     lines.append(f"{'avg':>6}" + "".join(f"{s['summary']['average']:>{w}.3f}" for s in sizes))
     lines.append(f"{'gap':>6}" + "".join(f"{s['summary']['gap']:>{w}.3f}" for s in sizes))
-    pval = lambda t: ("< 0.001" if t["p"] < 0.001 else f"{t['p']:.3f}") if t else "-"  # noqa: E731
-    lines.append(f"{'p':>6}" + "".join(f"{pval(s['summary'].get('position_test')):>{w}}" for s in sizes))
+    lines.append(f"{'p':>6}" + "".join(f"{p_cell(s['summary'].get('position_test')):>{w}}" for s in sizes))
     lines.append(f"cells: accuracy{'' if option == 'tokens' else ' (slot)'}; 95% Clopper-Pearson CIs per cell in grid.json; "
                  "gap = "
                  "best - worst depth (the interval for the largest true difference in grid.json); p = the position "
