@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(2)
 torch.manual_seed(0)
+
+PLUGIN = Path(__file__).parent / "plugin"
+
+
+def install_plugin(folder: Path) -> Path:
+    """A plugin package (a folder with its pyproject.toml) installed by pip into a cache folder of its own, as a
+    third party's package is installed; -> that folder (put it on sys.path or PYTHONPATH). Built once per content."""
+    files = [folder / "pyproject.toml", *sorted(folder.glob("*/*.py"))]
+    digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in files)).hexdigest()[:12]
+    target = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "posbias" / "test-plugins" / digest
+    if not (target / ".installed").exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--target", str(target), str(folder)], check=True)
+        (target / ".installed").touch()
+    return target
+
+
+# the example plugin (tests/plugin: a task, a method of each kind, a backend) is installed before posbias is imported,
+# so `import posbias` loads it through its entry point and every registry-driven test runs its registrations
+sys.path.insert(0, str(install_plugin(PLUGIN)))
 
 ARCHS = ("llama", "qwen2", "mistral", "gpt2")
 
@@ -293,7 +317,7 @@ def method_examples(tmp_path, layers: int = 4) -> dict[str, str]:
     """An example spec of every registered method (and of Ms-PoE's per-query-head mode, `mspoe-query`) that runs on
     the tiny models of `layers` layers (4 query heads of 16 dimensions): the factors and MoICE routers it reads are
     written into tmp_path. The method conformance suite and the conformance matrix (test_conformance.py) take their
-    methods from here, so a method registered without an example fails both."""
+    methods from here; a method not listed here runs as its class's `example` spec or its bare name."""
     import json
 
     from posbias.models.moice import PAPER_BASES, Routers
@@ -303,11 +327,15 @@ def method_examples(tmp_path, layers: int = 4) -> dict[str, str]:
     routers = tmp_path / "moice"  # seeded (untrained) routers: MoICE's plumbing does not depend on their values
     routers.mkdir(exist_ok=True)
     Routers(layers, 4, 16, PAPER_BASES, top_k=3, seed=0).save(routers / "routers.safetensors")
-    return {"none": "none", "pi": "pi:1.5", "layers": "layers:" + ",".join(["1", "2"] * layers)[: 2 * layers - 1],
+    from posbias import METHODS
+
+    listed = {"none": "none", "pi": "pi:1.5", "layers": "layers:" + ",".join(["1", "2"] * layers)[: 2 * layers - 1],
             "lpes": f"lpes:{factors}", "mspoe": "mspoe:1.2-1.8", "mspoe-query": "mspoe:1.2-1.8:query",
             "buckets": "buckets:10000,30000", "moice": f"moice:{routers}", "calib": "calib:prompt",
             "hidden": "hidden:5:-1:1-2", "swap": "swap", "aswap": "aswap", "pride": "pride:1", "reorder": "reorder:oracle:first",
             "attnsort": "attnsort", "curve": f"curve:{_policy(tmp_path)}", "ensemble": "ensemble:3"}
+    # a method registered elsewhere (the example plugin's) runs under the spec its class declares, else its name
+    return {**listed, **{n: cls.example or n for n, cls in METHODS.items() if n not in listed}}
 
 
 def _policy(tmp_path) -> str:

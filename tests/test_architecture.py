@@ -22,7 +22,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "posbias"
 
 LAYERS = [  # lowest first; units in one layer may not import each other
     ("version", "errors"),
-    ("runs", "specs"),
+    ("runs", "specs", "registry"),
     ("core",),
     ("policy",),  # reads the position test's level (core/metrics.py ALPHA)
     ("report",),
@@ -31,7 +31,7 @@ LAYERS = [  # lowest first; units in one layer may not import each other
     ("backends",),
     ("eval",),
     ("mitigate", "analysis", "synth"),
-    ("lpes", "hidden", "moice", "distill", "explain", "measure"),  # the public sub-namespaces (facade modules)
+    ("lpes", "hidden", "moice", "distill", "explain", "measure", "plugins"),  # the public sub-namespaces (facade modules)
     ("__init__",),  # the public API
     ("cli",),
 ]

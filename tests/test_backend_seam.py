@@ -23,7 +23,7 @@ def local_backend():
 
     register_backend(LocalServed)  # the one line a new backend needs
     yield LocalServed
-    BACKENDS.pop(LocalServed.name)
+    BACKENDS.remove(LocalServed.name)
 
 
 @pytest.mark.parametrize("engine, route", [("teacher-forced", "generate"), ("teacher-forced", "prompt_logprobs"),

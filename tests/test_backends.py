@@ -168,7 +168,6 @@ def served_view(lo, task, route: str):
 
 @pytest.mark.parametrize("route", ["prompt_logprobs", "generate"])
 def test_verdicts_from_replies_equal_the_in_process_verdicts(route):
-    from posbias.backends import Request
     from posbias.backends.openai import _gen_steps, _prompt_steps
 
     lo = tiny_loaded("llama")

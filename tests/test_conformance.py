@@ -7,8 +7,10 @@ random model, then `compare` over both methods and one `report` over both paths.
 complete, consistent result, or is refused in one line (PosbiasError) before anything is written; any other
 exception fails it. A subset runs against the real vLLM server the suite starts (tests/served.py).
 
-Registrations join without a new test: a task registered without a case here, a file format without an example
-file, or a method that no cell runs fails `test_every_registration_is_in_the_matrix`. Which method a cell runs is
+Registrations join without a new test: a task registered without a case here runs under its bare name (its
+defaults), a method without an example in conftest.method_examples under its `example` spec or its name (the example
+plugin, tests/plugin, adds a task and a method of each kind that way); a file format without an example file, or a
+method that no cell runs, fails `test_every_registration_is_in_the_matrix`. Which method a cell runs is
 the first in a rotation (starting at the cell's index) whose `check_task` accepts the cell, so the methods spread
 over the cells; every method that does not apply to a cell is shown to be refused there
 (`test_what_does_not_apply_is_refused_in_one_line`).
@@ -59,6 +61,10 @@ CASES = {
     "mc-kv": Case("mc-kv"),
     "niah": Case("niah:tokens=1200,keys=2"),  # a haystack of shared NQ sentences, a distractor needle beside the gold
 }
+
+
+# a task registered without a case here (a plugin's, say) runs under its bare name: its defaults
+CASES.update({n: Case(n) for n, e in TASKS.items() if e.arg is None and n not in CASES})
 
 
 def _docs(i: int) -> list[dict]:

@@ -243,14 +243,14 @@ def test_ensemble_sweep_counts_passes_and_adaptive_reads_fewer(model_dir, tmp_pa
 
 
 def test_ensemble_sweep_resumes_to_the_same_rows(model_dir, tmp_path, monkeypatch):
-    from posbias.eval import ensemble
+    from posbias.methods import ensemble
 
     cfg = SweepConfig(model=str(model_dir), task="kv-lookup", task_options=KV, n=3, dtype="fp32", positions=[1, 4],
                       method="ensemble:3:perm")
     monkeypatch.setattr(ensemble, "CHUNK", 1)  # one example per chunk, in both runs (the same batches)
     whole = run_sweep(cfg, tmp_path / "a", progress=False)
     calls = {"n": 0}
-    real = ensemble._orders
+    real = ensemble.Ensemble._orders
 
     def dies(*a, **k):
         calls["n"] += 1
@@ -258,10 +258,10 @@ def test_ensemble_sweep_resumes_to_the_same_rows(model_dir, tmp_path, monkeypatc
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(ensemble, "_orders", dies)
+    monkeypatch.setattr(ensemble.Ensemble, "_orders", dies)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(cfg, tmp_path / "b", progress=False)
-    monkeypatch.setattr(ensemble, "_orders", real)
+    monkeypatch.setattr(ensemble.Ensemble, "_orders", real)
     again = run_sweep(cfg, tmp_path / "b", resume=True, progress=False)
     assert (tmp_path / "a" / "examples.jsonl").read_text() == (tmp_path / "b" / "examples.jsonl").read_text()
     assert again.summary["average"] == whole.summary["average"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from conftest import tiny_loaded
 from posbias import SweepConfig, run_sweep

@@ -11,7 +11,9 @@ Measure, at the top level: `run_sweep`, `run_compare` (several methods / models 
 (depth x length), each with its config and typed result; models (`load_model`, `wrap_model`, `MODELS`, or a served
 one through `open_backend` and `BACKENDS`); tasks (`get_task`, `register_task`, `TASKS`, a `Task` subclass building
 `Prompt`s); training-free methods (`get_method`, `register_method`, `METHODS`, a `Method` subclass yielding an
-`Active`); `build_report` (one HTML page from finished runs).
+`Active`); `build_report` (one HTML page from finished runs). Other packages add tasks, methods and backends as
+plugins (entry-point group "posbias", loaded on import: posbias/plugins.py; `PLUGINS` names those loaded, and
+`posbias.measure.register_backend` registers a backend as register_task and register_method do a task and a method).
 
 Sub-namespaces, each a pipeline's config, run function, result and presets under short names:
 `posbias.lpes` (the LPES search), `posbias.hidden` (the positional hidden-channel search), `posbias.moice` (MoICE
@@ -57,6 +59,7 @@ from .tasks import Prompt as Prompt
 from .tasks import Task as Task
 from .tasks import get_task as get_task
 from .tasks import register_task as register_task
+from .plugins import PLUGINS as PLUGINS  # last: importing it loads the installed plugins, which import the names above
 from .version import __version__ as __version__
 
 __all__ = [
@@ -66,8 +69,8 @@ __all__ = [
     "load_model", "wrap_model", "Loaded", "MODELS", "open_backend", "BACKENDS",
     # tasks and methods
     "Task", "Prompt", "get_task", "register_task", "TASKS", "Method", "Active", "get_method", "register_method", "METHODS",
-    # report, errors, version
-    "build_report", "ReportResult", "PosbiasError", "__version__",
+    # report, errors, version, plugins
+    "build_report", "ReportResult", "PosbiasError", "__version__", "PLUGINS",
     # sub-namespaces
     "lpes", "hidden", "moice", "distill", "explain", "synth", "measure",
 ]

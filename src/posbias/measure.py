@@ -2,7 +2,9 @@
 
 - `Scorer` scores prompts on a model (what a sweep runs per batch), `ENGINES` the scoring protocols it can use;
 - `parse_spec` / `ModelSpec` / `split_models`: model specs (`openai:model=NAME,base_url=URL,tokenizer=DIR`) and comma
-  lists of them; `split_specs`: a comma list of method specs; `Backend`: what runs a model (docs/backends.md);
+  lists of them; `split_specs`: a comma list of method specs; `Backend`: what runs a model (docs/backends.md), and
+  the backend protocol: `register_backend` (a Backend class openable as `NAME:...`; a taken name is refused),
+  `ServedBackend` (the base of served engines), `Capabilities`, `Request` and `Reply`;
 - `resolve_positions(spec, n_slots)`: a positions spec ("all", "0,5,9", "0%,50%,100%") as a sorted slot list;
 - `JSONL_SCHEMA` / `ORDER_SCHEMAS`: the formats of your own data (`task="jsonl:PATH"`, `judge:PATH`, `mc:PATH`);
 - `COLLAPSE_MARGIN`: `run_compare`'s default collapse guard;
@@ -19,12 +21,17 @@
   `policy_from_sweep` (a sweep record's), `check_policy` (refuses another model, task shape or slot count),
   `write_policy`, `apply_ranking(best_first, ranking)` (items placed, the best into the best-read slot) and
   `resampled_ranking(policy, m)` (the curve mapped to m slots by relative depth), `ranking_note(policy)` (a warning
-  when the curve's gap CI reaches 0: the ranking is noise).
+  when the curve's position-effect test finds no difference between the slots, p >= 0.05: the ranking is noise).
 """
 
 from .backends import Backend as Backend
+from .backends import Capabilities as Capabilities
 from .backends import ModelSpec as ModelSpec
+from .backends import Reply as Reply
+from .backends import Request as Request
+from .backends import ServedBackend as ServedBackend
 from .backends import parse_spec as parse_spec
+from .backends import register_backend as register_backend
 from .backends import split_models as split_models
 from .eval.compare import COLLAPSE_MARGIN as COLLAPSE_MARGIN
 from .eval.config import field_docs as field_docs
@@ -51,7 +58,7 @@ from .tasks import JSONL_SCHEMA as JSONL_SCHEMA
 from .tasks import ORDER_SCHEMAS as ORDER_SCHEMAS
 from .tasks import resolve_positions as resolve_positions
 
-__all__ = ["Backend", "COLLAPSE_MARGIN", "ENGINES", "JSONL_SCHEMA", "ModelSpec", "ORDER_SCHEMAS", "Scorer", "ShownPrompt",
+__all__ = ["Backend", "COLLAPSE_MARGIN", "Capabilities", "Reply", "Request", "ServedBackend", "register_backend", "ENGINES", "JSONL_SCHEMA", "ModelSpec", "ORDER_SCHEMAS", "Scorer", "ShownPrompt",
            "apply_ranking", "check_policy", "choose_dtype", "cpu_kind", "dtype_note", "export_model", "field_docs", "is_main_process", "parse_spec",
            "policy_from_sweep", "ranking_note", "read_policy", "resampled_ranking", "resolve_positions", "set_threads", "show_prompt", "show_prompts",
            "split_models", "split_specs", "write_policy"]

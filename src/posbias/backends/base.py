@@ -145,11 +145,11 @@ class Backend(ABC):
 
 def check_method(caps: Capabilities, backend: str, method) -> None:
     """Refuse, in one line, a method that changes the model on a backend without methods (known before it starts)."""
-    if getattr(method, "reads_attention", False) and not caps.methods:
+    if method.reads_attention and not caps.methods:
         raise PosbiasError(f"method '{method.label}' reads the model's attention in process, but backend '{backend}' "
                            "serves the model as it is", "use a relevance signal a server can give (reorder:bm25, "
                            "reorder:oracle), or load the model in process (model=hf:DIR)")
-    if getattr(method, "changes_model", True) and not caps.methods:
+    if method.changes_model and not caps.methods:
         raise PosbiasError(f"method '{method.label}' changes the model in process, but backend '{backend}' "
                            "serves the model as it is", "apply no method (none) to a served model, or load the model "
                            "in process (model=hf:DIR) to apply one")

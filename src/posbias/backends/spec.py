@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PosbiasError
+from ..registry import Registry
 from ..specs import guess, split_pairs
 from .base import Backend, Capabilities
 from .hf import HFBackend
 from .openai import OpenAIBackend
 from .vllm import VLLMBackend
 
-BACKENDS: dict[str, type] = {}  # name -> Backend class: what a spec's `NAME:` prefix opens
+BACKENDS = Registry("backend")  # name -> Backend class: what a spec's `NAME:` prefix opens
 
 
 def register_backend(cls: type) -> type:
@@ -31,11 +32,7 @@ def register_backend(cls: type) -> type:
     if not (isinstance(cls, type) and issubclass(cls, Backend)) or not getattr(cls, "name", ""):
         raise PosbiasError(f"register_backend takes a Backend subclass with a name, got {cls!r}",
                            "subclass posbias.backends.Backend (or ServedBackend) and set `name`")
-    if BACKENDS.get(cls.name, cls) is not cls:
-        raise PosbiasError(f"a backend named '{cls.name}' is already registered ({BACKENDS[cls.name].__qualname__})",
-                           "give the new backend another name")
-    BACKENDS[cls.name] = cls
-    return cls
+    return BACKENDS.add(cls.name, cls)
 
 
 for _cls in (HFBackend, VLLMBackend, OpenAIBackend):

@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 from .explain import analyze_app, synth_app, theory
 from .grid import grid
 from .hidden import hidden_app
-from .measure import backends, compare, export, models, show, sweep, tasks
+from .measure import backends, compare, export, methods, models, show, sweep, tasks
 from .mitigate import distill_app, lpes_app
 from .moice import moice_app
 from .policy import policy_app
@@ -31,7 +31,7 @@ from .report import report
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,  # help: _root's docstring
 )
-for command in (sweep, compare, show, grid, theory, tasks, models, backends, export, report):
+for command in (sweep, compare, show, grid, theory, tasks, methods, models, backends, export, report):
     app.command()(command)
 app.add_typer(synth_app, name="synth")
 app.add_typer(lpes_app, name="lpes")

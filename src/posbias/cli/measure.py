@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .. import BACKENDS, MODELS, TASKS, PosbiasError, SweepConfig, run_compare, run_sweep
+from .. import BACKENDS, METHODS, MODELS, TASKS, PosbiasError, SweepConfig, run_compare, run_sweep
 from ..measure import COLLAPSE_MARGIN, JSONL_SCHEMA, ORDER_SCHEMAS, export_model, show_prompts, split_models, split_specs
 from .options import (
     MODEL,
@@ -100,10 +100,16 @@ def show(model: Args, task: Args, split: Args, scoring: Args,
         typer.echo("\n\n".join((f"[{k} of {n}] " if n > 1 else "") + s.format() for k, s in enumerate(shown, 1)))
 
 
+def _origin(registry, name: str) -> str:
+    """` [plugin NAME (DIST VERSION)]` for an entry that did not come with posbias (posbias/registry.py)."""
+    origin = registry.origins.get(name, "posbias")
+    return "" if origin == "posbias" else f" [{origin}]"
+
+
 def tasks() -> None:
-    """List the tasks and the JSONL schema for your own data."""
+    """List the tasks (and where each came from) and the JSONL schema for your own data."""
     for name, entry in TASKS.items():
-        typer.echo(f"{entry.usage(name):12s} {entry.description}")
+        typer.echo(f"{entry.usage(name):12s} {entry.description}{_origin(TASKS, name)}")
     typer.echo("\nThe options go as flags (--facts 20 --digits 4) or in the spec as key=value pairs: "
                "--task kv-lookup:facts=20,digits=4, --task jsonl:PATH,answers=first")
     typer.echo("\njsonl:PATH schema\n" + JSONL_SCHEMA)
@@ -117,10 +123,18 @@ def models() -> None:
     typer.echo("Also: a Hugging Face model directory or hub id, or a path to a .gguf file.")
 
 
+def methods() -> None:
+    """List the methods (and where each came from) with the spec forms each takes."""
+    for name, cls in METHODS.items():
+        doc = (cls.__doc__ or "").strip().split("\n")[0]
+        typer.echo(f"{name:10s} {doc}{_origin(METHODS, name)}\n  {cls.spec_forms()}")
+    typer.echo("\nSeveral at once: --methods none,pi:1.2,swap (posbias compare); plugins add more (docs/architecture.md).")
+
+
 def backends() -> None:
-    """List the backends a model spec can name, with the keys each takes."""
+    """List the backends a model spec can name (and where each came from), with the keys each takes."""
     for name, cls in BACKENDS.items():
-        typer.echo(f"{name:8s} {cls.description}")
+        typer.echo(f"{name:8s} {cls.description}{_origin(BACKENDS, name)}")
         for k, v in cls.ARGS.items():
             typer.echo(f"  {k:15s} {v}")
         if cls.PASS_THROUGH:

@@ -11,7 +11,6 @@ from typing import Any
 
 from ..backends import ModelSpec, parse_spec
 from ..errors import PosbiasError
-from ..methods import Method
 from ..models.dtype import DTYPE_CHOICES
 from ..models.load import DEFAULT_MODEL, DEVICES, check_device_map
 from ..tasks import Task, split_task
@@ -199,10 +198,8 @@ def check_split(n: int, skip: int) -> None:
 
 def plain(value: Any) -> Any:
     """A config value as JSON: a Task by its name, a Method by its spec (or label)."""
-    if isinstance(value, Task):
-        return value.name
-    if isinstance(value, Method):
-        return value.key
+    if hasattr(value, "as_plain"):  # a Task by its name, a Method by its spec
+        return value.as_plain()
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -168,11 +168,11 @@ class Scorer:
         """Score rows under `method` (default: the unmodified model); batches whose rows are all in
         `done` are skipped (resume). Returns the new result dicts, in batch order (prefix-shared: in row order)."""
         method = self.method(method)
-        done = done or set()
-        if getattr(method, "orders", 0):  # an order ensemble: each row read under several orders (eval/ensemble.py)
-            from .ensemble import score_ensemble
+        return method.read(_Reading(self, method), rows, done or set(), on_batch)  # the method's read stage
 
-            return score_ensemble(self, rows, method, done, on_batch)
+    def _read(self, rows: list[Encoded], method: Method, done: set,
+              on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
+        """Each row not in `done` read once with `method` on (a method's default read stage)."""
         out: list[dict] = []
         moved: dict = {}  # a reordering method: where each row's gold item went (its row key is kept)
         if method.rearranges:
@@ -332,3 +332,22 @@ def in_row_order(results: list[dict], rows: list[Encoded]) -> list[dict]:
     """Result dicts in the order of `rows` (example-major, as `Scorer.rows` builds them); one of no row goes last."""
     order = {r.key: i for i, r in enumerate(rows)}
     return sorted(results, key=lambda d: order.get((d["example_id"], placement_key(d["position"])), len(order)))
+
+
+class _Reading:
+    """The Scorer as a method's read stage sees it (methods/base.py `Reader`): the task, the default reading with the
+    method on, and a reading of prompts on the unmodified model (an order ensemble's orders)."""
+
+    def __init__(self, scorer: Scorer, method: Method):
+        self._scorer, self._method, self.task = scorer, method, scorer.task
+
+    def read(self, rows: list[Encoded], done: set, on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
+        return self._scorer._read(rows, self._method, done, on_batch)
+
+    def read_unmodified(self, prompts: list[Prompt]) -> list[dict]:
+        s = self._scorer
+        rows = [encode(s.backend.tokenizer, p, s.chat, options=s.engine.reads_options) for p in prompts]
+        s.check_window(rows)
+        index = {r.key: i for i, r in enumerate(rows)}
+        got = s._read(rows, get_method("none").for_task(s.task), set(), None)
+        return sorted(got, key=lambda d: index[(d["example_id"], placement_key(d["position"]))])

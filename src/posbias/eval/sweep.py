@@ -26,7 +26,7 @@ from ..core.metrics import curve_shape, format_effect, format_gap, format_shape,
 from ..core.order import format_no_gold
 from ..core.stats import exact_ci
 from ..errors import PosbiasError
-from ..methods import DecisionRule, Method, get_method
+from ..methods import Method, get_method
 from ..models.dtype import cpu_kind
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, read_json, versions, write_json_atomic, write_jsonl_atomic
@@ -35,7 +35,6 @@ from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, 
 from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
 from .cost import BudgetReached, CostFolder, Meter, current_meter, metering
 from .engines import get_engine
-from .ensemble import ensemble_record
 from .judging import format_order, order_summary, write_flips
 from .scaleout import broadcast_rows, score_split, start_processes
 from .scorer import Scorer, in_row_order
@@ -140,8 +139,8 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     positions = task.placements(cfg.positions)
     examples = task.examples(cfg.n, cfg.seed, cfg.skip)
     calibration = preflight(cfg, method, task, positions)
-    scored = scored if isinstance(method, DecisionRule) else None
-    meter = Meter.of(cfg, spent, scored, getattr(method, "orders", 1))  # cost estimate, budget, record (eval/cost.py)
+    scored = scored if method.reuses_unmodified else None
+    meter = Meter.of(cfg, spent, scored, method.passes)  # cost estimate, budget, record (eval/cost.py)
     folder = CostFolder(meter, out, "sweep", "sweep.json", SWEEP_FILES)
     folder.check(resume, overwrite)
     if resume and out is not None and is_main_process():  # a row log a resume cannot read: refused before the model loads
@@ -170,7 +169,7 @@ def preflight(cfg: SweepConfig, method: Method, task, positions: list) -> list:
     ones in the seeded order, never evaluated; none for other methods)."""
     task.check_engine(cfg.engine or task.default_engine)  # e.g. a needle without an answer prefix: no teacher forcing
     method.check_task(task, positions, cfg.engine or task.default_engine)
-    c = method.calibration(cfg.n) if isinstance(method, DecisionRule) else 0
+    c = method.calibration(cfg.n)
     pool = task.pool_size
     if c and pool is not None and cfg.skip + cfg.n + c > pool:
         room, skipped = pool - cfg.skip - c, f" after skipping {cfg.skip}" if cfg.skip else ""
@@ -326,8 +325,6 @@ def _previous_totals(path) -> dict:
 def _decide(method: Method, rows: list[dict], evaluated: set, k: int) -> tuple[list[dict], dict | None]:
     """The evaluated rows (a decision rule's verdicts on them, from every order and its calibration rows)."""
     mine = [r for r in rows if r["example_id"] in evaluated]
-    if not isinstance(method, DecisionRule):
-        return mine, ensemble_record(mine)
     return method.decide(mine, [r for r in rows if r["example_id"] not in evaluated], k)
 
 

@@ -10,13 +10,26 @@ Methods are registered by name (methods/registry.py) and built from spec strings
 as `pi:1.2` through their `from_spec` class method, or the generic `pi:factor=1.2` (posbias/specs.py)
 through `from_params`, whose keys are the constructor's parameters unless a class says otherwise; a
 user's own subclass can be registered, or passed to `run_sweep` / `run_compare` as an object.
+
+Stages. Every pipeline calls each stage of every method, and the defaults do nothing, so a method of any kind is one
+class that overrides the stages it needs (no pipeline asks what kind a method is):
+
+    check_task / check / check_info   refuse, in one line, what it cannot run on (before anything is written)
+    rearrange(prompts, task, attention)   the prompts as the model sees them (reordering; `rearranges` True)
+    apply(loaded)                     the model while the method is on (a reversible context manager)
+    read(reader, rows, done, on_batch)    how each row is read: once (default) or under several orders (ensemble);
+                                      `passes` reads per row, for the cost estimate
+    calibration(n) / decide(rows, calibration, k)   held-out items to calibrate on and the verdict from every
+                                      order's row (the order decision rules); default: none, the rows as read
+
+A method sees the Scorer only through `Reader`, a narrow view (eval/scorer.py implements it).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, contextmanager
-from typing import Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator, Protocol
 
 from ..errors import PosbiasError
 from ..models.load import Loaded
@@ -36,12 +49,26 @@ class Active:
         and item_spans), for a method that reads the prompts (attention calibration measures each item first)."""
 
 
+class Reader(Protocol):
+    """What a method's `read` stage may ask of the Scorer."""
+
+    task: Task
+
+    def read(self, rows: list, done: set, on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
+        """Each row not in `done` read once with the method on (the default reading): one result dict per row."""
+
+    def read_unmodified(self, prompts: list[Prompt]) -> list[dict]:
+        """The prompts encoded, checked against the window and read once each on the unmodified model: one result
+        dict per prompt, in the prompts' order (an order ensemble reads its orders so)."""
+
+
 class Method(ABC):
     """A training-free mitigation. Subclasses set `name` and `usage`, implement `config` and `apply`,
     and parse their spec argument in `from_spec` (the part after `name:`)."""
 
     name: ClassVar[str]
     usage: ClassVar[str] = ""  # the spec forms, e.g. "pi:FACTOR|pi:FACTORS.json"
+    example: ClassVar[str | None] = None  # a spec that runs on any model, for the conformance suites (None: the name)
     spec: str | None = None  # the spec string it was built from (set by get_method)
     # the examples it was fitted on ({"task", "seed", "skip", "n"}, e.g. an LPES search split):
     # compare refuses to report it on those examples
@@ -54,6 +81,10 @@ class Method(ABC):
     prefix_note: ClassVar[str] = "not declared prefix-safe"
     rearranges: ClassVar[bool] = False  # True: `rearrange` rewrites the prompts before they are scored (reordering)
     reads_attention: bool = False  # True: it measures the model's attention in process (not on a served model)
+    passes: int = 1  # forward passes (reads) per row, for the cost estimate (an order ensemble: its K orders)
+    # True: its rows are the unmodified model's, read in every order (the order decision rules), so compare hands it
+    # the `none` entry's rows instead of reading them again
+    reuses_unmodified: ClassVar[bool] = False
 
     @classmethod
     def from_spec(cls, arg: str) -> "Method":
@@ -123,6 +154,20 @@ class Method(ABC):
     def apply(self, loaded: Loaded) -> AbstractContextManager[Active]:
         """Context manager: the model is mitigated inside, restored exactly on exit; yields an Active."""
 
+    def read(self, reader: Reader, rows: list, done: set, on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
+        """The result dicts of the rows not in `done` (on_batch called with each batch of them as it is scored):
+        by default each row read once with the method on."""
+        return reader.read(rows, done, on_batch)
+
+    def calibration(self, n: int) -> int:
+        """How many held-out calibration items a run of n evaluated items takes (read in every order after them)."""
+        return 0
+
+    def decide(self, rows: list[dict], calibration: list[dict], k: int) -> tuple[list[dict], dict | None]:
+        """(the evaluated rows as this method answers them, a record of how it decided or None); `calibration` holds
+        the calibration items' rows, k the orders per item. By default the rows as read."""
+        return rows, None
+
     @property
     def label(self) -> str:
         return self.name
@@ -131,6 +176,10 @@ class Method(ABC):
     def key(self) -> str:
         """A stable short name: the spec it came from, else its label."""
         return self.spec or self.label
+
+    def as_plain(self) -> Any:
+        """The method in a config written as JSON: its key."""
+        return self.key
 
 
 @contextmanager

@@ -23,6 +23,8 @@ NAMED = ("tool", "rag")  # the original code's two lists (models/buckets.py TOOL
 
 @register_method
 class Buckets(Method):
+    """Attention Buckets (Chen et al. 2023b): several RoPE bases in one batched forward, the copies' outputs combined."""
+
     name = "buckets"
     prefix_note = "Attention Buckets runs several RoPE copies of the whole prompt and combines them"
     usage = "buckets[:rag|:tool|:B1,B2,...]"

@@ -43,6 +43,7 @@ class DecisionRule(Method):
 
     changes_model = False
     prefix_safe = True
+    reuses_unmodified = True  # its rows are the unmodified model's in every order: compare hands over `none`'s
     calibration_share: float = 0.0  # items to calibrate on, as a share of the evaluated ones
     calibration_items: int | None = None  # or a fixed number of them
 

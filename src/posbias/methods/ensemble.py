@@ -17,7 +17,14 @@ option labels' log-probabilities instead). Cost: K passes per row.
 
 `adaptive` reads two orders first and stops when their answers agree (2 passes), else reads the other K - 2: the
 label-free stand-in for a margin on a free-answer task (a judge's `aswap` uses the label margin). Both are decision
-level: the model runs as it is, so they work on every backend, served ones included (eval/ensemble.py scores them).
+level: the model runs as it is, so they work on every backend, served ones included.
+
+Reading (the `read` stage): the orders are ordinary rows of the unmodified model (their example ids tagged
+`#order{j}` so the planners keep them apart), read through the Scorer's own path (in process or served) a chunk of
+examples at a time, so a killed run keeps every finished row. An adaptive ensemble reads its first orders for the
+chunk, then the rest only for the rows whose first answers disagree. Each result row is reported at the row's own
+position; `passes`, `agreement`, `order_correct` and `arranged_slots` (where the gold sat in each order) say how it was
+decided, and the `decide` stage records the cost and agreement over all rows.
 """
 
 from __future__ import annotations
@@ -25,18 +32,20 @@ from __future__ import annotations
 import math
 import random
 from contextlib import contextmanager
-from typing import Iterator
+from dataclasses import replace
+from typing import Callable, Iterator
 
 from ..core.metrics import normalize_answer
 from ..errors import PosbiasError
 from ..models.load import Loaded
-from ..tasks import Prompt, Task
-from ..tasks.arrange import arrange
-from .base import Active, Method, refuse_without_items
+from ..tasks import Prompt, Task, as_json
+from ..tasks.arrange import arrange, gold_slot
+from .base import Active, Method, Reader, refuse_without_items
 from .registry import register_method
 
 MODES = ("shift", "perm")
 FIRST = 2  # orders an adaptive ensemble reads before it decides whether to read the rest
+CHUNK = 8  # examples per chunk: the unit a killed run keeps
 
 
 @register_method
@@ -57,6 +66,10 @@ class Ensemble(Method):
             raise PosbiasError(f"an adaptive ensemble reads {FIRST} orders first, so it needs more than {FIRST}, got {k}",
                                "write ensemble:5:adaptive or so")
         self.orders, self.mode, self.adaptive, self.seed = k, mode, adaptive, seed
+
+    @property
+    def passes(self) -> int:  # type: ignore[override]
+        return self.orders
 
     @classmethod
     def from_spec(cls, arg: str) -> "Ensemble":
@@ -150,3 +163,51 @@ class Ensemble(Method):
     @contextmanager
     def apply(self, loaded: Loaded) -> Iterator[Active]:
         yield Active()
+
+    def read(self, reader: Reader, rows: list, done: set, on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
+        """One result dict per row not in `done` (rows: the Scorer's encoded rows), in row order, chunk by chunk."""
+        todo = [r for r in rows if r.key not in done]
+        examples = list(dict.fromkeys(r.key[0] for r in todo))
+        out: list[dict] = []
+        for c in range(0, len(examples), CHUNK):
+            mine = set(examples[c:c + CHUNK])
+            chunk = [r for r in todo if r.key[0] in mine]
+            first = range(FIRST) if self.adaptive else range(self.orders)
+            got = self._orders(reader, chunk, first)
+            rest = [r for r in chunk if not (self.adaptive and self.settled(got[r.key]))]
+            more = self._orders(reader, rest, range(len(first), self.orders)) if rest and self.adaptive else {}
+            new = []
+            for r in chunk:
+                res = got[r.key] + more.get(r.key, [])
+                row = self.vote(res)
+                row.update(example_id=r.key[0], position=as_json(r.key[1]), prompt_tokens=len(r.prompt_ids) or None,
+                           arranged_slots=[x.get("arranged_slot") for x in res])
+                new.append(row)
+            out += new
+            if on_batch:
+                on_batch(new)
+        return out
+
+    def _orders(self, reader: Reader, rows: list, js) -> dict[tuple, list[dict]]:
+        """{row key: [the result of each order j in js]}, read on the unmodified model."""
+        prompts, owner, slots = [], [], []
+        for r in rows:
+            for j in js:
+                p = self.variant(r.prompt, j, reader.task)
+                prompts.append(replace(p, example_id=f"{r.key[0]}#order{j}"))
+                owner.append(r.key)
+                slots.append(gold_slot(r.key[1], self.order(r.prompt, j)) if isinstance(r.key[1], int) else None)
+        got: dict[tuple, list[dict]] = {r.key: [] for r in rows}
+        for key, slot, res in zip(owner, slots, reader.read_unmodified(prompts)):
+            got[key].append({**res, "arranged_slot": slot})
+        return got
+
+    def decide(self, rows: list[dict], calibration: list[dict], k: int) -> tuple[list[dict], dict | None]:
+        """The rows as voted, and the cost and agreement over them: passes per verdict (mean), the share decided after
+        the first orders, and how often the orders agreed with the chosen answer."""
+        passes = [r["passes"] for r in rows if "passes" in r]
+        if not passes:
+            return rows, None
+        return rows, {"rule": "ensemble", "forward_passes_per_verdict": round(sum(passes) / len(passes), 4),
+                      "max_passes": max(passes), "stopped_early": sum(p < max(passes) for p in passes) / len(passes),
+                      "mean_agreement": round(sum(r["agreement"] for r in rows if "passes" in r) / len(passes), 4)}

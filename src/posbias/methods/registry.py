@@ -9,19 +9,19 @@ parameters unless the class declares its own `from_params`.
 from __future__ import annotations
 
 from ..errors import PosbiasError
+from ..registry import Registry
 from ..specs import bind, is_pairs, split_pairs
 from .base import Baseline, Method
 
-METHODS: dict[str, type[Method]] = {}
+METHODS = Registry("method")  # name -> Method class
 ALIASES = {"baseline": "none", "": "none"}
 
 
 def register_method(cls: type[Method]) -> type[Method]:
-    """Register a Method subclass under its `name` (usable as a class decorator)."""
+    """Register a Method subclass under its `name` (usable as a class decorator); a taken name is refused."""
     if not (isinstance(cls, type) and issubclass(cls, Method)) or not getattr(cls, "name", ""):
         raise PosbiasError(f"{cls!r} is not a Method subclass with a name", "subclass posbias.Method and set `name`")
-    METHODS[cls.name] = cls
-    return cls
+    return METHODS.add(cls.name, cls)
 
 
 def get_method(spec: str | Method) -> Method:

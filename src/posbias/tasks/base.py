@@ -139,6 +139,10 @@ class Task(ABC):
     def config(self) -> dict:
         return {"name": self.name, "n_slots": self.n_slots, "metric": self.metric}
 
+    def as_plain(self) -> str:
+        """The task in a config written as JSON: its name."""
+        return self.name
+
     def examples(self, n: int, seed: int = 0, skip: int = 0) -> list[Any]:
         """n examples from offset `skip` (disjoint splits): a seeded permutation of the pool, or for a generated
         task (no pool) the examples numbered base + skip.. with base drawn from the seed, so another seed gives

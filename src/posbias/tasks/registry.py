@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import PosbiasError
+from ..registry import Registry
 from ..specs import Param, bind, is_pairs, split_pairs
 from .base import Task
 from .docqa import jsonl_task, nq_task
@@ -51,15 +52,15 @@ class TaskEntry:
         return {**path, **{o: Param(self.types.get(o)) for o in self.options}}
 
 
-TASKS: dict[str, TaskEntry] = {}
+TASKS = Registry("task")  # name -> TaskEntry
 
 
 def register_task(name: str, build: Callable[..., Task], description: str,
                   options: tuple[str, ...] | dict[str, Any] = (), arg: str | None = None) -> None:
     """Add a task family; `options` are the keyword options it accepts (the CLI's task options): names, or a dict
-    {name: type} so a spec's values are converted (`facts=30` an int)."""
+    {name: type} so a spec's values are converted (`facts=30` an int). A taken name is refused."""
     types = dict(options) if isinstance(options, dict) else {}
-    TASKS[name] = TaskEntry(build, description, tuple(options), arg, types)
+    TASKS.add(name, TaskEntry(build, description, tuple(options), arg, types), owner=build)
 
 
 register_task("kv-lookup", lambda arg, data_dir, **o: KVLookup(**o),
