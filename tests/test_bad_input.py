@@ -166,8 +166,18 @@ CASES = [
     (["sweep", "--model", "openai:m,notapair", *TINY], "new", "'notapair' in model spec"),
     (["sweep", "--model", "openai:model=m,base_url=http://127.0.0.1:9/v1,tokenizer={MODEL}", *TINY], "new",
      "nothing listens at http://127.0.0.1:9/v1 (connection refused)"),
+    # every pipeline that changes or reads the weights opens its model through backends.open_model: a served model
+    # is refused by the backend's declared capabilities, naming what the pipeline needs
     (["lpes", "search", "--model", "openai:model=m,tokenizer={MODEL}", "--n", "2", "--quiet"], "new",
-     "is a backend spec ('openai:...'), not a model file, folder or registered name, and this command loads its model"),
+     "the LPES search changes or reads the model's weights in process, and backend 'openai' serves the model as it is"),
+    (["hidden", "search", "--model", "openai:model=m,tokenizer={MODEL}", "--quiet"], "new",
+     "the hidden-channel search changes or reads the model's weights in process, and backend 'openai' serves"),
+    (["moice", "train", "--model", "openai:model=m,tokenizer={MODEL}", "--quiet"], "new",
+     "MoICE router training changes or reads the model's weights in process, and backend 'openai' serves"),
+    (["analyze", "prior", "--model", "openai:model=m,tokenizer={MODEL}", "--quiet"], "new",
+     "the positional prior changes or reads the model's weights in process, and backend 'openai' serves"),
+    (["analyze", "attention", "--model", "openai:model=m,tokenizer={MODEL}", "--quiet"], "new",
+     "the attention analysis changes or reads the model's weights in process, and backend 'openai' serves"),
     # an unknown backend is refused as such, on every command that takes a model spec (backends/spec.py)
     (["sweep", "--model", "nosuch:model=x", *TINY], "new", "unknown backend 'nosuch' in model spec 'nosuch:model=x'"),
     (["compare", "--models", "{MODEL},nosuch:model=x", *TINY], "new", "unknown backend 'nosuch'"),

@@ -125,3 +125,15 @@ def test_a_plugin_that_takes_a_name_is_named_in_one_warning_and_left_out():
         and "POSBIAS_DISABLE_PLUGINS=1" in warning[0], run.stderr
     off = _python(code, broken, example, POSBIAS_DISABLE_PLUGINS="1")
     assert off.stdout.split() == ["posbias.methods.scaling", "[]", "[]", "False"] and "plugin" not in off.stderr
+
+
+def test_in_process_pipelines_open_a_model_by_the_backend_s_capabilities(model_dir):
+    """open_model (every pipeline that changes or reads the weights) asks the backend's declared capabilities, not its
+    name: the plugin's in-process backend opens, a served one is refused naming the pipeline."""
+    from posbias import Loaded
+    from posbias.backends import open_model
+
+    assert isinstance(open_model(f"hf-plugin:{model_dir}", "fp32", needs="the LPES search", progress=False), Loaded)
+    with pytest.raises(PosbiasError, match="the LPES search changes or reads the model's weights in process, and "
+                                           "backend 'openai' serves the model as it is"):
+        open_model(f"openai:model=m,tokenizer={model_dir}", needs="the LPES search")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -242,8 +243,8 @@ BAD = [
     ("missing", lambda d: d / "absent", "no sweep folder or file at"),
     ("unfinished", lambda d: (d / "unfinished").mkdir() or d / "unfinished", "holds no sweep.json"),
     ("method", lambda d: sweep_dir(d, method="pi"), "under method pi"),
-    ("order task", lambda d: sweep_dir(d, task={"name": "judge-nq", "n_slots": 2, "style": "judge"}, curve=[0.9, 0.1]),
-     "is an order task"),
+    ("order task", lambda d: sweep_dir(d, task={"name": "judge-nq", "n_slots": 2, "style": "judge", "labels": ["A", "B"]},
+                                       curve=[0.9, 0.1]), "is an order task"),
     ("some slots", lambda d: sweep_dir(d, positions={0, 2, 4}), "measured slots 0,2,4 of 5"),
     ("not json", lambda d: (d / "broken").mkdir() or (d / "broken" / "sweep.json").write_text("{") and d / "broken",
      "is not JSON"),
@@ -258,6 +259,24 @@ def test_policy_export_refuses_bad_input_with_exit_2_one_line_and_writes_nothing
     assert code == 2 and len(err) == 1 and err[0].startswith("posbias: error: ") and " -- " in err[0], err
     assert message in err[0], err[0]
     assert not list(tmp_path.rglob("policy.json*")) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("task, message", [
+    ("kv-2hop", "places two items (a two-hop task)"),  # it has a "style" too: it used to be called an order task
+    ("mc-kv", "is an order task (mc-kv)"),
+])
+def test_a_real_sweep_of_another_task_kind_is_refused_for_what_it_is(loaded, task, message):
+    """sweep.json records the task's kind (Task.kind) and the export reads it, with or without the record's field."""
+    from posbias import SweepConfig, run_sweep
+
+    options = {"facts": 4, "digits": 3}
+    res = run_sweep(SweepConfig(task=task, task_options=options, n=1, positions="0:1" if task == "kv-2hop" else None),
+                    loaded=loaded, progress=False)
+    assert res.record["task_kind"] == ("two-hop" if task == "kv-2hop" else "order")
+    older = {k: v for k, v in res.record.items() if k != "task_kind"}  # a record written before the field
+    for record in (res.record, older):
+        with pytest.raises(PosbiasError, match=re.escape(message)):
+            policy_from_sweep(record)
 
 
 def _test(p: float, n: int = 30) -> dict:

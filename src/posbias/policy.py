@@ -87,12 +87,15 @@ def policy_from_sweep(record: dict, source: str = "") -> dict:
     if (record.get("method") or {}).get("name", "none") != "none":
         raise PosbiasError(f"{where} measured the model under method {record['method'].get('name')}; a policy is the "
                            "unmodified model's curve", "sweep the model without a method and export that")
-    if "style" in task:  # an order task (tasks/order.py): judge or multiple choice
+    per = record.get("per_position") or []
+    # what a slot means (Task.kind); a record written before sweeps recorded it: an order task's config has "labels"
+    kind = record.get("task_kind") or ("order" if "labels" in task else
+                                       "two-hop" if any(not isinstance(p.get("position"), int) for p in per) else "one-gold")
+    if kind == "order":  # judge or multiple choice (tasks/order.py)
         raise PosbiasError(f"{where} is an order task ({task.get('name')}): its slots are the candidates' order",
                            "use swap or pride on an order task; a policy places retrieved items")
-    per = record.get("per_position") or []
     n = int(task.get("n_slots", 0))
-    if any(not isinstance(p.get("position"), int) for p in per):
+    if kind == "two-hop":
         raise PosbiasError(f"{where} places two items (a two-hop task); a policy ranks the slots of one gold item",
                            "sweep a one-gold task (kv-lookup, nq, jsonl:PATH)")
     got = sorted(p["position"] for p in per)

@@ -20,13 +20,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..backends import open_model
 from ..errors import PosbiasError
 from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict
 from ..eval.encode import plan_batches
 from ..eval.scorer import Scorer
 from ..eval.spans import item_spans
 from ..methods import Method, UniformScaling, get_method
-from ..models.load import Loaded, load_model
+from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as progress_bar
 from ..tasks import as_json, get_task, label, placement_key, positions_spec
@@ -184,7 +185,7 @@ def run_attention(cfg: AttentionConfig | None = None, out: str | Path | None = N
     task.items(examples[0], positions[0])  # a task without items fails here, before anything loads
     folder = RunFolder(out, "attention analysis", "attention.json", FILES)
     folder.check(resume, overwrite)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
+    loaded = loaded or open_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map, needs="the attention analysis")
     for _, method in pairs:
         method.check(loaded)
     scorer = Scorer(loaded, task, chat=cfg.chat)

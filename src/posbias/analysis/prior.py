@@ -21,12 +21,13 @@ from pathlib import Path
 
 import torch
 
+from ..backends import open_model
 from ..errors import PosbiasError
 from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict, plain
 from ..eval.encode import BATCH_TOKENS, MAX_BATCH
 from ..eval.relevance import item_attention
 from ..eval.scorer import Scorer
-from ..models.load import Loaded, load_model
+from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as bar
 from ..tasks import Task, get_task
@@ -116,7 +117,7 @@ def run_prior(cfg: PriorConfig | None = None, out: str | Path | None = None, *, 
     task.items(examples[0], 0)  # a task without items fails here, before anything loads
     folder = RunFolder(out, "prior", "prior.json", FILES)
     folder.check(resume, overwrite)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
+    loaded = loaded or open_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map, needs="the positional prior")
     scorer = Scorer(loaded, task, chat=cfg.chat, batch_tokens=cfg.batch_tokens, max_batch=cfg.max_batch)
     fingerprint = {"config": cfg.to_dict(), "task": task.config(), "model": loaded.info.get("name"),
                    "chat": scorer.chat, "dummy": task.dummy}

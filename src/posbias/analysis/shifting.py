@@ -27,11 +27,12 @@ import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..backends import open_model
 from ..errors import PosbiasError
 from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict
 from ..eval.scorer import Scorer
 from ..methods import Method, get_method
-from ..models.load import Loaded, load_model
+from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as progress_bar
 from ..tasks import Prompt, as_json, get_task, label, placement_key, positions_spec
@@ -200,7 +201,7 @@ def run_shifting(cfg: ShiftingConfig | None = None, out: str | Path | None = Non
     folder.check(resume, overwrite)
     if resume and out is not None:  # a row log a resume cannot read: refused before the model loads
         JsonlLog(folder.file("rows.jsonl")).read(ROW_KEYS)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
+    loaded = loaded or open_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map, needs="token shifting")
     method.check(loaded)
     m = _Measure(loaded, task, cfg, method)
     fingerprint = {"config": cfg.to_dict(), "model": loaded.info, "task": task.config(), "method": method.config(),

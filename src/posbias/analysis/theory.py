@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..backends import open_model
 from ..core.rollout import (
     causal_mask,
     center_nodes,
@@ -42,7 +43,7 @@ from ..core.rollout import (
     sliding_window_mask,
 )
 from ..errors import PosbiasError
-from ..models.load import DEFAULT_MODEL, Loaded, load_model
+from ..models.load import DEFAULT_MODEL, Loaded
 from ..runs import RunFolder
 from .checks import check_all, check_kwargs, format_summary, summarize_checks
 from .theorems import rollouts
@@ -304,7 +305,7 @@ def run_theory(cfg: TheoryConfig | None = None, out: str | Path | None = None, *
             data["figures"] = plot_theory(data, folder.path)
         real_res = None
         if real is not None:
-            lo = loaded or load_model(real.model, real.dtype, real.device)
+            lo = loaded or open_model(real.model, real.dtype, real.device, needs="the real-model rollout")
             real_res = run_real_rollout(lo, folder.path, facts=real.facts, n=real.n, seed=cfg.seed, positions=real.positions())
         folder.finish(data, indent=None, allow_nan=False)  # last: its presence means "complete"
     return TheoryResult(data["summary"], data["checks"], data["figures"], real_res, data)

@@ -10,7 +10,7 @@ ask a backend only for what its capabilities say it has.
 """
 
 from .base import Backend, Capabilities, Reply, Request, ServedBackend, check_method
-from .spec import BACKENDS, ModelSpec, as_backend, open_backend, parse_spec, register_backend, split_models
+from .spec import BACKENDS, ModelSpec, as_backend, open_backend, open_model, parse_spec, register_backend, split_models
 
 __all__ = ["BACKENDS", "Backend", "Capabilities", "ModelSpec", "Reply", "Request", "ServedBackend", "as_backend", "check_method",
-           "open_backend", "parse_spec", "register_backend", "split_models"]
+           "open_backend", "open_model", "parse_spec", "register_backend", "split_models"]

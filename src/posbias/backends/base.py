@@ -97,6 +97,7 @@ class Backend(ABC):
     caps: Capabilities
     tokenizer: Any  # the model's tokenizer (None: a chat-only server without one)
     info: dict  # JSON-able description for the run's record (never a secret)
+    loaded: Any = None  # the model in process (models.load.Loaded) where the backend holds one (hf); None: served
 
     @classmethod
     @abstractmethod

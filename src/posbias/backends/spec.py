@@ -119,6 +119,20 @@ def open_backend(spec: str | ModelSpec, dtype: str = "bf16", device: str = "cpu"
     return spec.cls.open(spec.args, dtype=dtype, device=device, progress=progress, device_map=device_map)
 
 
+def open_model(spec: str | ModelSpec, dtype: str = "bf16", device: str = "cpu", progress: bool = True,
+               device_map: str | None = None, *, needs: str):
+    """The model in process (a `Loaded`) for a pipeline that changes or reads its weights, `needs` naming it ("the
+    LPES search"): every such pipeline opens its model here. A backend whose declared capabilities serve the model
+    as it is (`methods` False: vLLM, an OpenAI-compatible server) is refused in one line before anything starts."""
+    spec = parse_spec(spec) if isinstance(spec, str) else spec
+    if not spec.caps.methods:
+        raise PosbiasError(f"{needs} changes or reads the model's weights in process, and backend '{spec.backend}' "
+                           f"serves the model as it is ('{spec.text or spec.identity}')",
+                           "pass a registered model name (`posbias models`), a model directory or a .gguf file; a served "
+                           "model works with posbias sweep, compare and grid")
+    return open_backend(spec, dtype, device, progress, device_map).loaded
+
+
 def as_backend(model) -> Backend:
     """A Backend as it is; an in-process Loaded model wrapped in the hf backend."""
     return model if isinstance(model, Backend) else HFBackend(model)

@@ -163,7 +163,7 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
         _add_paired_differences(results)
         # a judge file without "preferred" has no right answer: no chance level to fall to (eval/judging.py)
         _flag_collapse(results, collapse_margin, task.chance if task.score_name == "accuracy" else None,
-                       getattr(task, "order", False))
+                       task.order)
         shared = {k: v for k, v in res.config.items() if k not in PATH_KEYS}  # the path is per entry
         record = {"config": {**shared, "method": None, "model": None if named else model_name(model_list[0])},
                   "model": None if named else infos[model_name(model_list[0])], "models": infos,

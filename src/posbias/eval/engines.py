@@ -123,7 +123,7 @@ class TeacherForced(Engine):
             return
         if not caps.teacher_forcing:
             raise PosbiasError(f"backend '{backend}' offers no route for teacher forcing", "use `engine=generate`")
-        if not caps.token_prompts and task is not None and not getattr(task, "order", False):
+        if not caps.token_prompts and task is not None and not task.order:
             raise PosbiasError("teacher forcing on chat messages scores order tasks only (their labels from the first "
                                "token's top logprobs)", "use `engine=generate`, or prompts=text (or tokens) with "
                                "tokenizer=DIR in the model spec")

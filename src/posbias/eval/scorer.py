@@ -59,7 +59,7 @@ class Scorer:
             raise PosbiasError(f"batch sizes must be positive, got {batch_tokens} tokens / {max_batch} rows",
                                "pass `batch_tokens` and `max_batch` of at least 1")
         self.backend = as_backend(loaded)
-        self.loaded = getattr(self.backend, "loaded", None)  # the in-process model (None on a served backend)
+        self.loaded = self.backend.loaded  # the in-process model (None on a served backend)
         self.task = task
         self.engine = get_engine(engine or task.default_engine)
         self.engine.check(self.backend.caps, self.backend.name, task)

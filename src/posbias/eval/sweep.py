@@ -206,11 +206,11 @@ def _run(cfg, out, backend, task, method, positions, examples, calibration, fold
         if generated:  # answers the generation limit cut short (no stop before max_new_tokens)
             summary["cut"] = {"rows": sum(bool(r["cut"]) for r in generated), "of": len(generated),
                               "max_new_tokens": scorer.max_new_tokens}
-        if getattr(task, "order", False):  # the order of candidates: consistency, fairness, RStd, choice shares
+        if task.order:  # the order of candidates: consistency, fairness, RStd, choice shares
             summary["order"] = order_summary(all_rows, positions, ids, task.n_slots, gold=task.score_name == "accuracy")
         if decision:
             summary["decision"] = {k: v for k, v in decision.items() if k != "calibration_items"}
-        record = {**fingerprint, "versions": versions(), "per_position": per, "summary": summary,
+        record = {**fingerprint, "task_kind": task.kind, "versions": versions(), "per_position": per, "summary": summary,
                   **({"decision": decision} if decision else {})}
         if backend.caps.batching == "requests":  # how requests went (totals over every invocation): not compared
             record["backend"] = {"settings": backend.settings(), **timing.backend_record()}

@@ -62,7 +62,7 @@ class DecisionRule(Method):
 
     def check_task(self, task, positions: list, engine: str) -> None:
         """Refuse, in one line, a run this rule cannot decide (before any model loads)."""
-        if not getattr(task, "order", False):
+        if not task.order:
             raise PosbiasError(f"method {self.key} decides between the orders of an order task, and {task.name} is not one",
                                "use it with judge-nq, mc-nq, judge-kv, mc-kv, judge:PATH or mc:PATH")
         if sorted(positions) != list(range(task.n_slots)):

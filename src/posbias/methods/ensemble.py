@@ -92,7 +92,7 @@ class Ensemble(Method):
 
     def check_task(self, task: Task, positions: list, engine: str) -> None:
         refuse_without_items(self, task)
-        if getattr(task, "order", False):
+        if task.order:
             raise PosbiasError(f"{self.label} reorders documents, and {task.name} already shows every order of its "
                                "candidates", "use swap, aswap or pride on an order task")
         if task.n_slots < 2:

@@ -120,7 +120,7 @@ class Reorder(Method):
 
     def check_task(self, task: Task, positions: list, engine: str) -> None:
         refuse_without_items(self, task)
-        if getattr(task, "order", False):  # the candidates' order is what an order task measures, slot by slot
+        if task.order:  # the candidates' order is what an order task measures, slot by slot
             raise PosbiasError(f"{self.label} moves items between slots, and {task.name} already shows every order of "
                                "its candidates", "use swap or pride on an order task")
         if self.signal == "oracle" and task.n_gold != 1:

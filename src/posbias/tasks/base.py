@@ -58,6 +58,7 @@ class Task(ABC):
     default_engine: str = "teacher-forced"
     max_new_tokens: int = 16
     n_gold: int = 1  # gold items an example places: 1 (retrieval) or 2 (two-hop reasoning)
+    order: bool = False  # an order task (judge, multiple choice): its slots are the candidates' order (tasks/order.py)
     lists_items: bool = True  # Prompt.items holds the items (False: a haystack, whose slots are depths in a text)
     multiline: bool = False  # generation goes on past a newline (a chain of thought) instead of stopping there
     also: tuple[str, ...] = ()  # further metrics scored beside `metric` (keys of core.metrics.METRICS)
@@ -138,6 +139,12 @@ class Task(ABC):
 
     def config(self) -> dict:
         return {"name": self.name, "n_slots": self.n_slots, "metric": self.metric}
+
+    @property
+    def kind(self) -> str:
+        """What a slot means, for the records (sweep.json `task_kind`) and those who read them (policy.py): "order"
+        (the candidates' order), "two-hop" (a pair of gold items placed), or "one-gold"."""
+        return "order" if self.order else "two-hop" if self.n_gold == 2 else "one-gold"
 
     def as_plain(self) -> str:
         """The task in a config written as JSON: its name."""

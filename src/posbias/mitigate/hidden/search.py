@@ -25,12 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ...backends import open_model
 from ...core.positional_channels import find_candidates
 from ...errors import PosbiasError
 from ...eval.scorer import Scorer
 from ...methods.hidden import RESULT, HiddenScale
 from ...models.hidden import middle_layers
-from ...models.load import Loaded, load_model
+from ...models.load import Loaded
 from ...runs import JsonlLog, RunFolder, read_json, write_json_atomic
 from ...runs import progress as progress_bar
 from ...tasks import Task, get_task
@@ -194,7 +195,7 @@ def run_hidden_search(cfg: HiddenSearchConfig | None = None, out: str | Path | N
     folder.check(resume, overwrite)
     if resume and folder.complete():
         return _result(folder.read_result())
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
+    loaded = loaded or open_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map, needs="the hidden-channel search")
     n_layers, hidden = int(loaded.model.config.num_hidden_layers), int(loaded.model.config.hidden_size)
     if n_layers < 4:  # the candidates are read in layers 2 .. L - 2 (core/positional_channels.py)
         raise PosbiasError(f"the hidden-channel search reads layers 2 to L-2, and {loaded.info.get('name')} has {n_layers} "

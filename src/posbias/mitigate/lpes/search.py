@@ -20,10 +20,11 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ...backends import open_model
 from ...core.ga import STATE_VERSION, CurveSpace, GeneticSearch, LayerSpace, RandomSearch
 from ...errors import PosbiasError
 from ...eval.scaleout import start_processes
-from ...models.load import Loaded, load_model
+from ...models.load import Loaded
 from ...runs import RunFolder, is_main_process, read_json, write_json_atomic
 from ...runs import progress as progress_bar
 from ...tasks import get_task
@@ -94,7 +95,7 @@ def run_search(cfg: SearchConfig | None = None, out: str | Path | None = None, *
     if resume and folder.path is not None and folder.file(STATE).exists():
         _precheck_state(folder.file(STATE))
     start_processes()  # several processes: join their group before loading (each rank's `cuda` is its own GPU)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
+    loaded = loaded or open_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map, needs="the LPES search")
     n_layers = loaded.model.config.num_hidden_layers
     space = make_space(cfg, n_layers)
     fitness = build_fitness(cfg, loaded, task, space)

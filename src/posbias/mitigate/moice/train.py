@@ -29,11 +29,12 @@ from pathlib import Path
 
 import torch
 
+from ...backends import open_model
 from ...core.losses import load_balancing_loss
 from ...eval.encode import left_pad
 from ...eval.scorer import Scorer
 from ...methods.moice import RESULT, ROUTERS, sha256
-from ...models.load import Loaded, load_model
+from ...models.load import Loaded
 from ...models.moice import Routers, check_routers, moice
 from ...runs import JsonlLog, RunFolder, is_main_process
 from ...runs import progress as progress_bar
@@ -149,7 +150,7 @@ def train_moice(cfg: MoICEConfig | None = None, out: str | Path | None = None, *
     task, cfg, examples = _prepare(cfg)
     folder = RunFolder(out, "moice", RESULT, (ROUTERS, CHECKPOINT, LOG))
     folder.check(resume, overwrite)
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
+    loaded = loaded or open_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map, needs="MoICE router training")
     model = loaded.model
     routers = Routers.for_model(model, cfg.bases, cfg.top_k, seed=cfg.router_seed)
     check_routers(model, routers)

@@ -15,12 +15,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...backends import open_model
 from ...errors import PosbiasError
 from ...eval.generate import eos_ids
 from ...eval.scorer import use_chat
 from ...models.decoding import decoding_record
 from ...models.dtype import choose_dtype
-from ...models.load import Loaded, library_bars, load_model, resolve_device
+from ...models.load import Loaded, library_bars, resolve_device
 from ...runs import MARKER, RunFolder, is_main_process, num_processes, read_json, write_json_atomic
 from ...tasks import get_task, placement_key
 from .collator import Collator, QuestionData
@@ -95,7 +96,7 @@ def run_distill(cfg: DistillConfig | None = None, out: str | Path = "runs/distil
         with folder.open(_fingerprint(cfg, task, anchor, chat, name, dtype), resume, overwrite):
             return DistillResult.of(folder.read_result(), _training_log(folder))
     caller_owned = loaded is not None
-    loaded = loaded or load_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map)
+    loaded = loaded or open_model(cfg.model, cfg.dtype, cfg.device, progress, cfg.device_map, needs="Pos2Distill")
     fingerprint = _fingerprint(cfg, task, anchor, use_chat(loaded, cfg.chat), loaded.info.get("name"),
                                loaded.info.get("dtype"))
     resolved = cfg.resolved(task, anchor, fingerprint["config"]["chat_used"])
