@@ -61,8 +61,9 @@ class Dialect:
         return [int(t) for t in reply.get("tokens") or []]
 
 
-# vLLM / SGLang sampling fields: every sampler off but the argmax
-_VLLM = {"temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+# vLLM / SGLang sampling fields: every sampler off but the argmax (the one definition: the offline engine, vllm.py,
+# builds its SamplingParams from it too)
+VLLM_GREEDY = {"temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
          "frequency_penalty": 0.0}
 # llama-cpp-python's request fields (server/types.py): top_k 0 = off (-1 is a validation error), mirostat off
 _LLAMACPP = {"temperature": 0, "top_p": 1, "top_k": 0, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0,
@@ -73,7 +74,7 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
     # least 2049 input tokens, ..." (renderers/params.py), "The decoder prompt (length 3000) is longer than the maximum
     # model length of 2048." (v1/engine/input_processor.py), "Input length (3000) exceeds model's maximum context length
     # (2048)." (api_utils.get_max_tokens); a timed-out client's request is aborted when its connection closes
-    Dialect("vllm", ("tokens", "text", "chat"), _VLLM, owner="vllm", tokenize="/tokenize", token_ids=True,
+    Dialect("vllm", ("tokens", "text", "chat"), VLLM_GREEDY, owner="vllm", tokenize="/tokenize", token_ids=True,
             tokenize_key="prompt", tokenize_extra={"add_special_tokens": False},
             prompt_logprobs=True, extra={"text": {"add_special_tokens": False}, "tokens": {}, "chat": {}},
             window_hint="add context_window=N to the model spec (vLLM's --max-model-len)",

@@ -16,9 +16,9 @@ from typing import Iterator
 
 from ..errors import PosbiasError
 from .base import Capabilities, Reply, Request, ServedBackend, prompt_steps, teacher_forcing_route
+from .dialects import VLLM_GREEDY
 
-GREEDY = {"temperature": 0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-          "frequency_penalty": 0.0}  # every sampler off but the argmax (SamplingParams), the model's generation_config aside
+GREEDY = VLLM_GREEDY  # every sampler off but the argmax (SamplingParams), the model's generation_config aside
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 CHUNK = 64  # requests per LLM.generate call: rows are written as each call returns
 
