@@ -105,6 +105,12 @@ class Backend(ABC):
         """What a backend opened with these spec arguments can do (known before it starts)."""
 
     @classmethod
+    def tokenizer_source(cls, args: dict) -> str | None:
+        """Where the model's tokenizer loads from without the model (`posbias show`): the model itself by default;
+        None where the spec names none (a served model whose prompts the server renders)."""
+        return args.get("model")
+
+    @classmethod
     def check_args(cls, args: dict, spec: str) -> None:
         if "model" not in args:
             raise PosbiasError(f"model spec '{spec}' names no model", f"write {cls.name}:MODEL,... or {cls.name}:model=NAME,...")

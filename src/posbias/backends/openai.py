@@ -95,6 +95,10 @@ class OpenAIBackend(ServedBackend):
                      **({"teacher_forcing": self.route} if self.route else {})}
 
     @classmethod
+    def tokenizer_source(cls, args: dict) -> str | None:
+        return args.get("tokenizer")  # the served model's own directory, if the spec names it
+
+    @classmethod
     def capabilities(cls, args: dict) -> Capabilities:
         """What the spec alone says (before the server is asked; the open backend's caps follow its dialect)."""
         prompts = args.get("prompts", "tokens" if "tokenizer" in args else "chat")

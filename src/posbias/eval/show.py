@@ -139,7 +139,7 @@ class TokenizerOnly(Backend):
 def tokenizer_of(model: str) -> TokenizerOnly:
     """The tokenizer of a model spec, loaded without the model (a served model's own `tokenizer=DIR`, if it names one)."""
     spec = parse_spec(model)
-    source = spec.args.get("tokenizer") if spec.backend == "openai" else spec.args["model"]
+    source = spec.cls.tokenizer_source(spec.args)
     if source is None:
         raise PosbiasError(f"model '{model}' is served without a tokenizer, so its prompts are the server's to render",
                            "add tokenizer=DIR to the model spec (the served model's directory)")
