@@ -124,7 +124,7 @@ TINY = ["--n", "2", "--dtype", "fp32", "--quiet", "--digits", "3"]
     (["--sizes", "5,x"], "bad --sizes '5,x'"),
     (["--depths", "0%,200%"], "depth 200% is outside 0%..100%"),
     (["--task", "kv-2hop"], "kv-2hop is a two-hop task"),
-    (["--task", "jsonl:/nonexistent.jsonl"], "task jsonl has no size option to grow -- use a task with a size"),
+    (["--task", "jsonl:/nonexistent.jsonl"], "task jsonl has no size option to grow (a depth grid grows the context of one gold item) -- use a task with a size"),
     (["--task", "nq", "--sizes", "10,30"], "nq has no size 30"),
     (["--sizes", "3,100"], "context window is 2048 -- drop 100 from --sizes, e.g. --sizes 3"),
     (["--facts", "5"], "the grid sets --facts itself"),

@@ -25,7 +25,7 @@ from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..runs import RunFolder, is_main_process, versions, write_json_atomic
-from ..tasks import Task, get_task
+from ..tasks import TASKS, Task, get_task
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, plain
 from .encode import encode
 from .grid_text import format_grid
@@ -48,13 +48,6 @@ from .scorer import Scorer
 from .sweep import SweepConfig, SweepResult, run_sweep
 
 # task -> (the option that is its size, the sizes it has; None: any)
-SIZE_OPTIONS: dict[str, tuple[str, tuple[int, ...] | None]] = {
-    "kv-lookup": ("facts", None),
-    "kv-uuid": ("pairs", None),
-    "nq": ("docs", (10, 20)),  # the shared data holds 20 passages per question; 10 = gold + the first 9
-    "niah": ("tokens", None),  # lengths in the model's own tokens (tasks/haystack.py): 1k = 1024
-}
-TWO_HOP = ("kv-2hop", "musique")
 DEFAULT_DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
 
 
@@ -171,14 +164,25 @@ class GridResult:
 
 
 def size_option(task: str | Task) -> tuple[str, tuple[int, ...] | None]:
-    """The task option that is the grid's size, and the sizes it allows (None: any); a clear error if none."""
+    """The task option that is the grid's size, and the sizes it allows (None: any), as the task's registration
+    declares it (tasks/registry.py `size`); a clear error if none."""
     name = plain(task).partition(":")[0] if isinstance(task, str) else getattr(task, "name", str(task))
-    has = ", ".join(f"{t} ({o})" for t, (o, _) in SIZE_OPTIONS.items())
-    if name in TWO_HOP:
-        raise PosbiasError(f"{name} is a two-hop task: a depth grid places one gold item", f"use a task with a size: {has}")
-    if isinstance(task, Task) or name not in SIZE_OPTIONS:
-        raise PosbiasError(f"task {name} has no size option to grow", f"use a task with a size: {has}")
-    return SIZE_OPTIONS[name]
+    has = ", ".join(f"{t} ({e.size[0]})" for t, e in TASKS.items() if e.size)
+    entry = TASKS.get(name)
+    if isinstance(task, Task) or entry is None or entry.size is None:
+        why = "a depth grid grows the context of one gold item"
+        if _kind(task) == "two-hop":
+            raise PosbiasError(f"{name} is a two-hop task: {why}", f"use a task with a size: {has}")
+        raise PosbiasError(f"task {name} has no size option to grow ({why})", f"use a task with a size: {has}")
+    return entry.size
+
+
+def _kind(task: str | Task) -> str | None:
+    """The task's kind (Task.kind), for the refusal's reason; None where it cannot be built as it is written."""
+    try:
+        return (task if isinstance(task, Task) else get_task(plain(task))).kind
+    except PosbiasError:
+        return None
 
 
 def depth_slots(depths: list[float], task: Task) -> list[int]:

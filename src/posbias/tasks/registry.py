@@ -37,6 +37,9 @@ class TaskEntry:
     options: tuple[str, ...] = ()
     arg: str | None = None  # the name of the part after ':' (jsonl: "PATH"); None: takes no argument
     types: dict[str, Any] = field(default_factory=dict)  # option -> type, for a spec's values (untyped: guessed)
+    # the option that sets the context's size, which a depth x length grid grows (eval/grid.py), and the values it
+    # allows (None: any); None: the task has none (a file's, a two-hop task's)
+    size: tuple[str, tuple[int, ...] | None] | None = None
 
     def usage(self, name: str) -> str:
         return f"{name}:{self.arg}" if self.arg else name
@@ -56,21 +59,28 @@ TASKS = Registry("task")  # name -> TaskEntry
 
 
 def register_task(name: str, build: Callable[..., Task], description: str,
-                  options: tuple[str, ...] | dict[str, Any] = (), arg: str | None = None) -> None:
+                  options: tuple[str, ...] | dict[str, Any] = (), arg: str | None = None,
+                  size: str | tuple[str, tuple[int, ...] | None] | None = None) -> None:
     """Add a task family; `options` are the keyword options it accepts (the CLI's task options): names, or a dict
-    {name: type} so a spec's values are converted (`facts=30` an int). A taken name is refused."""
+    {name: type} so a spec's values are converted (`facts=30` an int); `size` the option a depth x length grid grows
+    (with the values it allows, if not any). A taken name is refused."""
     types = dict(options) if isinstance(options, dict) else {}
-    TASKS.add(name, TaskEntry(build, description, tuple(options), arg, types), owner=build)
+    grows = (size, None) if isinstance(size, str) else size
+    if grows is not None and grows[0] not in tuple(options):
+        raise PosbiasError(f"task {name}'s size option {grows[0]!r} is not one of its options", "list it in `options`")
+    TASKS.add(name, TaskEntry(build, description, tuple(options), arg, types, grows), owner=build)
 
 
 register_task("kv-lookup", lambda arg, data_dir, **o: KVLookup(**o),
               "N facts 'The code for 482913 is 771204.' and a question about one (options: facts, digits)",
-              {"facts": int, "digits": int})
+              {"facts": int, "digits": int}, size="facts")
 register_task("kv-uuid", lambda arg, data_dir, **o: KVUUID(data_dir=data_dir, **o),
-              "Lost in the Middle JSON UUID key-value retrieval (option: pairs; 75/140 read the shared files)", {"pairs": int})
+              "Lost in the Middle JSON UUID key-value retrieval (option: pairs; 75/140 read the shared files)", {"pairs": int},
+              size="pairs")
 register_task("nq", lambda arg, data_dir, **o: nq_task(data_dir=data_dir, **o),
               "Lost in the Middle NQ-open multi-document QA (options: docs = 10 or 20; answers = all | first; question = "
-              "after | both, the question's place around the documents)", {"docs": int, "answers": str, "question": str})
+              "after | both, the question's place around the documents)", {"docs": int, "answers": str, "question": str},
+              size=("docs", (10, 20)))  # the shared data holds 20 passages per question; 10 = gold + the first 9
 register_task("jsonl", lambda arg, data_dir, **o: jsonl_task(arg, **o),
               "your own multi-document QA or two-hop data (schema below; options: answers, question, or prompt for two "
               "hops)", {"answers": str, "prompt": str | None, "question": str | None}, arg="PATH")
@@ -83,7 +93,8 @@ register_task("niah", lambda arg, data_dir, **o: Haystack(data_dir=data_dir, **o
               "queries (multi-needle), overlap = any | none (NoLiMa), context = full | needle | none, answer_prefix = "
               "the reply's start for needles without their own)",
               {"tokens": int, "needle": str, "haystack": str, "keys": int, "values": int, "queries": int,
-               "overlap": str, "context": str, "answer_prefix": str})
+               "overlap": str, "context": str, "answer_prefix": str},
+              size="tokens")  # lengths in the model's own tokens (tasks/haystack.py): 1k = 1024
 register_task("kv-2hop", lambda arg, data_dir, **o: KV2Hop(**o),
               "chain lookup 'The code for A is B.' ... 'The code for B is C.', two hops placed (options: facts, digits, "
               "style = direct | cot)", {"facts": int, "digits": int, "style": str})
