@@ -243,7 +243,8 @@ def _method_specs(tmp_path, lo) -> dict[str, tuple[str, str]]:
 
 def test_every_registered_method_is_covered():
     decisions = {n for n, c in METHODS.items() if not c.changes_model and n != "none"}  # model untouched: test_order.py
-    assert {m.split("-")[0] for m in REFUSES} == set(METHODS) - decisions
+    own = {n for n in METHODS if METHODS.origins[n] == "posbias"}  # a plugin's methods: the conformance suites run them
+    assert {m.split("-")[0] for m in REFUSES} == own - decisions
 
 
 @pytest.mark.parametrize("method", sorted(REFUSES))

@@ -31,10 +31,11 @@ def test_the_page_names_every_main_entry_point_and_its_blocks_compile():
 def registries():
     """The page registers a task and a method: both registries are restored afterwards (the conformance suites
     iterate over every registered method)."""
-    tasks, methods = dict(posbias.TASKS), dict(posbias.METHODS)
+    saved = [(r, dict(r), dict(r.origins)) for r in (posbias.TASKS, posbias.METHODS)]
     yield
-    posbias.TASKS.clear(), posbias.TASKS.update(tasks)
-    posbias.METHODS.clear(), posbias.METHODS.update(methods)
+    for registry, entries, origins in saved:
+        registry.clear(), registry.update(entries)
+        registry.origins.clear(), registry.origins.update(origins)
 
 
 @pytest.mark.real
