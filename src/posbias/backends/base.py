@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any, ClassVar, Iterator
 
 from ..errors import PosbiasError
@@ -163,11 +164,44 @@ def check_method(caps: Capabilities, backend: str, method) -> None:
 
 
 class ServedBackend(Backend):
-    """A model some engine runs: requests in, replies out, as they complete."""
+    """A model some engine runs: requests in, replies out, as they complete. The in-flight loop is here: `run` sends
+    the `units` of the requests (one request each by default) through `send`, `concurrency` of them in flight, and
+    yields each reply as it completes; a backend supplies `send` (its payload, headers and reading of the reply), or
+    overrides `run` where its engine takes the requests another way (vLLM's offline engine: chunks of them)."""
 
-    @abstractmethod
+    concurrency: int = 1  # units in flight at once
+
     def run(self, requests: list[Request]) -> Iterator[tuple[int, Reply]]:
         """(index into `requests`, reply) for each request, in the order they complete."""
+        self.starting()
+        pool = ThreadPoolExecutor(self.concurrency)
+        pending: dict = {}
+        try:
+            for unit in self.units(requests):  # keep `concurrency` units in flight (bounded: a failure stops early)
+                pending[pool.submit(self.send, [requests[i] for i in unit])] = unit
+                if len(pending) < self.concurrency:
+                    continue
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    yield from zip(pending.pop(f), f.result())
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    yield from zip(pending.pop(f), f.result())
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def starting(self) -> None:  # noqa: B027 - most backends need nothing before a run
+        """Before the requests of one `run` are sent."""
+
+    def units(self, requests: list[Request]) -> Iterator[list[int]]:
+        """The indices of the requests each `send` carries: one each by default."""
+        for i in range(len(requests)):
+            yield [i]
+
+    def send(self, qs: list[Request]) -> list[Reply]:
+        """The replies to one unit of requests, in their order (a backend that uses the default `run` supplies it)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither `send` nor `run`")
 
     def settings(self) -> dict:
         """How requests are sent (concurrency, timeout, cache, ...): recorded, not part of the fingerprint."""

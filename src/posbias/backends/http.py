@@ -52,6 +52,8 @@ class Http:
         self.resend_timeout = True  # a request whose reply timed out is sent once more (the server dropped it)
         self.hint = "check the model spec's options against what this server supports"  # a refusal's fix
         self.explain: Callable[[int, str], PosbiasError | None] | None = None  # the backend's reading of a refusal
+        # the backend's reading of a reply's token counts ({"prompt_tokens": n, "completion_tokens": m}; None: uncounted)
+        self.usage: Callable[[dict], dict] = lambda reply: {}
         self.cache = Path(cache).expanduser() if cache else None
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -90,9 +92,7 @@ class Http:
             self.count(cache_hits=1)
             return json.loads(path.read_text())
         reply = self._send("POST", route, body)
-        usage = reply.get("usage") or {}
-        self.count(replies=1, prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                   completion_tokens=int(usage.get("completion_tokens") or 0))
+        self.count(replies=1, **{k: int(v or 0) for k, v in self.usage(reply).items()})
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, reply)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Iterator
 
 from ..errors import PosbiasError
@@ -72,6 +71,7 @@ class OpenAIBackend(ServedBackend):
         self.http.hint = _refusal_hint(self.dialect.name, self.prompts)
         self.http.resend_timeout = self.dialect.drops_abandoned
         self.http.explain = self._too_long
+        self.http.usage = _usage  # the OpenAI reply's token counts, for the backend's counters
         self.route = teacher_forcing_route(args, self.dialect.prompt_logprobs and self.prompts == "tokens")
         self.caps = _caps(self.prompts, self.route)
         self.tokenizer = None
@@ -164,26 +164,10 @@ class OpenAIBackend(ServedBackend):
     def counters(self) -> dict:
         return dict(self.http.counts)
 
-    def run(self, requests: list[Request]) -> Iterator[tuple[int, Reply]]:
+    def starting(self) -> None:
         self.http.stopped.clear()  # set when a request fails for good: the others are then not sent again
-        pool = ThreadPoolExecutor(self.concurrency)
-        pending = {}
-        try:
-            for unit in self._units(requests):  # keep `concurrency` requests in flight (bounded: a failure stops early)
-                pending[pool.submit(self._send, [requests[i] for i in unit])] = unit
-                if len(pending) < self.concurrency:
-                    continue
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    yield from zip(pending.pop(f), f.result())
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    yield from zip(pending.pop(f), f.result())
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
 
-    def _units(self, requests: list[Request]) -> Iterator[list[int]]:
+    def units(self, requests: list[Request]) -> Iterator[list[int]]:
         """Indices of the requests one HTTP request carries: up to `batch` neighbours of one kind and length limit."""
         unit: list[int] = []
         for i, q in enumerate(requests):
@@ -194,7 +178,7 @@ class OpenAIBackend(ServedBackend):
         if unit:
             yield unit
 
-    def _send(self, qs: list[Request]) -> list[Reply]:
+    def send(self, qs: list[Request]) -> list[Reply]:
         """One HTTP request for `qs` (one chat message, one text prompt, or a list of token prompts)."""
         q = qs[0]
         common = {"model": self.model, **self.dialect.fields(self.prompts), "seed": self.seed}

@@ -44,8 +44,12 @@ class ModelChoice:
 
     @property
     def spec(self) -> ModelSpec:
-        """The model spec, parsed (backends/spec.py): what the pipelines open and record (`identity`, `label`)."""
-        return parse_spec(self.model)
+        """The model spec, parsed (backends/spec.py) once per model string: what the pipelines open and record
+        (`identity`, `label`)."""
+        parsed = self.__dict__.get("_spec")  # not a field: replace() and to_dict() never see it
+        if parsed is None or parsed.text != self.model:
+            parsed = self.__dict__["_spec"] = parse_spec(self.model)
+        return parsed
 
     def _validate_model(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
