@@ -24,7 +24,10 @@ def install_plugin(folder: Path) -> Path:
     digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in files)).hexdigest()[:12]
     target = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "posbias" / "test-plugins" / digest
     if not (target / ".installed").exists():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+        import importlib.util
+
+        isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]  # else from PyPI
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *isolation,
                         "--target", str(target), str(folder)], check=True)
         (target / ".installed").touch()
     return target
