@@ -9,8 +9,8 @@ so the rows it completes are written at once (a killed run resumes without sendi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
 
 from ..errors import PosbiasError
@@ -163,6 +163,25 @@ def check_method(caps: Capabilities, backend: str, method) -> None:
                            "in process (model=hf:DIR) to apply one")
 
 
+class RunStopped(PosbiasError):
+    """A request not sent because another one failed for good: that one's error is the run's."""
+
+
+def _completed(pending: dict) -> Iterator[tuple[int, Reply]]:
+    """The replies of the units that completed next (pending: future -> unit, emptied of them). A unit refused because
+    the run stopped is reported last, and only when no unit failed for its own reason: the first error is the run's."""
+    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+    for f in sorted(finished, key=lambda f: isinstance(f.exception(), RunStopped)):
+        unit = pending.pop(f)
+        if isinstance(f.exception(), RunStopped):
+            wait(pending)  # the request that stopped the run may still be finishing
+            own = [g.exception() for g in pending if g.exception() is not None]
+            cause = next((e for e in own if not isinstance(e, RunStopped)), None)
+            if cause is not None:
+                raise cause
+        yield from zip(unit, f.result())
+
+
 class ServedBackend(Backend):
     """A model some engine runs: requests in, replies out, as they complete. The in-flight loop is here: `run` sends
     the `units` of the requests (one request each by default) through `send`, `concurrency` of them in flight, and
@@ -181,13 +200,9 @@ class ServedBackend(Backend):
                 pending[pool.submit(self.send, [requests[i] for i in unit])] = unit
                 if len(pending) < self.concurrency:
                     continue
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    yield from zip(pending.pop(f), f.result())
+                yield from _completed(pending)
             while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    yield from zip(pending.pop(f), f.result())
+                yield from _completed(pending)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 

@@ -26,6 +26,7 @@ from typing import Callable
 
 from ..errors import PosbiasError
 from ..runs import write_json_atomic
+from .base import RunStopped
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -103,7 +104,7 @@ class Http:
         last, timeouts, refused = "", 0, False
         for attempt in range(self.retries + 1):
             if self.stopped.is_set():  # another request failed for good: its error is the run's
-                raise PosbiasError(f"{url}: not sent, the run stopped", "see the first error")
+                raise RunStopped(f"{url}: not sent, the run stopped", "see the first error")
             if attempt:
                 self.count(retries=1)
             self.count(requests=1)
