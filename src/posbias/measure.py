@@ -58,7 +58,8 @@ from .tasks import JSONL_SCHEMA as JSONL_SCHEMA
 from .tasks import ORDER_SCHEMAS as ORDER_SCHEMAS
 from .tasks import resolve_positions as resolve_positions
 
-__all__ = ["Backend", "COLLAPSE_MARGIN", "Capabilities", "Reply", "Request", "ServedBackend", "register_backend", "ENGINES", "JSONL_SCHEMA", "ModelSpec", "ORDER_SCHEMAS", "Scorer", "ShownPrompt",
+__all__ = ["Backend", "COLLAPSE_MARGIN", "Capabilities", "ENGINES", "JSONL_SCHEMA", "ModelSpec", "ORDER_SCHEMAS", "Reply", "Request",
+           "Scorer", "ServedBackend", "ShownPrompt", "register_backend",
            "apply_ranking", "check_policy", "choose_dtype", "cpu_kind", "dtype_note", "export_model", "field_docs", "is_main_process", "parse_spec",
            "policy_from_sweep", "ranking_note", "read_policy", "resampled_ranking", "resolve_positions", "set_threads", "show_prompt", "show_prompts",
            "split_models", "split_specs", "write_policy"]

@@ -48,12 +48,12 @@ class Registry(dict):
     def add(self, name: str, entry: Any, owner: Any = None) -> Any:
         """Register `entry` under `name` (owner: the object whose module says where it came from; default the entry).
         The same entry again is a no-op; another entry under a taken name is refused."""
+        origin = origin_of(owner if owner is not None else entry)
         if name in self and self[name] is not entry:
             raise PosbiasError(f"a {self.kind} named '{name}' is already registered (from {self.origins.get(name, '?')}); "
-                               f"{origin_of(owner if owner is not None else entry)} registers another",
-                               f"give the new {self.kind} another name")
+                               f"{origin} registers another", f"give the new {self.kind} another name")
         self[name] = entry
-        self.origins.setdefault(name, origin_of(owner if owner is not None else entry))
+        self.origins.setdefault(name, origin)
         return entry
 
     def remove(self, name: str) -> None:

@@ -16,9 +16,8 @@ from typing import Iterator
 
 from ..errors import PosbiasError
 from .base import Capabilities, Reply, Request, ServedBackend, prompt_steps, teacher_forcing_route
-from .dialects import VLLM_GREEDY
+from .dialects import VLLM_GREEDY  # every sampler off but the argmax, the model's generation_config aside
 
-GREEDY = VLLM_GREEDY  # every sampler off but the argmax (SamplingParams), the model's generation_config aside
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 CHUNK = 64  # requests per LLM.generate call: rows are written as each call returns
 
@@ -65,7 +64,7 @@ class VLLMBackend(ServedBackend):
                             batching="requests", top_logprobs=True, teacher_forcing=route)
 
     def decoding(self) -> dict:
-        return {"rule": "greedy", "request": {**GREEDY, "seed": 0}}
+        return {"rule": "greedy", "request": {**VLLM_GREEDY, "seed": 0}}
 
     @classmethod
     def open(cls, args: dict, dtype: str, device: str, progress: bool, device_map: str | None) -> "VLLMBackend":
@@ -80,8 +79,8 @@ class VLLMBackend(ServedBackend):
 
         for lo in range(0, len(requests), CHUNK):
             chunk = requests[lo:lo + CHUNK]
-            params = [SamplingParams(**GREEDY, max_tokens=1, prompt_logprobs=2) if q.kind == "logprobs" else
-                      SamplingParams(**GREEDY, max_tokens=q.max_tokens, stop=["\n"] if q.stop_newline else None,
+            params = [SamplingParams(**VLLM_GREEDY, max_tokens=1, prompt_logprobs=2) if q.kind == "logprobs" else
+                      SamplingParams(**VLLM_GREEDY, max_tokens=q.max_tokens, stop=["\n"] if q.stop_newline else None,
                                      logprobs=q.top or None) for q in chunk]
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=q.ids) for q in chunk], params, use_tqdm=False)
             for k, (q, o) in enumerate(zip(chunk, outs)):

@@ -47,7 +47,6 @@ from .scaleout import start_processes
 from .scorer import Scorer
 from .sweep import SweepConfig, SweepResult, run_sweep
 
-# task -> (the option that is its size, the sizes it has; None: any)
 DEFAULT_DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
 
 
@@ -167,9 +166,9 @@ def size_option(task: str | Task) -> tuple[str, tuple[int, ...] | None]:
     """The task option that is the grid's size, and the sizes it allows (None: any), as the task's registration
     declares it (tasks/registry.py `size`); a clear error if none."""
     name = plain(task).partition(":")[0] if isinstance(task, str) else getattr(task, "name", str(task))
-    has = ", ".join(f"{t} ({e.size[0]})" for t, e in TASKS.items() if e.size)
     entry = TASKS.get(name)
     if isinstance(task, Task) or entry is None or entry.size is None:
+        has = ", ".join(f"{t} ({e.size[0]})" for t, e in TASKS.items() if e.size)
         why = "a depth grid grows the context of one gold item"
         if _kind(task) == "two-hop":
             raise PosbiasError(f"{name} is a two-hop task: {why}", f"use a task with a size: {has}")
