@@ -86,6 +86,44 @@ def test_clopper_pearson_holds_where_wilson_dips():
             assert exact_coverage(exact_ci, n, p) >= NOMINAL - 1e-9, (n, p)
 
 
+def _exact_average_coverage(ci, k: int, n: int, p: float) -> float:
+    """Exact coverage of an interval for the average over k independent slots at accuracy p with n examples: every
+    example's average is j/k with binomial weight, so the whole sample space is the compositions of n into k + 1
+    counts (summed, no simulation)."""
+    w = [math.comb(k, j) * p**j * (1 - p) ** (k - j) for j in range(k + 1)]
+
+    def compositions(total: int, parts: int):
+        if parts == 1:
+            yield (total,)
+            return
+        for i in range(total + 1):
+            yield from ((i, *rest) for rest in compositions(total - i, parts - 1))
+    held = 0.0
+    for c in compositions(n, k + 1):
+        lo, hi = ci(np.repeat(np.arange(k + 1) / k, c))
+        if lo - 1e-12 <= p <= hi + 1e-12:
+            held += math.factorial(n) / math.prod(math.factorial(m) for m in c) * math.prod(q**m for q, m in zip(w, c))
+    return held
+
+
+def test_the_average_interval_holds_at_a_handful_of_examples():
+    """The average over slots at n = 3-10 (fractions per example): with the normal quantile Agresti-Coull's interval
+    covered 0.89 at 2 slots, n = 3, p = 0.02 (exactly); with Student's quantile on n - 1 df it holds 95%."""
+    from posbias.core.stats import Z95
+
+    def with_z(x):  # the interval posbias printed before: Agresti-Coull at the normal quantile
+        w, m0 = Z95 * Z95 / 2, len(x) + Z95 * Z95
+        if np.isin(x, (0.0, 1.0)).all():
+            return exact_ci(int(x.sum()), len(x))
+        m = (x.sum() + w) / m0
+        half = Z95 * math.sqrt(max(((x * x).sum() + w) / m0 - m * m, 0.0) / m0)
+        return m - half, m + half
+    assert _exact_average_coverage(with_z, 2, 3, 0.02) < 0.9
+    for k, n in ((2, 3), (2, 5), (3, 3), (3, 10), (5, 5)):
+        for p in (0.02, 0.05, 0.2, 0.5, 0.9, 0.98):
+            assert _exact_average_coverage(mean_ci, k, n, p) >= NOMINAL - 1e-9, (k, n, p)
+
+
 def test_the_gap_interval_holds_its_own_point():
     """The old interval could sit above its point (0.333 [0.333, 0.833]); the new one holds the observed gap."""
     rng = np.random.default_rng(0)

@@ -15,7 +15,9 @@ tests/test_statistics.py, docs/statistics.md).
   printed before, dips to 91% at n = 10, p = 0.05). `wilson_ci` stays for the callers that want Wilson's.
 - `mean_ci`: a mean of per-example values in [0, 1] (an average over slots, a share of items): Clopper-Pearson's
   interval for 0/1 values; for fractions Agresti-Coull's adjustment (z^2/2 pseudo-observations at 0 and at 1; Agresti & Coull
-  1998) with the augmented data's own variance. No interval is zero-width at n = 3.
+  1998) with the augmented data's own variance and Student's quantile on n - 1 degrees of freedom in place of z (with
+  z the exact coverage fell to 0.89 at n = 3 and 0.92 at n = 5 for averages over 2 slots; with t it is at least 0.96
+  over 2-5 slots, n = 3-20, accuracies 0.02-0.98, computed exactly by enumeration). No interval is zero-width at n = 3.
 - `diff_ci`: a mean of per-example differences in [-1, 1] (two slots or two methods on the same examples):
   Agresti & Min (2005)'s paired adjustment (half a pseudo-pair in each cell of the 2x2 table at 95%), its weight
   scaled with z^2 as Agresti-Coull's is (z^2/8 per cell: the Bonferroni levels of the gap need more), generalised to
@@ -96,14 +98,36 @@ def exact_ci(k: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
     return (lower, upper)
 
 
+@lru_cache(maxsize=256)
+def t_of(alpha: float, df: int) -> float:
+    """Student's two-sided quantile for level 1 - alpha on df degrees of freedom (bisection on the cdf, whose density
+    is integrated by Simpson's rule; numpy has no t distribution and scipy is not a dependency)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def tail(t: float) -> float:  # P(T > t) for t >= 0
+        u = np.linspace(0.0, t, 2001)
+        f = c * (1 + u * u / df) ** (-(df + 1) / 2)
+        return 0.5 - float((f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum()) * (u[1] - u[0]) / 3)
+    lo, hi = 0.0, 700.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tail(mid) > alpha / 2 else (lo, mid)
+    return (lo + hi) / 2
+
+
 def mean_ci(x: Sequence[float], z: float = Z95) -> tuple[float, float]:
     """Interval for the mean of per-example values in [0, 1]: Clopper-Pearson's for 0/1 values, else Agresti-Coull's
-    z^2/2 pseudo-observations at 0 and 1 with the variance of the augmented data."""
+    z^2/2 pseudo-observations at 0 and 1 with the variance of the augmented data, at Student's quantile on n - 1
+    degrees of freedom for the level z names (module docstring)."""
     x = np.asarray(x, dtype=float)
     if not len(x):
         return (float("nan"), float("nan"))
+    alpha = 2 * (1 - NormalDist().cdf(z))
     if np.isin(x, (0.0, 1.0)).all():
-        return exact_ci(int(x.sum()), len(x), 2 * (1 - NormalDist().cdf(z)))
+        return exact_ci(int(x.sum()), len(x), alpha)
+    if len(x) == 1:
+        return (0.0, 1.0)  # one example's fraction says nothing of its spread
+    z = t_of(round(alpha, 12), len(x) - 1)
     w = z * z / 2
     n = len(x) + 2 * w
     m = (x.sum() + w) / n
