@@ -14,21 +14,19 @@ piece of work, and sweep.json's "cost" record (docs/backends.md, "Cost and budge
             whose requests fill the backend's in-flight capacity, sent together) the spent USD plus the piece's
             estimate must stay within it, else `BudgetReached`: every scored row logged, no sweep.json (resumable).
 
-The sweep's own code (eval/sweep.py) reaches its `Meter` through `current_meter()`, set by run_sweep for the run.
+The sweep's run object (eval/sweep.py, `SweepRun`) holds its `Meter` and scores the pieces `Meter.pieces` gives.
 """
 
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Iterator
 
 from ..backends import Request
 from ..errors import PosbiasError
-from ..runs import RunFolder, is_main_process, num_processes
+from ..runs import is_main_process, num_processes
 from ..tasks import placement_key
 
 PER = 1_000_000  # prices are USD per 1M tokens
@@ -98,8 +96,8 @@ def _key(row: dict) -> tuple:
 
 class Meter:
     """One sweep's cost: `begin` before scoring (the estimate, printed; what the logged rows cost), `end` after (this
-    invocation's spent: `rec`, sweep.json's "cost", given prices, which `recorded` and `CostFolder` put in the
-    record). Off (counts and prints nothing) in process without prices.
+    invocation's spent: `rec`, sweep.json's "cost", given prices), and between them the pieces to score (`pieces`).
+    Off (counts and prints nothing) in process without prices.
     elsewhere: USD that runs sharing the budget spent before this one (a compare's earlier entries); handed: the
     keys of rows handed over, not scored here (compare's `scored`)."""
 
@@ -120,12 +118,11 @@ class Meter:
         meter.passes = passes
         return meter
 
-    def begin(self, scorer, rows: list, done_rows: list[dict]):
-        """Before scoring: the estimate (printed on stderr) and the rows already paid for -> the scorer to score with
-        (with a budget, a `Budgeted` one)."""
+    def begin(self, scorer, rows: list, done_rows: list[dict]) -> None:
+        """Before scoring: the estimate (printed on stderr) and the rows already paid for."""
         self.on = scorer.backend.caps.batching == "requests" or self.prices is not None
         if not self.on:
-            return scorer
+            return
         self.scorer, self.rows, self.est, self.counted = scorer, rows, {}, True
         view = scorer if scorer.backend.caps.batching == "requests" else _view(scorer)
         for r in rows:
@@ -140,7 +137,6 @@ class Meter:
         self.counters0 = dict(scorer.backend.counters())
         if self.left and is_main_process():  # (a resumed run with nothing left to score says nothing)
             print(self.line(), file=sys.stderr, flush=True)
-        return Budgeted(scorer, self) if self.budget is not None else scorer
 
     def scored(self, row: dict) -> Tokens:
         """A scored row's cost from its estimate: a generated answer that stopped before the limit, its own tokens
@@ -210,51 +206,36 @@ class Meter:
             out += f"; budget {usd(self.budget)}, {usd(self.elsewhere + self.before.usd(p))} spent before"
         return out
 
-    def recorded(self, res):
-        """A SweepResult with the record's "cost" (where the meter ran)."""
-        if self.rec is not None:
-            res.record["cost"] = self.rec
-        return res
+    def pieces(self, scorer, rows: list, method, done: set, out: list[dict]) -> Iterator[list]:
+        """What to score, in pieces: all the rows at once without a budget; with one, each piece only when the spent
+        cost (`out`: the rows scored so far, which the caller extends) plus its estimate stays within it. In process
+        the pieces are units of the one-call plan (each planned into the very same batches: identical numbers);
+        served, windows of rows whose requests fill the backend's in-flight capacity (each sent, then counted)."""
+        if self.budget is None or not self.on:
+            yield rows
+            return
+        yield from (self._units if scorer.loaded is not None else self._windows)(scorer, rows, method, done, out)
 
-
-class Budgeted:
-    """The scorer, scoring in pieces, each only when the spent cost plus its estimate stays within the budget. In
-    process the pieces are units of the one-call plan (each planned into the very same batches: identical numbers);
-    served, windows of rows whose requests fill the backend's in-flight capacity (each sent, then its cost counted)."""
-
-    def __init__(self, scorer, meter: Meter):
-        self.scorer, self.meter = scorer, meter
-
-    def __getattr__(self, name: str):
-        return getattr(self.scorer, name)
-
-    def score(self, rows: list, method=None, done: set | None = None, on_batch=None) -> list[dict]:
-        done, out = set(done or ()), []
-        pieces = self._units if self.scorer.loaded is not None else self._windows
-        for piece in pieces(rows, method, done, out):
-            out += self.scorer.score(piece, method, done, on_batch)
-        return out
-
-    def _units(self, rows: list, method, done: set, out: list[dict]) -> Iterator[list]:
-        for unit in self.scorer.units(rows, method):
+    def _units(self, scorer, rows: list, method, done: set, out: list[dict]) -> Iterator[list]:
+        for unit in scorer.units(rows, method):
             left = [rows[i] for i in unit if rows[i].key not in done]
-            if left and not self.meter.fits(total(self.meter.est[r.key] for r in left), self.meter.spent(out)):
-                self.meter.stop(out)
+            if left and not self.fits(total(self.est[r.key] for r in left), self.spent(out)):
+                self.stop(out)
             if left:
                 yield [rows[i] for i in unit]
 
-    def _windows(self, rows: list, method, done: set, out: list[dict]) -> Iterator[list]:
-        todo, cap = [r for r in rows if r.key not in done], in_flight(self.scorer.backend)
+    def _windows(self, scorer, rows: list, method, done: set, out: list[dict]) -> Iterator[list]:
+        todo, cap = [r for r in rows if r.key not in done], in_flight(scorer.backend)
         while todo:
-            window, cost, spent = [], Tokens(), self.meter.spent(out)  # nothing in flight: every reply is counted
+            window, cost, spent = [], Tokens(), self.spent(out)  # nothing in flight: every reply is counted
             for r in todo:
-                e = self.meter.est[r.key]
-                if window and cost.requests + e.requests > cap or not self.meter.fits(cost + e, spent):
+                e = self.est[r.key]
+                if window and cost.requests + e.requests > cap or not self.fits(cost + e, spent):
                     break
                 window.append(r)
                 cost = cost + e
             if not window:
-                self.meter.stop(out)
+                self.stop(out)
             yield window
             todo = todo[len(window):]
 
@@ -263,37 +244,6 @@ def in_flight(backend) -> int:
     """Requests a served backend keeps in flight: concurrency x batch (the openai backend), else IN_FLIGHT."""
     n = getattr(backend, "concurrency", None)
     return max(1, int(n) * int(getattr(backend, "batch", 1))) if n else IN_FLIGHT
-
-
-class CostFolder(RunFolder):
-    """A sweep's RunFolder whose result file gets the meter's "cost" record as it is written."""
-
-    def __init__(self, meter: Meter, *args, **kw):
-        super().__init__(*args, **kw)
-        self.meter = meter
-
-    def finish(self, record: dict, *args, **kw) -> None:
-        if self.meter.rec is not None:
-            record["cost"] = self.meter.rec
-        super().finish(record, *args, **kw)
-
-
-_CURRENT: ContextVar[Meter | None] = ContextVar("posbias_cost_meter", default=None)
-
-
-@contextmanager
-def metering(meter: Meter) -> Iterator[Meter]:
-    """`meter` is the run's (`current_meter()`) inside the block."""
-    token = _CURRENT.set(meter)
-    try:
-        yield meter
-    finally:
-        _CURRENT.reset(token)
-
-
-def current_meter() -> Meter:
-    """The running sweep's meter (an off one outside run_sweep)."""
-    return _CURRENT.get() or Meter()
 
 
 def spent_usd(record: dict) -> float:

@@ -15,7 +15,6 @@ rounds; rank 0 alone reads and writes the folder, and the result is the one-proc
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,17 +26,17 @@ from ..core.order import format_no_gold
 from ..core.stats import exact_ci
 from ..errors import PosbiasError
 from ..methods import Method, get_method
-from ..models.dtype import cpu_kind
 from ..models.load import Loaded
-from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, read_json, versions, write_json_atomic, write_jsonl_atomic
+from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, versions, write_jsonl_atomic
 from ..runs import progress as progress_bar
-from ..tasks import Placement, as_json, get_task, label, mode_of, mode_summary, placement_key, positions_spec
+from ..tasks import Placement, Task, as_json, get_task, label, mode_of, mode_summary, placement_key, positions_spec
 from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
-from .cost import BudgetReached, CostFolder, Meter, current_meter, metering
+from .cost import BudgetReached, Meter
 from .engines import get_engine
 from .judging import format_order, order_summary, write_flips
 from .scaleout import broadcast_rows, score_split, start_processes
 from .scorer import Scorer, in_row_order
+from .timing import Timing
 
 ROW_KEYS = ("example_id", "position", "correct")
 SWEEP_FILES = ("examples.jsonl", "curve.png", "heatmap.png", "order.png", "flips.jsonl", "timing.json", "sweep.partial.json")
@@ -132,35 +131,8 @@ def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, 
     scored: rows the unmodified model already gave on this configuration (compare hands the `none` entry's rows
     to the order decision rules, which leave the model as it is): they are logged, not scored again.
     spent: USD that runs sharing cfg.budget spent before this one (compare's earlier entries; eval/cost.py)."""
-    cfg = (cfg or SweepConfig()).validate()
-    method = get_method(cfg.method)  # parse (and read factor files) before loading anything
-    task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
-    method = method.for_task(task)  # a task-dependent default resolved once: the fingerprint records what runs
-    positions = task.placements(cfg.positions)
-    examples = task.examples(cfg.n, cfg.seed, cfg.skip)
-    calibration = preflight(cfg, method, task, positions)
-    scored = scored if method.reuses_unmodified else None
-    meter = Meter.of(cfg, spent, scored, method.passes)  # cost estimate, budget, record (eval/cost.py)
-    folder = CostFolder(meter, out, "sweep", "sweep.json", SWEEP_FILES)
-    folder.check(resume, overwrite)
-    if resume and out is not None and is_main_process():  # a row log a resume cannot read: refused before the model loads
-        JsonlLog(folder.file("examples.jsonl")).read(ROW_KEYS)
-    if loaded is None:  # what a served backend cannot do is refused before it starts
-        spec = cfg.spec
-        check_method(spec.caps, spec.backend, method)
-        get_engine(cfg.engine or task.default_engine).check(spec.caps, spec.backend, task)
-    start_processes()  # several processes: join their group first (each rank's own GPU)
-    backend = as_backend(loaded) if loaded is not None else open_backend(cfg.spec, cfg.dtype, cfg.device, progress,
-                                                                          cfg.device_map)
-    if loaded is not None:  # the run records (and titles) the model it ran, with its dtype and device
-        cfg = cfg.bound_to(backend.info)
-    try:
-        with metering(meter):
-            return meter.recorded(_run(cfg, out, backend, task, method, positions, examples, calibration, folder, resume,
-                                       overwrite, progress, scored))
-    finally:
-        if loaded is None:
-            backend.close()
+    return SweepRun.plan(cfg, out, resume=resume, overwrite=overwrite, progress=progress, scored=scored,
+                         spent=spent).run(loaded)
 
 
 def preflight(cfg: SweepConfig, method: Method, task, positions: list) -> list:
@@ -179,80 +151,191 @@ def preflight(cfg: SweepConfig, method: Method, task, positions: list) -> list:
     return task.examples(c, cfg.seed, cfg.skip + cfg.n) if c else []
 
 
-def _run(cfg, out, backend, task, method, positions, examples, calibration, folder, resume, overwrite,
-         progress, scored) -> SweepResult:
-    backend.check_method(method)
-    scorer = Scorer(backend, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch,
-                    cfg.prefix_sharing)
-    rows = scorer.rows(examples, positions) + scorer.rows(calibration, task.all_placements())
-    resolved = {**cfg.to_dict(), **scorer.settings(method), "positions_resolved": [as_json(p) for p in positions]}
-    resolved["model"] = spec_identity(cfg.model)  # less the transport keys (timeout=, ...): a resume may change them
-    fingerprint = {"config": resolved, "task": task.config(), "model": backend.info, "method": method.config()}
-    with folder.open(fingerprint, resume, overwrite):
-        log = JsonlLog(folder.file("examples.jsonl")) if out is not None else None
-        done_rows = _logged(folder, log, rows, scored)
-        timing = Timing(folder if out is not None else None, backend, folder.resuming)
-        new_rows = _score_kept(scorer, rows, method, done_rows, log, progress, f"{task.name} on {spec_label(cfg.model)}",
-                               timing)
+@dataclass
+class SweepRun:
+    """One sweep's parts in one object, its steps in the order `run` takes them: `plan` (the config, task, method,
+    placements, examples and calibration items resolved and checked, the cost meter and the run folder: nothing is
+    loaded), `open` (the backend and its scorer), `score` (the rows: resumed, handed over, scored, logged, priced and
+    budgeted by the meter), `summarise` (the decision rule's verdicts, the curve, the record, its cost once) and
+    `write` (plots, timing, sweep.json last). compare and grid run their entries through `run_sweep`."""
+
+    cfg: SweepConfig
+    task: Task
+    method: Method
+    positions: list
+    examples: list
+    calibration: list
+    meter: Meter
+    folder: RunFolder
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+    scored: list[dict] | None = None  # the unmodified model's rows, handed over (`run_sweep`)
+    backend: Backend | None = None
+    scorer: Scorer | None = None
+
+    @classmethod
+    def plan(cls, cfg: SweepConfig | None = None, out: str | Path | None = None, *, resume: bool = False,
+             overwrite: bool = False, progress: bool = True, scored: list[dict] | None = None,
+             spent: float = 0.0) -> "SweepRun":
+        """Everything a sweep checks before a model loads (a bad option, file or method is refused here)."""
+        cfg = (cfg or SweepConfig()).validate()
+        method = get_method(cfg.method)  # parse (and read factor files) before loading anything
+        task = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)
+        method = method.for_task(task)  # a task-dependent default resolved once: the fingerprint records what runs
+        positions = task.placements(cfg.positions)
+        examples = task.examples(cfg.n, cfg.seed, cfg.skip)
+        calibration = preflight(cfg, method, task, positions)
+        scored = scored if method.reuses_unmodified else None
+        meter = Meter.of(cfg, spent, scored, method.passes)  # cost estimate, budget, record (eval/cost.py)
+        folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)
+        folder.check(resume, overwrite)
+        if resume and out is not None and is_main_process():  # a row log a resume cannot read: refused here
+            JsonlLog(folder.file("examples.jsonl")).read(ROW_KEYS)
+        return cls(cfg, task, method, positions, examples, calibration, meter, folder, resume, overwrite, progress, scored)
+
+    def run(self, loaded: Loaded | Backend | None = None) -> SweepResult:
+        self.open(loaded)
+        try:
+            rows = self.scorer.rows(self.examples, self.positions) + self.scorer.rows(self.calibration,
+                                                                                       self.task.all_placements())
+            fingerprint = self.fingerprint()
+            with self.folder.open(fingerprint, self.resume, self.overwrite):
+                all_rows, timing = self.score(rows)
+                all_rows, record = self.summarise(all_rows, fingerprint, timing)
+                if self.folder.path is not None and is_main_process():
+                    self.write(record, timing, all_rows)
+            return SweepResult(fingerprint["config"], record["per_position"], record["summary"], all_rows, record,
+                               self.folder.path)
+        finally:
+            if loaded is None:
+                self.backend.close()
+
+    def open(self, loaded: Loaded | Backend | None) -> None:
+        """The backend (`loaded`, or opened from the spec after what it cannot do is refused) and its scorer."""
+        cfg = self.cfg
+        if loaded is None:  # what a served backend cannot do is refused before it starts
+            check_method(cfg.spec.caps, cfg.spec.backend, self.method)
+            get_engine(cfg.engine or self.task.default_engine).check(cfg.spec.caps, cfg.spec.backend, self.task)
+        start_processes()  # several processes: join their group first (each rank's own GPU)
+        self.backend = (as_backend(loaded) if loaded is not None
+                        else open_backend(cfg.spec, cfg.dtype, cfg.device, self.progress, cfg.device_map))
+        if loaded is not None:  # the run records (and titles) the model it ran, with its dtype and device
+            self.cfg = cfg.bound_to(self.backend.info)
+        self.backend.check_method(self.method)
+        self.scorer = Scorer(self.backend, self.task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens,
+                             cfg.max_batch, cfg.prefix_sharing)
+
+    def fingerprint(self) -> dict:
+        """run.json: the resolved config (what a resume compares), the task, the model and the method."""
+        resolved = {**self.cfg.to_dict(), **self.scorer.settings(self.method),
+                    "positions_resolved": [as_json(p) for p in self.positions]}
+        resolved["model"] = spec_identity(self.cfg.model)  # less the transport keys (timeout=, ...): a resume may change them
+        return {"config": resolved, "task": self.task.config(), "model": self.backend.info, "method": self.method.config()}
+
+    def score(self, rows: list) -> tuple[list[dict], Timing]:
+        """Every row, in row order: those the folder's log holds (resume), those handed over, and the rest scored
+        (logged as they come); counted in timing.json and priced by the meter (the estimate printed first, a budget
+        checked before each piece); a PosbiasError says how to go on (`with_resume_hint`)."""
+        log = JsonlLog(self.folder.file("examples.jsonl")) if self.folder.path is not None else None
+        done_rows = self._logged(log, rows)
+        timing = Timing(self.folder if log is not None else None, self.backend, self.folder.resuming)
+        try:
+            self.meter.begin(self.scorer, rows, done_rows)
+            new_rows = self._score(rows, done_rows, log, timing.tick)
+        except BudgetReached:  # every scored row is logged and no sweep.json written: resume with a larger budget
+            timing.save()
+            raise
+        except PosbiasError as e:
+            timing.save()
+            kept = len(log.read(ROW_KEYS)) if log is not None and is_main_process() else 0
+            raise with_resume_hint(e, kept, folder=log is not None) from None
+        except BaseException:  # an interrupt: what was spent is counted at the next resume
+            timing.save()
+            raise
+        timing.stop(len(new_rows))
+        self.meter.end(new_rows)
         all_rows = in_row_order(done_rows + new_rows, rows)
         if log is not None and is_main_process():  # served rows were logged as they completed: row order, atomically
             write_jsonl_atomic(log.path, all_rows)
-        all_rows, decision = _decide(method, all_rows, {e.id for e in examples}, task.n_slots)
-        ids = [e.id for e in examples]
-        per, summary = per_position_stats(all_rows, positions, ids, task.also)
+        return all_rows, timing
+
+    def _logged(self, log: JsonlLog | None, rows: list) -> list[dict]:
+        """The rows already in the folder's log (resume), and the handed-over rows it lacks (logged here)."""
+        done_rows = log.read(ROW_KEYS) if self.folder.resuming and log is not None and is_main_process() else []
+        if num_processes() > 1:  # every rank skips what rank 0's examples.jsonl holds
+            done_rows = broadcast_rows(done_rows)
+        if self.scored:  # the unmodified model's rows, handed over: logged here as if scored
+            have, want = {(r["example_id"], placement_key(r["position"])) for r in done_rows}, {r.key for r in rows}
+            given = [r for r in self.scored
+                     if (k := (r["example_id"], placement_key(r["position"]))) in want and k not in have]
+            if log is not None and is_main_process():
+                log.append(given)
+            done_rows = done_rows + given
+        return done_rows
+
+    def _score(self, rows: list, done_rows: list[dict], log: JsonlLog | None, counted) -> list[dict]:
+        done = {(r["example_id"], placement_key(r["position"])) for r in done_rows}
+        desc = f"{self.task.name} on {spec_label(self.cfg.model)}"
+        bar = progress_bar(len(rows), desc, "row", initial=len(done), enabled=self.progress)
+
+        def tick(n: int) -> None:
+            bar.update(n)
+            counted(n)
+
+        def on_batch(new: list[dict]) -> None:
+            if log is not None:
+                log.append(new)
+            tick(len(new))
+
+        try:
+            if num_processes() > 1:  # rows split by example across processes, gathered in rounds
+                return score_split(self.scorer, rows, self.method, done, log, tick)
+            out: list[dict] = []
+            for piece in self.meter.pieces(self.scorer, rows, self.method, done, out):  # one piece without a budget
+                out += self.scorer.score(piece, self.method, done, on_batch)
+            return out
+        finally:
+            bar.close()
+
+    def summarise(self, all_rows: list[dict], fingerprint: dict, timing: Timing) -> tuple[list[dict], dict]:
+        """The evaluated rows (a decision rule's verdicts) and the record sweep.json holds."""
+        task, ids = self.task, [e.id for e in self.examples]
+        all_rows, decision = _decide(self.method, all_rows, set(ids), task.n_slots)
+        per, summary = per_position_stats(all_rows, self.positions, ids, task.also)
         # what the curve measures, and what guessing scores (an order task: one over its options)
         summary.update(chance=task.chance, measure=task.score_name)
         generated = [r for r in all_rows if "cut" in r]
         if generated:  # answers the generation limit cut short (no stop before max_new_tokens)
             summary["cut"] = {"rows": sum(bool(r["cut"]) for r in generated), "of": len(generated),
-                              "max_new_tokens": scorer.max_new_tokens}
+                              "max_new_tokens": self.scorer.max_new_tokens}
         if task.order:  # the order of candidates: consistency, fairness, RStd, choice shares
-            summary["order"] = order_summary(all_rows, positions, ids, task.n_slots, gold=task.score_name == "accuracy")
+            summary["order"] = order_summary(all_rows, self.positions, ids, task.n_slots, gold=task.score_name == "accuracy")
         if decision:
             summary["decision"] = {k: v for k, v in decision.items() if k != "calibration_items"}
         record = {**fingerprint, "task_kind": task.kind, "versions": versions(), "per_position": per, "summary": summary,
                   **({"decision": decision} if decision else {})}
-        if backend.caps.batching == "requests":  # how requests went (totals over every invocation): not compared
-            record["backend"] = {"settings": backend.settings(), **timing.backend_record()}
-        if out is not None and is_main_process():
-            _write(folder, record, method, task.name, cfg, timing, all_rows)
-    return SweepResult(resolved, per, summary, all_rows, record, folder.path)
+        if self.backend.caps.batching == "requests":  # how requests went (totals over every invocation): not compared
+            record["backend"] = {"settings": self.backend.settings(), **timing.backend_record()}
+        if self.meter.rec is not None:  # what it cost (given prices)
+            record["cost"] = self.meter.rec
+        return all_rows, record
 
+    def write(self, record: dict, timing: Timing, rows: list[dict]) -> None:
+        """Plots, flips, timing.json, then sweep.json (its presence means complete)."""
+        from ..report.plots import plot_curve, plot_order, plot_pair_heatmap
 
-def _logged(folder: RunFolder, log: JsonlLog | None, rows: list, scored: list[dict] | None) -> list[dict]:
-    """The rows already in the folder's log (resume), and the handed-over `scored` rows it lacks (logged here)."""
-    done_rows = log.read(ROW_KEYS) if folder.resuming and log is not None and is_main_process() else []
-    if num_processes() > 1:  # every rank skips what rank 0's examples.jsonl holds
-        done_rows = broadcast_rows(done_rows)
-    if scored:  # the unmodified model's rows, handed over: logged here as if scored
-        have, want = {(r["example_id"], placement_key(r["position"])) for r in done_rows}, {r.key for r in rows}
-        given = [r for r in scored if (k := (r["example_id"], placement_key(r["position"]))) in want and k not in have]
-        if log is not None and is_main_process():
-            log.append(given)
-        done_rows = done_rows + given
-    return done_rows
-
-
-def _score_kept(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: JsonlLog | None, show: bool,
-                desc: str, timing: "Timing") -> list[dict]:
-    """`_score`, counted in `timing` (saved on a failure) and priced by the run's cost meter (eval/cost.py: the estimate
-    printed first, a budget checked before each piece); a PosbiasError says how to go on (`with_resume_hint`)."""
-    meter = current_meter()
-    try:
-        new_rows = _score(meter.begin(scorer, rows, done_rows), rows, method, done_rows, log, show, desc, timing.tick)
-    except BudgetReached:  # every scored row is logged and no sweep.json written: resume with a larger budget
+        folder, method = self.folder, self.method
+        label = "" if method.name == "none" else f", {method.label}"
+        title = f"{self.task.name} on {spec_label(self.cfg.model)}{label} (n={self.cfg.n}, {record['config']['engine']})"
+        plot_curve(record["per_position"], title, folder.file("curve.png"))
+        if "modes" in record["summary"]:  # two hops: accuracy over (first, second)
+            plot_pair_heatmap(record["per_position"], record["task"]["n_slots"], title, folder.file("heatmap.png"))
+        if "order" in record["summary"]:  # the order of candidates: the share each slot is chosen (and PriDe's prior)
+            plot_order(record["summary"], title, folder.file("order.png"))
+            write_flips(folder, record, rows)  # each item whose verdict the order changes, with its causes
         timing.save()
-        raise
-    except PosbiasError as e:
-        timing.save()
-        kept = len(log.read(ROW_KEYS)) if log is not None and is_main_process() else 0
-        raise with_resume_hint(e, kept, folder=log is not None) from None
-    except BaseException:  # an interrupt: what was spent is counted at the next resume
-        timing.save()
-        raise
-    timing.stop(len(new_rows))
-    meter.end(new_rows)
-    return new_rows
+        folder.finish(record)  # last: its presence means "complete"
 
 
 def with_resume_hint(e: PosbiasError, kept: int, folder: bool | None = None) -> PosbiasError:
@@ -273,97 +356,10 @@ def with_resume_hint(e: PosbiasError, kept: int, folder: bool | None = None) -> 
     return hinted
 
 
-class Timing:
-    """timing.json: this invocation's scoring seconds, rows and backend counters ("this_run") beside their totals over
-    every invocation (resume: added to the folder's); saved every EVERY seconds of scoring, on a failure, at the end."""
-
-    EVERY = 5.0
-
-    def __init__(self, folder: RunFolder | None, backend: Backend, resuming: bool):
-        self.path = folder.file("timing.json") if folder is not None and is_main_process() else None
-        self.prev = _previous_totals(self.path) if resuming and self.path is not None else {}
-        self.backend, self.rows, self.seconds, self.t0 = backend, 0, None, time.perf_counter()
-        self.saved = self.t0
-
-    def tick(self, n: int) -> None:
-        self.rows += n
-        if time.perf_counter() - self.saved > self.EVERY:
-            self.save()
-
-    def stop(self, rows: int) -> None:
-        self.rows, self.seconds = rows, time.perf_counter() - self.t0
-
-    def record(self) -> dict:
-        seconds = self.seconds if self.seconds is not None else time.perf_counter() - self.t0
-        this = {"seconds": seconds, "rows": self.rows, **self.backend.counters()}
-        totals = {k: self.prev.get(k, 0) + this.get(k, 0) for k in {**this, **self.prev} if k != "invocations"}
-        return {**totals, "invocations": int(self.prev.get("invocations", 0)) + 1, "this_run": this,
-                "seconds_this_run": seconds, "rows_this_run": self.rows, "cpu": cpu_kind().describe()}
-
-    def backend_record(self) -> dict:  # record["backend"]'s counters: the totals, and this invocation's own
-        rec, names = self.record(), list(self.backend.counters())
-        return {"counters": {k: rec[k] for k in names}, "this_run": {k: rec["this_run"][k] for k in names}}
-
-    def save(self) -> None:
-        if self.path is not None:
-            write_json_atomic(self.path, self.record(), indent=2)
-            self.saved = time.perf_counter()
-
-
-def _previous_totals(path) -> dict:
-    """The totals a folder's timing.json holds (an older one, of one invocation: its figures); {} if none."""
-    try:
-        old = read_json(path, "timing record") if path.is_file() else {}
-    except PosbiasError:  # unreadable: counting starts again
-        return {}
-    totals = {k: v for k, v in old.items() if type(v) in (int, float) and not k.endswith("_this_run")}
-    if "seconds" not in old:  # written before totals were kept
-        totals.update(seconds=old.get("seconds_this_run", 0), rows=old.get("rows_this_run", 0), invocations=1)
-    return totals
-
-
 def _decide(method: Method, rows: list[dict], evaluated: set, k: int) -> tuple[list[dict], dict | None]:
     """The evaluated rows (a decision rule's verdicts on them, from every order and its calibration rows)."""
     mine = [r for r in rows if r["example_id"] in evaluated]
     return method.decide(mine, [r for r in rows if r["example_id"] not in evaluated], k)
-
-
-def _score(scorer: Scorer, rows, method: Method, done_rows: list[dict], log: JsonlLog | None, show: bool,
-           desc: str, counted=lambda n: None) -> list[dict]:
-    done = {(r["example_id"], placement_key(r["position"])) for r in done_rows}
-    bar = progress_bar(len(rows), desc, "row", initial=len(done), enabled=show)
-
-    def tick(n: int) -> None:
-        bar.update(n)
-        counted(n)
-
-    def on_batch(new: list[dict]) -> None:
-        if log is not None:
-            log.append(new)
-        tick(len(new))
-
-    try:
-        if num_processes() > 1:  # rows split by example across processes, gathered in rounds
-            return score_split(scorer, rows, method, done, log, tick)
-        return scorer.score(rows, method, done, on_batch)
-    finally:
-        bar.close()
-
-
-def _write(folder: RunFolder, record: dict, method: Method, task_name: str, cfg: SweepConfig, timing: Timing,
-           rows: list[dict]) -> None:
-    from ..report.plots import plot_curve, plot_order, plot_pair_heatmap
-
-    label = "" if method.name == "none" else f", {method.label}"
-    title = f"{task_name} on {spec_label(cfg.model)}{label} (n={cfg.n}, {record['config']['engine']})"
-    plot_curve(record["per_position"], title, folder.file("curve.png"))
-    if "modes" in record["summary"]:  # two hops: accuracy over (first, second)
-        plot_pair_heatmap(record["per_position"], record["task"]["n_slots"], title, folder.file("heatmap.png"))
-    if "order" in record["summary"]:  # the order of candidates: the share each slot is chosen (and PriDe's prior)
-        plot_order(record["summary"], title, folder.file("order.png"))
-        write_flips(folder, record, rows)  # each item whose verdict the order changes, with its causes
-    timing.save()
-    folder.finish(record)  # last: its presence means "complete"
 
 
 def format_table(per: list[dict], summary: dict) -> str:
