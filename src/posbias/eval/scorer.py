@@ -203,7 +203,7 @@ class Scorer:
                 for idx in plan_batches(costs, self.batch_tokens, self.max_batch):
                     batch = [rows[i] for i in idx]
                     if not all(r.key in done for r in batch):
-                        active.set_rows(batch, self)
+                        active.set_rows(batch, _Prompts(self))
                         emit(batch, self.engine.score(self, batch, active))
 
     def item_attention(self, prompts: list[Prompt]) -> list[list[float]]:
@@ -332,6 +332,15 @@ def in_row_order(results: list[dict], rows: list[Encoded]) -> list[dict]:
     """Result dicts in the order of `rows` (example-major, as `Scorer.rows` builds them); one of no row goes last."""
     order = {r.key: i for i, r in enumerate(rows)}
     return sorted(results, key=lambda d: order.get((d["example_id"], placement_key(d["position"])), len(order)))
+
+
+class _Prompts:
+    """The Scorer as a method's active hooks see it (methods/base.py `PromptReader`): the task, the chat setting, and
+    the items' attention and spans."""
+
+    def __init__(self, scorer: Scorer):
+        self.task, self.chat = scorer.task, scorer.chat
+        self.item_attention, self.item_spans = scorer.item_attention, scorer.item_spans
 
 
 class _Reading:

@@ -44,9 +44,22 @@ class Active:
         """Before a teacher-forced forward of prompt + answer: cols[i] is the column of row i's last
         prompt token (an input-dependent method such as Ms-PoE measures there, as generation would)."""
 
-    def set_rows(self, rows, scorer=None) -> None:
-        """Before each batch is scored: the batch's rows (eval.encode.Encoded) and the Scorer (its item_attention
-        and item_spans), for a method that reads the prompts (attention calibration measures each item first)."""
+    def set_rows(self, rows, reader: "PromptReader | None" = None) -> None:
+        """Before each batch is scored: the batch's rows (eval.encode.Encoded) and what the Scorer can say about their
+        prompts (`PromptReader`), for a method that reads them (attention calibration measures each item first)."""
+
+
+class PromptReader(Protocol):
+    """What a method's active hooks (`Active.set_rows`) may ask of the Scorer about a batch's prompts."""
+
+    task: Task
+    chat: Any  # the chat setting the prompts are encoded with
+
+    def item_attention(self, prompts: list[Prompt]) -> list[list[float]]:
+        """Each item's attention from the last prompt token, on the model as it is (eval/relevance.py)."""
+
+    def item_spans(self, prompt: Prompt) -> Any:
+        """Which prompt tokens belong to each item, as the Scorer encodes the prompt (eval/spans.py)."""
 
 
 class Reader(Protocol):
