@@ -32,7 +32,7 @@ def _options(tmp_path) -> dict[str, tuple[str, dict]]:
                               "context": "needle", "answer_prefix": "The answer is"}),
             "niah+keys": ("niah", {"keys": 3}), "niah+values": ("niah", {"values": 2}),
             "niah+queries": ("niah", {"queries": 2}),
-            "kv-lookup": ("kv-lookup", {"facts": 7, "digits": 4}), "kv-uuid": ("kv-uuid", {"pairs": 12}),
+            "kv-lookup": ("kv-lookup", {"facts": 7, "digits": 4}), "kv-uuid": ("kv-uuid", {"pairs": 12, "source": "generate"}),
             "nq": ("nq", {"docs": 20, "answers": "first", "question": "both"}),
             "jsonl": (f"jsonl:{qa}", {"answers": "first", "question": "both"}),
             "jsonl+hops": (f"jsonl:{hops}", {"prompt": "coc"}),

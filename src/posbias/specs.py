@@ -14,6 +14,9 @@ Grammar of the part after `NAME:`:
   key is refused in one line that says which keys there are;
 - a method or task argument is read as pairs only when one of its comma items starts with `key=` (a bare
   identifier then `=`); any other argument is the class's own short form (`pi:1.2`, `jsonl:PATH`), as before.
+
+What a key means is written once, as a `name: text` entry of the docstring of what takes it (`doc_entries`): a
+config's fields (eval/config.py `field_docs`, the CLI's help) and a task builder's options (tasks/registry.py).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any, Callable
 
 from .errors import PosbiasError
 
+_ENTRY = re.compile(r"([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*): (.*)")
 _KEY = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*=")
 _RANGE = re.compile(r"(\d+)-(\d+)")
 _TRUE, _FALSE, _NULL = ("true", "yes", "on", "1"), ("false", "no", "off", "0"), ("none", "null")
@@ -92,6 +96,27 @@ def parameters(fn: Callable, skip: tuple[str, ...] = ()) -> dict[str, Param]:
     return {name: Param(hints.get(name), p.default is inspect.Parameter.empty)
             for name, p in inspect.signature(fn).parameters.items()
             if name not in skip and name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def doc_entries(obj: Any) -> list[tuple[list[str], str]]:
+    """The `name: text` entries of the docstring of `obj` (a class's own, not a base's; a function's), in order:
+    (names, text), continuation lines joined.
+
+    An entry starts at the docstring's left margin with one field name (or several, comma-separated, for a
+    reference such as "model, dtype: see `ModelChoice`") and a colon; more-indented lines continue it; a blank
+    line or the next line at the margin ends it."""
+    doc = obj.__dict__.get("__doc__") if isinstance(obj, type) else getattr(obj, "__doc__", None)
+    entries: list[tuple[list[str], str]] = []
+    open_entry = False
+    for line in inspect.cleandoc(doc or "").splitlines():
+        m = _ENTRY.fullmatch(line)
+        if m:
+            entries.append((m[1].split(", "), m[2].strip()))
+        elif open_entry and line.startswith(" ") and line.strip():
+            names, text = entries[-1]
+            entries[-1] = (names, f"{text} {line.strip()}")
+        open_entry = bool(m) or (open_entry and line.startswith(" ") and bool(line.strip()))
+    return entries
 
 
 def bind(pairs: dict[str, list[str]], params: dict[str, Param], what: str, example: str) -> dict:

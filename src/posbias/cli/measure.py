@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
+from types import UnionType
 from typing import Optional
 
 import typer
@@ -27,6 +29,7 @@ from .options import (
     placements,
     run_kwargs,
     task_fields,
+    task_flag,
     uses,
 )
 
@@ -106,12 +109,25 @@ def _origin(registry, name: str) -> str:
     return "" if origin == "posbias" else f" [{origin}]"
 
 
+def _type_name(annotation) -> str:
+    """An option's type as `posbias tasks` shows it: `int`, `str` (None left out of a union; untyped: any)."""
+    if annotation is None:
+        return "any"
+    choices = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, UnionType) else (annotation,)
+    return " | ".join(getattr(c, "__name__", str(c)) for c in choices if c is not type(None))
+
+
 def tasks() -> None:
-    """List the tasks (and where each came from) and the JSONL schema for your own data."""
+    """List the tasks (and where each came from) with their options (type, default, doc, from each task's builder),
+    and the JSONL schema for your own data."""
     for name, entry in TASKS.items():
         typer.echo(f"{entry.usage(name):12s} {entry.description}{_origin(TASKS, name)}")
-    typer.echo("\nThe options go as flags (--facts 20 --digits 4) or in the spec as key=value pairs: "
-               "--task kv-lookup:facts=20,digits=4, --task jsonl:PATH,answers=first")
+        for o, opt in entry.options.items():
+            flag = f"{task_flag(o)}, " if task_flag(o) != "--" + o.replace("_", "-") else ""
+            default = f", default {opt.default}" if opt.default is not None else ""
+            typer.echo(f"  {o} ({flag}{_type_name(opt.type)}{default}): {opt.doc}")
+    typer.echo("\nThe options go as flags (--facts 20 --digits 4, --answer-prefix for answer_prefix) or in the spec as "
+               "key=value pairs: --task kv-lookup:facts=20,digits=4, --task jsonl:PATH,answers=first")
     typer.echo("\njsonl:PATH schema\n" + JSONL_SCHEMA)
     typer.echo("\njudge:PATH and mc:PATH schemas (order tasks)\n" + ORDER_SCHEMAS)
 

@@ -12,8 +12,9 @@ own heading.
 
 Help is written once. An option that sets a config field takes its help from the field's doc (`field_docs`:
 the `name: text` entries of the config's docstring) and its default from the field: a group's `Opt()` reads
-the command's config, `field_option` names the config and field for an option of one command. Only the
-options with no config field (CLI_HELP, the task options, a command's own) write their help here or beside
+the command's config, `field_option` names the config and field for an option of one command. The task options
+come from the task registry (`task_options`: each task's builder declares its options, their types, defaults
+and docs). Only the options with no config field (CLI_HELP, a command's own) write their help here or beside
 their command. tests/test_cli_help.py checks all three.
 """
 
@@ -101,6 +102,11 @@ def uses(config: type, *groups: Group) -> Callable:
         own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in inspect.signature(fn).parameters.values()
                if p.name not in names]
         params = own + [p for g in groups for p in g.parameters()]
+        declared = [p.name for p in params]
+        twice = sorted({n for n in declared if declared.count(n) > 1})
+        if twice:  # a task option (generated from the registry) named like another option of the command
+            raise PosbiasError(f"posbias {fn.__name__.replace('_', ' ')}: options {', '.join(twice)} are declared twice",
+                               "rename the task option (a parameter of the task's builder)")
 
         @functools.wraps(fn)
         def command(**kw: Any) -> Any:
@@ -193,52 +199,61 @@ MODEL = Group(
     model=Opt(), dtype=Opt(), device=Opt(), chat=Opt(), device_map=Opt(type=Optional[str]),
 )
 
+# The task options are generated from the task registry (`task_options`); the CLI adds only its own facts: the flag
+# of an option whose flag is not --NAME, and what --pairs also means.
+TASK_FLAGS = {"template": ("--judge-template",)}  # named so since it was added: a template of the judge's prompt
+PAIRS_ALSO = ("; two-hop tasks: where the hops go, connected,disconnected,reversed | 0:1,5:13 | grid | all (like "
+              "--positions)")
+
+
+def task_options(tasks: dict) -> dict[str, Opt]:
+    """One option per task option name across `tasks` (name -> TaskEntry), in the registry's order: its help
+    "TASK, TASK: doc (default D)" joined over the tasks that take it (the tasks with the same doc together, each
+    with its own default where theirs differ), its type int where every task declares an int, else str (a value is
+    converted to the chosen task's type: `task_fields`), unset by default (the task's default). --pairs is text,
+    also the two hops' placements."""
+    takers: dict[str, dict[str, list]] = {}  # option -> doc -> [(task, default, type)]
+    for task, entry in tasks.items():
+        for o, opt in entry.options.items():
+            takers.setdefault(o, {}).setdefault(opt.doc, []).append((entry.usage(task), opt.default, opt.type))
+    out = {}
+    for o, docs in takers.items():
+        text = "; ".join(_doc_of(doc, ts) for doc, ts in docs.items())
+        int_only = all(t in (int, Optional[int]) for ts in docs.values() for _, _, t in ts) and o != "pairs"
+        out[o] = Opt(None, text + (PAIRS_ALSO if o == "pairs" else ""), Optional[int if int_only else str],
+                     TASK_FLAGS.get(o, ()))
+    return out
+
+
+def _doc_of(doc: str, tasks: list[tuple[str, Any, Any]]) -> str:
+    """"TASK, TASK: doc (default D)", or "TASK (default D), TASK (default E): doc" where the defaults differ."""
+    defaults = {repr(d) for _, d, _ in tasks}
+    if len(defaults) == 1:
+        d = tasks[0][1]
+        return f"{', '.join(t for t, _, _ in tasks)}: {doc}" + (f" (default {d})" if d is not None else "")
+    return ", ".join(t + (f" (default {d})" if d is not None else "") for t, d, _ in tasks) + f": {doc}"
+
+
+def task_flag(name: str) -> str:
+    """The CLI flag of a task option: --NAME-WITH-DASHES, or its TASK_FLAGS entry."""
+    return TASK_FLAGS.get(name, ("--" + name.replace("_", "-"),))[0]
+
+
+def task_table() -> str:
+    """docs/cli.md's table of the task options, generated from posbias's own tasks (plugins' left out): one row per
+    option, its flag and help. tests/test_task_options.py compares it with the doc; print it to regenerate that."""
+    own = {n: e for n, e in TASKS.items() if TASKS.origins.get(n) == "posbias"}
+    rows = [f"| `{task_flag(k)}` | " + o.help.replace("|", "\\|") + " |" for k, o in task_options(own).items()]
+    return "\n".join(["| option | tasks: meaning |", "|---|---|", *rows])
+
+
 TASK = Group(
     "task", "Task",
     task=Opt(values=task_values),
-    facts=Opt(None, "kv-lookup: number of facts (default 10)", Optional[int]),
-    digits=Opt(None, "kv-lookup: digits per key/value (default 6)", Optional[int]),
-    docs=Opt(None, "nq: 10 or 20 documents (default 10)", Optional[int]),
-    pairs=Opt(None, "kv-uuid: key-value pairs (75/140 read the shared files; default 75); two-hop tasks: where the hops "
-                    "go, connected,disconnected,reversed | 0:1,5:13 | grid | all (like --positions)", Optional[str]),
-    answers=Opt(None, "nq/jsonl: all | first (only the 1st gold answer counts)", Optional[str]),
-    question=Opt(None, "nq/jsonl: where the question goes, after the documents (the study's prompt; default) | both "
-                       "(before and after: query-aware contextualisation)", Optional[str]),
-    style=Opt(None, "kv-2hop: direct (teacher-forced answer; default) | cot (chain of thought, EM after 'The answer is:')",
-              Optional[str]),
-    prompt=Opt(None, "musique/two-hop jsonl: reasoning (the paper's template; default) | coc (Chain-of-Citation)",
-               Optional[str]),
-    options=Opt(None, "order tasks: candidates per item (judge default 2, mc default 4; 2..10)", Optional[int]),
-    labels=Opt(None, "order tasks: option labels, letters (A, B, ...; default) | digits (1, 2, ...); on mc:PATH they "
-                     "replace the file's own", Optional[str]),
-    ask=Opt(None, "judge tasks: the judge's question, correct (which answer is correct; judge-nq/judge-kv default) | "
-                  "preference (which is better, MT-Bench style; judge:PATH default)", Optional[str]),
-    template=Opt(None, "judge tasks: your own judge prompt instead of --ask, a .txt file (the prompt) or .json "
-                       "(prompt, prompt_with_context, answer_prefix, labels) with {question} {answer_a} {answer_b} and "
-                       "optional {label_a} {label_b} {context} (docs/order-bias.md); its name and sha256 are recorded",
-                 Optional[str], ("--judge-template",)),
-    ties=Opt(None, "judge:PATH: lines whose 'preferred' is null or \"tie\", refuse (default) | drop (left out, counted)",
-             Optional[str]),
-    reference=Opt(None, "judge-nq/mc-nq: show the gold passage, yes (default) | no (closed book)", Optional[str]),
-    tokens=Opt(None, "niah: the prompt's length in the model's tokens (default 2048; the grid sets it from --lengths)",
-               Optional[int]),
-    needle=Opt(None, "niah: kv (RULER's magic number; default) | nq (an NQ gold passage) | nq-sentence (its "
-                     "answer-bearing sentences) | PATH (JSONL of needle, question, answers)", Optional[str]),
-    haystack=Opt(None, "niah: nq (Wikipedia passages of the shared NQ files; default) | PATH (a text file or a folder "
-                       "of .txt/.md files)", Optional[str]),
-    keys=Opt(None, "niah: needles of the same form, the gold one and keys-1 distractors (multi-key; default 1)",
-             Optional[int]),
-    values=Opt(None, "niah: values of the one key, all asked (multi-value; default 1; engine generate)", Optional[int]),
-    queries=Opt(None, "niah: keys asked at once, all to be answered (multi-query; default 1; engine generate)",
-                Optional[int]),
-    overlap=Opt(None, "niah: any (default) | none (only needles sharing no content word with the question, NoLiMa)",
-                Optional[str]),
-    context=Opt(None, "niah: full (default) | needle (the needles alone) | none (closed book)", Optional[str]),
-    answer_prefix=Opt(None, "niah: the text the reply starts with, for needles without their own \"answer_prefix\" "
-                            "(nq, nq-sentence, a file's lines); teacher forcing needs one (without: engine generate)",
-                      Optional[str]),
+    **task_options(TASKS),
     data_dir=Opt(type=Optional[Path]),
 )
+TASK_OPTIONS = tuple(k for k in TASK.opts if k not in ("task", "data_dir"))  # the registry's, plugins' included
 
 SPLIT = Group("split", "Examples", n=Opt(type=int), seed=Opt(type=int), skip=Opt(type=int))
 
@@ -272,15 +287,18 @@ RUN = Group(
 
 
 def task_fields(a: Args) -> dict:
-    """TaskChoice fields of a library config from the TASK group (--pairs only where it is the kv-uuid count)."""
-    opts = {k: getattr(a, k) for k in ("facts", "digits", "docs", "answers", "question", "style", "prompt", "options",
-                                       "labels", "ask", "template", "ties", "reference", "tokens", "needle", "haystack", "keys",
-                                       "values", "queries", "overlap", "context", "answer_prefix")}
-    if a.pairs is not None and "pairs" in getattr(TASKS.get(a.task.partition(":")[0]), "options", ()):
-        try:
-            opts["pairs"] = int(a.pairs)
-        except ValueError:
-            raise PosbiasError(f"kv-uuid takes a number of pairs, got `pairs={a.pairs}`", "e.g. `pairs=75`") from None
+    """TaskChoice fields of a library config from the TASK group: each task option given, converted to the type the
+    chosen task declares (`--pairs 75` on kv-uuid an int; a bad value refused in one line); --pairs only where it
+    is the task's own option (else it names the two hops' placements: `placements`). An option the task does not
+    take is passed on, for the task's own refusal."""
+    name = (a.task or "").partition(":")[0]
+    entry = TASKS.get(name)
+    own = entry.options if entry is not None else {}
+    opts = {}
+    for k in TASK_OPTIONS:
+        v = getattr(a, k)
+        if v is not None and (k in own or k != "pairs"):
+            opts[k] = entry.value(name, k, v) if k in own else v
     return {"task": a.task, "task_options": {k: v for k, v in opts.items() if v is not None},
             "data_dir": str(a.data_dir) if a.data_dir else None}
 

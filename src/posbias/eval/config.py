@@ -4,8 +4,6 @@ loading anything, so bad input fails before a model loads or a file is written."
 
 from __future__ import annotations
 
-import inspect
-import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -13,6 +11,7 @@ from ..backends import ModelSpec, parse_spec
 from ..errors import PosbiasError
 from ..models.dtype import DTYPE_CHOICES
 from ..models.load import DEFAULT_MODEL, DEVICES, check_device_map
+from ..specs import doc_entries
 from ..tasks import Task, split_task
 from .encode import BATCH_TOKENS, MAX_BATCH
 from .engines import ENGINES
@@ -218,28 +217,6 @@ def config_dict(cfg) -> dict:
     one marked record="never" (NOT_RECORDED: the `Cost` fields) never)."""
     return {f.name: plain(getattr(cfg, f.name)) for f in fields(cfg) if f.metadata.get("record") != "never"
             and not (f.metadata.get("record") == "if set" and getattr(cfg, f.name) is None)}
-
-
-_ENTRY = re.compile(r"([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*): (.*)")
-
-
-def doc_entries(cls: type) -> list[tuple[list[str], str]]:
-    """The `name: text` entries of `cls`'s own docstring, in order: (names, text), continuation lines joined.
-
-    An entry starts at the docstring's left margin with one field name (or several, comma-separated, for a
-    reference such as "model, dtype: see `ModelChoice`") and a colon; more-indented lines continue it; a blank
-    line or the next line at the margin ends it."""
-    entries: list[tuple[list[str], str]] = []
-    open_entry = False
-    for line in inspect.cleandoc(cls.__dict__.get("__doc__") or "").splitlines():
-        m = _ENTRY.fullmatch(line)
-        if m:
-            entries.append((m[1].split(", "), m[2].strip()))
-        elif open_entry and line.startswith(" ") and line.strip():
-            names, text = entries[-1]
-            entries[-1] = (names, f"{text} {line.strip()}")
-        open_entry = bool(m) or (open_entry and line.startswith(" ") and bool(line.strip()))
-    return entries
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -98,7 +98,14 @@ class DocQA(RecordsTask):
 
 
 def nq_task(docs: int = 10, data_dir: str | Path | None = None, answers: str = "all", question: str = "after") -> DocQA:
-    """NQ-open, 10 or 20 documents: gold (ctxs[0]) plus the first docs-1 distractors."""
+    """NQ-open, 10 or 20 documents: gold (ctxs[0]) plus the first docs-1 distractors.
+
+    docs: 10 or 20 documents, the gold one and the first 9 or 19 distractors
+    answers: all (every accepted answer counts) | first (only the first: teacher forcing then scores one sequence
+      per prompt, a cheaper search fitness; not for reported tables)
+    question: where the question goes, after the documents (the study's prompt) | both (before and after them:
+      query-aware contextualisation)
+    """
     if docs not in (10, 20):
         raise PosbiasError(f"nq has 10 or 20 documents, not {docs}", "use `docs=10` or `docs=20`")
     path = Path(data_dir or shared_data_dir()) / "nq" / "nq-open-20docs-gold_at_0.jsonl.gz"
@@ -137,7 +144,11 @@ Every line must have the same number of documents and the same kind of gold."""
 def jsonl_task(path: str | Path, answers: str = "all", prompt: str | None = None,
                question: str | None = None) -> DocQA | TwoHopQA:
     """The user's own data in the schema above (types checked field by field): multi-document QA, or two-hop
-    reasoning when "gold" is a pair [first hop, second hop] (then `prompt`: reasoning | coc)."""
+    reasoning when "gold" is a pair [first hop, second hop].
+
+    answers, question: see `nq_task`
+    prompt: two-hop data only, reasoning (the paper's template; unset: this) | coc (Chain-of-Citation)
+    """
     records: list[QAExample | HopExample] = []
     first_line: dict[str, int] = {}  # id -> the line that gave it first
     for lineno, r in read_jsonl(path):

@@ -82,7 +82,20 @@ class NiahExample:
 
 
 class Haystack(Task):
-    """A needle (or several) at a depth percent of a natural haystack of `tokens` tokens (module docstring)."""
+    """A needle (or several) at a depth percent of a natural haystack of `tokens` tokens (module docstring).
+
+    tokens: the prompt's length in the model's tokens (a depth x length grid sets it)
+    needle: kv (RULER's magic number) | nq (an NQ gold passage) | nq-sentence (its answer-bearing sentences) | PATH
+      (a JSONL file of needle, question, answers: one example per line, repeat a line for more)
+    haystack: nq (Wikipedia passages of the shared NQ files) | PATH (a text file or a folder of .txt/.md files)
+    keys: needles of the same form, the gold one and keys-1 distractors (multi-key), 1 to 16
+    values: values of the one key, all asked (multi-value; engine generate), 1 to 16
+    queries: keys asked at once, all to be answered (multi-query; engine generate), 1 to 16
+    overlap: any | none (only needles sharing no content word with the question, NoLiMa)
+    context: full | needle (the needles alone) | none (closed book)
+    answer_prefix: the text the reply starts with, for needles without their own "answer_prefix" (nq, nq-sentence,
+      a file's lines); teacher forcing needs one (without: the answer is generated)
+    """
 
     lists_items = False  # the needle's depth is a place in one text, not one of several items
 

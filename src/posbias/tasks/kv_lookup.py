@@ -22,6 +22,9 @@ class KVLookup(FactsTask):
     Each example draws n_facts distinct keys and values with `digits` digits (no
     leading zero) and asks for one of them. Moving the gold fact keeps the other facts
     in their order, so every position sees exactly the same facts and question.
+
+    facts: the number of facts, one per slot
+    digits: digits per key and value, 2 to 12
     """
 
     name = "kv-lookup"

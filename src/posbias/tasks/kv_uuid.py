@@ -38,7 +38,11 @@ class KVRecords:
 
 class KVUUID(Task):
     """UUID key-value retrieval. pairs=75 or 140 reads the shared files (500 examples each);
-    any other number (or source='generate') draws seeded random UUIDs."""
+    any other number (or source='generate') draws seeded random UUIDs.
+
+    pairs: key-value pairs per example (75 and 140 read the shared files; other counts are drawn from the seed)
+    source: auto (the shared files for 75 or 140 pairs, else drawn) | file | generate (seeded random UUIDs)
+    """
 
     name = "kv-uuid"
     metric = "substring"

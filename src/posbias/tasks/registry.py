@@ -3,7 +3,14 @@
     get_task("kv-lookup", facts=20)        get_task("jsonl:my.jsonl", answers="first")
     get_task("kv-lookup:facts=20")         get_task("jsonl:my.jsonl,answers=first")   the same, options in the spec
     get_task(MyTask())                      a Task object is used as it is
-    register_task("my-task", lambda arg, data_dir, **o: MyTask(**o), "what it is", options={"size": int})
+    register_task("my-task", MyTask, "what it is")
+
+A task is registered with its builder, a Task class or a function that returns a Task, and the builder is the one
+place its options are declared: each parameter is an option, its annotation the option's type, its default the
+task's default and its docstring's `name: text` entry the option's doc (a class's or its bases', the nearest
+first; "see `NAME`" takes the entry of NAME, a builder of its module). The registry supplies two parameters: the
+data folder to one named `data_dir`, and to a task registered with `arg="PATH"` the part after ':' to the one named
+`path`. The CLI's task options, `posbias tasks` and docs/cli.md's task table are generated from these.
 
 A spec's options are key=value pairs (posbias/specs.py) after the name, or after a task's PATH (`path=PATH` works
 too); they join the options given as arguments, and a key given both ways with different values is refused.
@@ -12,34 +19,46 @@ too); they join the options given as arguments, and a key given both ways with d
 
 from __future__ import annotations
 
+import inspect
+import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import PosbiasError
 from ..registry import Registry
-from ..specs import Param, bind, is_pairs, split_pairs
+from ..specs import Param, bind, convert, doc_entries, is_pairs, parameters, split_pairs
 from .base import Task
 from .docqa import jsonl_task, nq_task
 from .haystack import Haystack
 from .kv_lookup import KVLookup
 from .kv_uuid import KVUUID
-from .order import kv_order_task, nq_order_task
-from .order_files import order_file_task
+from .order_builders import judge_file, judge_kv, judge_nq, mc_file, mc_kv, mc_nq
 from .twohop import KV2Hop, musique_task
 
 
 @dataclass(frozen=True)
+class TaskOption:
+    """One option of a task, read off its builder: the parameter's annotation (None: untyped), default and doc."""
+
+    type: Any
+    default: Any
+    doc: str
+
+
+@dataclass(frozen=True)
 class TaskEntry:
-    """How to build one family of tasks: build(arg, data_dir, **options) -> Task."""
+    """How to build one family of tasks: `build` (a Task class or a function) called with the options, and with
+    the PATH and the data folder where it takes them (`make`)."""
 
     build: Callable[..., Task]
     description: str
-    options: tuple[str, ...] = ()
+    options: dict[str, TaskOption] = field(default_factory=dict)  # in the builder's order
     arg: str | None = None  # the name of the part after ':' (jsonl: "PATH"); None: takes no argument
-    types: dict[str, Any] = field(default_factory=dict)  # option -> type, for a spec's values (untyped: guessed)
     # the option that sets the context's size, which a depth x length grid grows (eval/grid.py), and the values it
     # allows (None: any); None: the task has none (a file's, a two-hop task's)
     size: tuple[str, tuple[int, ...] | None] | None = None
+    data_dir: bool = False  # whether the builder takes the data folder
 
     def usage(self, name: str) -> str:
         return f"{name}:{self.arg}" if self.arg else name
@@ -52,72 +71,95 @@ class TaskEntry:
     def params(self) -> dict[str, Param]:
         """The keys of a spec: `path` for a task that takes a PATH, then its options."""
         path = {self.arg.lower(): Param(str, required=True)} if self.arg else {}
-        return {**path, **{o: Param(self.types.get(o)) for o in self.options}}
+        return {**path, **{o: Param(opt.type) for o, opt in self.options.items()}}
+
+    def value(self, name: str, option: str, raw: Any) -> Any:
+        """A value given as text (a CLI flag: `--pairs 75`) as the option's type; a bad one refused in one line."""
+        return convert([str(raw)], self.options[option].type, option, f"task {name}")
+
+    def make(self, arg: str, data_dir: str | None, **options: Any) -> Task:
+        given = {**({self.arg.lower(): arg} if self.arg else {}), **({"data_dir": data_dir} if self.data_dir else {})}
+        return self.build(**given, **options)
 
 
 TASKS = Registry("task")  # name -> TaskEntry
 
 
-def register_task(name: str, build: Callable[..., Task], description: str,
-                  options: tuple[str, ...] | dict[str, Any] = (), arg: str | None = None,
+def option_docs(build: Callable) -> dict[str, str]:
+    """{option: doc} from the `name: text` entries of a builder's docstring (a class's and its bases', the nearest
+    first); an entry "see `NAME`" takes NAME's entries, NAME a name in the builder's module."""
+    docs: dict[str, str] = {}
+    for owner in build.__mro__ if isinstance(build, type) else (build,):
+        for names, text in doc_entries(owner):
+            ref = re.fullmatch(r"see `(\w+)`\.?", text)
+            other = vars(sys.modules.get(owner.__module__, sys)).get(ref[1]) if ref else None
+            theirs = option_docs(other) if callable(other) else {}
+            for n in names:
+                if not ref:
+                    docs.setdefault(n, text)
+                elif n in theirs:
+                    docs.setdefault(n, theirs[n])
+    return docs
+
+
+def _options(name: str, build: Callable, arg: str | None) -> tuple[dict[str, TaskOption], bool]:
+    """(the options a builder declares, whether it takes `data_dir`); an undocumented option, or one without a
+    default, is refused."""
+    fn = build.__init__ if isinstance(build, type) else build
+    what = getattr(build, "__qualname__", repr(build))
+    params, signature = parameters(fn), inspect.signature(fn).parameters
+    supplied = ("data_dir", arg.lower()) if arg else ("data_dir",)
+    if arg and arg.lower() not in params:
+        raise PosbiasError(f"task {name} takes a {arg}, and its builder {what} has no parameter `{arg.lower()}`",
+                           f"name the builder's parameter that receives the {arg} `{arg.lower()}`")
+    docs, options = option_docs(build), {}
+    for o, p in params.items():
+        if o in supplied:
+            continue
+        if o not in docs:
+            raise PosbiasError(f"task {name}'s option `{o}` has no doc",
+                               f"add a line `{o}: what it sets` to the docstring of {what}")
+        if p.required:
+            raise PosbiasError(f"task {name}'s option `{o}` has no default", f"give `{o}` a default in {what}")
+        options[o] = TaskOption(p.annotation, signature[o].default, docs[o])
+    return options, "data_dir" in params
+
+
+def register_task(name: str, build: Callable[..., Task], description: str, *, arg: str | None = None,
                   size: str | tuple[str, tuple[int, ...] | None] | None = None) -> None:
-    """Add a task family; `options` are the keyword options it accepts (the CLI's task options): names, or a dict
-    {name: type} so a spec's values are converted (`facts=30` an int); `size` the option a depth x length grid grows
-    (with the values it allows, if not any). A taken name is refused."""
-    types = dict(options) if isinstance(options, dict) else {}
+    """Add a task family built by `build` (a Task class or a function returning a Task): its parameters are the
+    task's options (module docstring), each documented in its docstring; `arg` names the part after ':' (`PATH`:
+    the builder's `path`); `size` the option a depth x length grid grows (with the values it allows, if not any).
+    A taken name is refused."""
+    if name in TASKS:  # refused first (Registry.add names both origins), before the builder is read
+        TASKS.add(name, build, owner=build)
+    options, data_dir = _options(name, build, arg)
     grows = (size, None) if isinstance(size, str) else size
-    if grows is not None and grows[0] not in tuple(options):
-        raise PosbiasError(f"task {name}'s size option {grows[0]!r} is not one of its options", "list it in `options`")
-    TASKS.add(name, TaskEntry(build, description, tuple(options), arg, types, grows), owner=build)
+    if grows is not None and grows[0] not in options:
+        raise PosbiasError(f"task {name}'s size option {grows[0]!r} is not one of its options",
+                           "name a parameter of its builder")
+    TASKS.add(name, TaskEntry(build, description, options, arg, grows, data_dir), owner=build)
 
 
-register_task("kv-lookup", lambda arg, data_dir, **o: KVLookup(**o),
-              "N facts 'The code for 482913 is 771204.' and a question about one (options: facts, digits)",
-              {"facts": int, "digits": int}, size="facts")
-register_task("kv-uuid", lambda arg, data_dir, **o: KVUUID(data_dir=data_dir, **o),
-              "Lost in the Middle JSON UUID key-value retrieval (option: pairs; 75/140 read the shared files)", {"pairs": int},
-              size="pairs")
-register_task("nq", lambda arg, data_dir, **o: nq_task(data_dir=data_dir, **o),
-              "Lost in the Middle NQ-open multi-document QA (options: docs = 10 or 20; answers = all | first; question = "
-              "after | both, the question's place around the documents)", {"docs": int, "answers": str, "question": str},
-              size=("docs", (10, 20)))  # the shared data holds 20 passages per question; 10 = gold + the first 9
-register_task("jsonl", lambda arg, data_dir, **o: jsonl_task(arg, **o),
-              "your own multi-document QA or two-hop data (schema below; options: answers, question, or prompt for two "
-              "hops)", {"answers": str, "prompt": str | None, "question": str | None}, arg="PATH")
-register_task("musique", lambda arg, data_dir, **o: musique_task(data_dir=data_dir, **o),
-              "MuSiQue 2-hop reasoning, 20 paragraphs, the two hops placed (options: prompt = reasoning | coc; docs = 20 "
-              "or 10)", {"docs": int, "prompt": str})
-register_task("niah", lambda arg, data_dir, **o: Haystack(data_dir=data_dir, **o),
-              "a needle at a depth of a natural haystack of `tokens` model tokens (RULER / NIAH; options: tokens, "
-              "needle = kv | nq | nq-sentence | PATH.jsonl, haystack = nq | PATH (text file or folder), keys, values, "
-              "queries (multi-needle), overlap = any | none (NoLiMa), context = full | needle | none, answer_prefix = "
-              "the reply's start for needles without their own)",
-              {"tokens": int, "needle": str, "haystack": str, "keys": int, "values": int, "queries": int,
-               "overlap": str, "context": str, "answer_prefix": str},
+register_task("kv-lookup", KVLookup, "N facts 'The code for 482913 is 771204.' and a question about one", size="facts")
+register_task("kv-uuid", KVUUID, "Lost in the Middle JSON UUID key-value retrieval", size="pairs")
+# the shared data holds 20 passages per question; 10 = gold + the first 9
+register_task("nq", nq_task, "Lost in the Middle NQ-open multi-document QA", size=("docs", (10, 20)))
+register_task("jsonl", jsonl_task, "your own multi-document QA or two-hop data (schema below)", arg="PATH")
+register_task("musique", musique_task, "MuSiQue 2-hop reasoning, 20 paragraphs, the two hops placed")
+register_task("niah", Haystack, "a needle at a depth of a natural haystack of `tokens` model tokens (RULER / NIAH)",
               size="tokens")  # lengths in the model's own tokens (tasks/haystack.py): 1k = 1024
-register_task("kv-2hop", lambda arg, data_dir, **o: KV2Hop(**o),
-              "chain lookup 'The code for A is B.' ... 'The code for B is C.', two hops placed (options: facts, digits, "
-              "style = direct | cot)", {"facts": int, "digits": int, "style": str})
-
-for _style, _k, _what in (("judge", 2, "pairwise judge: which of two candidate answers is correct"),
-                          ("mc", 4, "multiple choice")):
-    # the judge's question: correct | preference, or a template file of your own (tasks/judge_template.py)
-    _ask = {"ask": str, "template": str} if _style == "judge" else {}
-    register_task(f"{_style}-nq",
-                  lambda arg, data_dir, options=_k, _s=_style, **o: nq_order_task(_s, int(options), data_dir, **o),
-                  f"order bias, {_what} (default {_k} options), NQ-open questions, wrong candidates answers to other "
-                  "questions of the same kind (options: options, reference = yes | no, labels = letters | digits"
-                  f"{', ask = correct | preference, template = FILE' if _ask else ''})",
-                  {"options": int, "labels": str, "reference": str, **_ask})
-    register_task(f"{_style}-kv", lambda arg, data_dir, options=_k, _s=_style, **o: kv_order_task(_s, int(options), **o),
-                  f"order bias, {_what} (default {_k} options), generated facts, wrong candidates one digit off "
-                  f"(options: options, facts, digits, labels{', ask, template' if _ask else ''})",
-                  {"facts": int, "digits": int, "options": int, "labels": str, **_ask})
-    register_task(_style, lambda arg, data_dir, _s=_style, **o: order_file_task(_s, arg, **o),
-                  f"order bias on your own {'pairwise judge' if _style == 'judge' else 'multiple-choice'} file (schemas "
-                  "below; options: labels"
-                  f"{', ask = preference | correct, template = FILE, ties = refuse | drop' if _ask else ''})",
-                  {"labels": str, **({"ask": str, "template": str, "ties": str} if _ask else {})}, arg="PATH")
+register_task("kv-2hop", KV2Hop, "chain lookup 'The code for A is B.' ... 'The code for B is C.', two hops placed")
+# order bias (tasks/order.py): the correct candidate moved through the slots
+register_task("judge-nq", judge_nq, "order bias, pairwise judge: which of two candidate answers is correct, NQ-open "
+              "questions, wrong candidates answers to other questions of the same kind")
+register_task("judge-kv", judge_kv, "order bias, pairwise judge: which of two candidate answers is correct, "
+              "generated facts, wrong candidates one digit off")
+register_task("judge", judge_file, "order bias on your own pairwise judge file (schemas below)", arg="PATH")
+register_task("mc-nq", mc_nq, "order bias, multiple choice, NQ-open questions, wrong candidates answers to other "
+              "questions of the same kind")
+register_task("mc-kv", mc_kv, "order bias, multiple choice, generated facts, wrong candidates one digit off")
+register_task("mc", mc_file, "order bias on your own multiple-choice file (schemas below)", arg="PATH")
 
 
 # The formats of users' own files, by name -> (the registered task that reads them, what a line holds). A new format
@@ -178,4 +220,4 @@ def get_task(spec: str | Task, data_dir: str | None = None, **options) -> Task:
     if bad:
         takes = ", ".join(f"`{o}`" for o in entry.options) or "no options"
         raise PosbiasError(f"task {name} does not take {', '.join(f'`{o}`' for o in sorted(bad))}", f"it takes: {takes}")
-    return entry.build(arg, data_dir, **options)
+    return entry.make(arg, data_dir, **options)

@@ -111,9 +111,13 @@ class TwoHopQA(TwoHop, RecordsTask):
         return Prompt(ex.id, tuple(position), user, "", ex.answers)
 
 
-def musique_task(data_dir: str | Path | None = None, prompt: str = "reasoning", docs: int = 20) -> TwoHopQA:
-    """The shared MuSiQue 2-hop file: 260 questions, 20 paragraphs each (docs=10: the two supporting ones and the
-    first 8 others, in file order; prompts half as long, for a CPU budget)."""
+def musique_task(data_dir: str | Path | None = None, docs: int = 20, prompt: str = "reasoning") -> TwoHopQA:
+    """The shared MuSiQue 2-hop file: 260 questions, 20 paragraphs each.
+
+    docs: 20 paragraphs, or 10 (the two supporting ones and the first 8 others, in file order: prompts half as long,
+      for a CPU budget)
+    prompt: reasoning (the paper's template) | coc (Chain-of-Citation)
+    """
     if docs not in (10, 20):
         raise PosbiasError(f"musique has 20 paragraphs (or a cut to 10), not {docs}", "use `docs=20` or `docs=10`")
     path = Path(data_dir or shared_data_dir()) / "musique" / "musique_2hop_answerable.jsonl.gz"
@@ -156,7 +160,13 @@ class KV2Hop(TwoHop, FactsTask):
     teacher-forced like kv-lookup; style "cot": the reasoning prompt, a generated chain of thought, EM after
     "The answer is:". Direct is the default because SmolLM2-135M cannot write the chain: with cot it restates
     one fact and never "The answer is:" (EM 0.017 on 120 rows, measured; docs/pos2distill.md), while direct
-    leaves it off the floor (0.34 at the best placement 8:9 with 10 facts of 4 digits, held-out examples 0-49)."""
+    leaves it off the floor (0.34 at the best placement 8:9 with 10 facts of 4 digits, held-out examples 0-49).
+
+    facts: the number of facts, the two hops among them
+    digits: digits per key and value, 2 to 12
+    style: direct (the answer teacher-forced after "The code for the code for A is") | cot (a chain of thought,
+      generated; exact match after "The answer is:")
+    """
 
     name = "kv-2hop"
 

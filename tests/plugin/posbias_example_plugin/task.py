@@ -1,4 +1,5 @@
-"""A task: kv-lookup with few short facts (a subclass; options from the constructor, registered in one line)."""
+"""A task: kv-lookup with few short facts (a subclass: its options, their types, defaults and docs come from its
+constructor and KVLookup's docstring; registered in one line)."""
 
 from posbias import register_task
 from posbias.tasks.kv_lookup import KVLookup
@@ -13,5 +14,4 @@ class KVTiny(KVLookup):
         super().__init__(facts=facts, digits=digits)
 
 
-register_task("kv-tiny", lambda arg, data_dir, **o: KVTiny(**o), "four 3-digit facts (the example plugin's task)",
-              {"facts": int, "digits": int})
+register_task("kv-tiny", KVTiny, "four 3-digit facts (the example plugin's task)")
