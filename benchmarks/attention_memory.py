@@ -55,8 +55,8 @@ def _peak(cuda: bool) -> int:
 
 def setup(a):
     from posbias import get_task, load_model
-    from posbias.eval.scorer import use_chat
-    from posbias.eval.spans import item_spans
+    from posbias.scoring.scorer import use_chat
+    from posbias.scoring.spans import item_spans
 
     loaded = load_model(a.model, "bf16", a.device)
     loaded.model.set_attn_implementation("sdpa")

@@ -33,7 +33,7 @@ import torch
 def setup(a, lora: bool):
     from posbias import get_task, load_model
     from posbias.distill import DistillConfig
-    from posbias.eval.scorer import use_chat
+    from posbias.scoring.scorer import use_chat
     from posbias.mitigate.pos2distill import build_trainer
     from posbias.mitigate.pos2distill.data import build_records
 

@@ -14,7 +14,7 @@ examples x every depth; all depths of an example share the haystack up to the ne
   child CPU       the whole child (interpreter start and model load included): this process's
                   getrusage(RUSAGE_CHILDREN) user + system, before and after it
   RSS MiB         the child's peak resident set (getrusage(RUSAGE_SELF).ru_maxrss)
-  ideal s/row     plain CPU s/row x tree_tokens / total tokens of the same rows' prompts (posbias.eval.prefix.
+  ideal s/row     plain CPU s/row x tree_tokens / total tokens of the same rows' prompts (posbias.scoring.prefix.
                   tree_tokens: the prefix tree's tokens, what a perfectly shared computation runs); the rows are
                   built here once more, after the timed children, with posbias's Scorer
   shared/plain, shared/ideal   ratios of CPU s/row (below 1 on shared/plain: sharing saves)
@@ -92,8 +92,8 @@ def ideal_tokens(a, lengths: list[int]) -> dict[int, tuple[int, int, int]]:
     import torch
 
     import posbias
-    from posbias.eval.prefix import tree_tokens
-    from posbias.eval.scorer import Scorer
+    from posbias.scoring.prefix import tree_tokens
+    from posbias.scoring.scorer import Scorer
 
     torch.set_num_threads(a.threads)
     loaded = posbias.load_model(a.model, "bf16", "cpu", progress=False)

@@ -4,7 +4,7 @@ Scores every slot of `--n` examples (kv-lookup, 10 facts by default) three ways 
 
     plain      the plain path, default batches (rows of several examples share a batch: left padding)
     alone      the plain path, one row per batch (no padding at all)
-    shared     the prefix-shared path (eval/prefix.py)
+    shared     the prefix-shared path (scoring/prefix.py)
 
 and prints the verdict agreement of each pair, and for every row where two of them disagree its margin:
 min over answer steps of (gold logit - best other logit), from one unpadded fp32 forward of that row (> 0: the

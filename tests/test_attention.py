@@ -10,8 +10,8 @@ import torch
 import posbias
 from conftest import position_sensitive, random_seqs, tiny_loaded
 from posbias import PosbiasError
-from posbias.eval.encode import encode, left_pad
-from posbias.eval.spans import item_spans
+from posbias.scoring.encode import encode, left_pad
+from posbias.scoring.spans import item_spans
 from posbias.explain import AttentionConfig, run_attention
 from posbias.methods import get_method
 from posbias.models.attention import span_attention

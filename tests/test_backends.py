@@ -15,7 +15,7 @@ from conftest import tiny_loaded
 from posbias import PosbiasError, get_task
 from posbias.backends import Reply
 from posbias.backends.base import is_greedy
-from posbias.eval.engines import get_engine
+from posbias.scoring.engines import get_engine
 from posbias.measure import Scorer, parse_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -20,7 +20,7 @@ import torch
 from conftest import dies_after
 from posbias import PosbiasError, SweepConfig, load_model, run_compare, run_sweep
 from posbias.distill import DistillConfig, run_distill
-from posbias.eval import engines
+from posbias.scoring import engines
 from posbias.lpes import GAConfig, SearchConfig, run_search
 from posbias.runs import JsonlLog
 

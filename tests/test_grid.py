@@ -12,7 +12,7 @@ import pytest
 from conftest import dies_after
 from posbias import GridConfig, PosbiasError, SweepConfig, run_grid, run_sweep
 from posbias.cli import main
-from posbias.eval import engines
+from posbias.scoring import engines
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 KV = {"digits": 3}

@@ -24,7 +24,7 @@ from conftest import char_tokenizer, position_sensitive, random_seqs, tiny_model
 from conftest import method_examples
 from conftest import prime_calibration as _prime
 from posbias import METHODS, Active, Loaded, PosbiasError, get_method
-from posbias.eval.encode import left_pad
+from posbias.scoring.encode import left_pad
 from posbias.measure import split_specs
 from posbias.methods import DecisionRule
 from posbias.models.compat import cache_key, output_cache
@@ -225,7 +225,7 @@ def test_per_layer_factor_h_acts_on_decoder_layer_h(loaded, h):
 
 @torch.no_grad()
 def test_prefix_safe_methods_continue_a_shared_prefix_exactly(loaded, method):
-    """A method that declares itself prefix-safe (eval/prefix.py reuses a cached prompt prefix) gives, inside,
+    """A method that declares itself prefix-safe (scoring/prefix.py reuses a cached prompt prefix) gives, inside,
     the logits of a plain forward to rows that continue a spine's cache; the others say why they fall back."""
     from posbias.models.prefix import SharedKV, prefill
 

@@ -23,9 +23,9 @@ import torch
 
 from conftest import char_tokenizer, prime_calibration, random_seqs
 from posbias import METHODS, Loaded, PosbiasError, get_method, get_task
-from posbias.eval.encode import Encoded, left_pad
-from posbias.eval.generate import generate_greedy
-from posbias.eval.teacher_forced import score_teacher_forced
+from posbias.scoring.encode import Encoded, left_pad
+from posbias.scoring.generate import generate_greedy
+from posbias.scoring.teacher_forced import score_teacher_forced
 from posbias.measure import Scorer
 from posbias.models.compat import cache_key, output_cache
 from posbias.models.moice import Routers
@@ -41,7 +41,7 @@ def _prompt_len() -> int:
     """Tokens of a kv-lookup prompt (all equal: fixed digits); Phi-3's longrope switches factors just past it."""
     task = get_task("kv-lookup", **TASK)
     tok = char_tokenizer()
-    from posbias.eval.encode import encode
+    from posbias.scoring.encode import encode
 
     return len(encode(tok, task.build(task.examples(1, seed=0)[0], 0), True).prompt_ids)
 
@@ -185,7 +185,7 @@ def _prompts(lo, n: int = 4) -> list[Encoded]:
 def test_generation_is_pure_greedy(family):
     """The plain path's generate (batched, left-padded, KV cache) equals an uncached argmax loop, although the
     model's generation_config asks for a repetition penalty and no repeated bigrams."""
-    from posbias.eval.generate import _newline_ids, eos_ids
+    from posbias.scoring.generate import _newline_ids, eos_ids
 
     name, lo = family
     rows = _prompts(lo)

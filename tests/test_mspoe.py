@@ -5,7 +5,7 @@ import torch
 
 from conftest import ROPE_ARCHS, char_tokenizer, position_sensitive, random_seqs, same_weights_with_rope, tiny_model
 from posbias.errors import PosbiasError
-from posbias.eval.encode import left_pad
+from posbias.scoring.encode import left_pad
 from posbias.models.mspoe import mspoe, outlier_scores, rank_groups, ratio_ladder
 
 VOCAB = len(char_tokenizer(chat=False))

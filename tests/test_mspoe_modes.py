@@ -8,7 +8,7 @@ import torch
 import posbias.models.mspoe as mspoe_module
 from conftest import char_tokenizer, position_sensitive, random_seqs, same_weights_with_rope, tiny_model
 from posbias.errors import PosbiasError
-from posbias.eval.encode import left_pad
+from posbias.scoring.encode import left_pad
 from posbias.methods import get_method
 from posbias.models.mspoe import mspoe
 

@@ -13,7 +13,7 @@ import torch
 
 from posbias import PosbiasError, SweepConfig, build_report, get_method, get_task, run_compare, run_sweep
 from posbias.core.order import balanced_choice, candidate, order_figures, parse_choice, pride_choice, pride_prior
-from posbias.eval.encode import encode, left_pad
+from posbias.scoring.encode import encode, left_pad
 from posbias.measure import Scorer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""Prefix-shared scoring (eval/prefix.py, models/prefix.py) against the plain path on tiny random models
+"""Prefix-shared scoring (scoring/prefix.py, models/prefix.py) against the plain path on tiny random models
 (fp32, one thread): same verdicts, predictions and logprobs, for both engines, every slot, batch sizes 1 and
 many, Gemma-3's sliding window included; sweep.json unchanged; methods that are not prefix-safe fall back."""
 
@@ -11,8 +11,8 @@ import torch
 
 from conftest import position_sensitive, random_seqs, tiny_loaded, tiny_model
 from posbias import SweepConfig, get_method, get_task, run_sweep
-from posbias.eval.encode import left_pad, right_pad
-from posbias.eval.prefix import lcp, lcp_matrix, plan_shared, shares_of, tree_tokens, unique_ratio
+from posbias.scoring.encode import left_pad, right_pad
+from posbias.scoring.prefix import lcp, lcp_matrix, plan_shared, shares_of, tree_tokens, unique_ratio
 from posbias.measure import Scorer
 from posbias.methods import MsPoE
 from posbias.models.prefix import SharedKV, prefill
@@ -91,12 +91,12 @@ def test_plan_respects_the_token_budget():
 
 def test_plan_closes_a_branch_batch_before_padding_wastes_its_work():
     """With no minimum size every branch batch of several rows wastes at most 5% (SLACK) of its work on padding
-    (work model eval.prefix.work). Two examples of 200 and 400 tokens, the gold token at 10 depths: equal branch
+    (work model scoring.prefix.work). Two examples of 200 and 400 tokens, the gold token at 10 depths: equal branch
     widths come with different spine cuts (example A at depth 0 against B at depth 5), which must not share a
     batch. With the accelerator's minimum (the whole budget) the same rows take fewer batches."""
     from types import SimpleNamespace
 
-    from posbias.eval.prefix import SLACK, work
+    from posbias.scoring.prefix import SLACK, work
 
     assert SLACK == 0.95
     rows = []
@@ -297,10 +297,10 @@ def test_on_cpu_a_group_of_examples_stays_small_so_rows_are_written_as_they_fini
     (fp32, or bf16 on a CPU without native bf16) a group holds at most GROUP_TOKENS padded spine tokens (the default
     sweep's 32-example groups kept `make sweep` at 0/1000 for minutes on a slow CPU); in bf16 on a CPU with native
     bf16, and on an accelerator, a group fills batch_tokens. The rows come out the same either way (fp32)."""
-    import posbias.eval.scorer as sc
+    import posbias.scoring.scorer as sc
     import posbias.models.dtype as dt
     import posbias.models.prefix as mp
-    from posbias.eval.prefix import GROUP_TOKENS
+    from posbias.scoring.prefix import GROUP_TOKENS
 
     lo = tiny_loaded("llama")
     task = get_task("kv-lookup", facts=4, digits=3)

@@ -109,7 +109,7 @@ def test_hidden_scaling_is_exact_and_cache_consistent_on_real_models(fp32, name)
     import torch
 
     from posbias import get_method
-    from posbias.eval.encode import left_pad
+    from posbias.scoring.encode import left_pad
     from posbias.models.compat import cache_key, output_cache
 
     lo = fp32(name)

@@ -1,4 +1,4 @@
-"""Sweeps, comparisons and grids across processes (eval/scaleout.py), launched for real with
+"""Sweeps, comparisons and grids across processes (scoring/scaleout.py), launched for real with
 `accelerate launch --multi_gpu --num_processes 2` on the CPU (gloo), against the one-process run; and
 `device_map=auto` (models/load.py). Tiny sharpened Llama, fp32, one thread per process.
 
@@ -21,8 +21,8 @@ import pytest
 from conftest import dies_after
 from posbias import GridConfig, SweepConfig, load_model, run_compare, run_grid, run_sweep
 from posbias.errors import PosbiasError
-from posbias.eval import engines
-from posbias.eval.scaleout import blocks, rounds
+from posbias.scoring import engines
+from posbias.scoring.scaleout import blocks, rounds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SRC = Path(__file__).resolve().parents[1] / "src"

@@ -7,8 +7,8 @@ import torch
 
 from conftest import ARCHS, tiny_loaded
 from posbias import get_task
-from posbias.eval.encode import encode, left_pad, plan_batches, right_pad
-from posbias.eval.scorer import use_chat
+from posbias.scoring.encode import encode, left_pad, plan_batches, right_pad
+from posbias.scoring.scorer import use_chat
 from posbias.measure import Scorer
 
 

@@ -10,8 +10,8 @@ import torch
 
 from posbias import PosbiasError
 from posbias.analysis.shifting import summarize
-from posbias.eval.encode import encode
-from posbias.eval.teacher_forced import token_details
+from posbias.scoring.encode import encode
+from posbias.scoring.teacher_forced import token_details
 from posbias.explain import ShiftingConfig, run_shifting
 from posbias.tasks import get_task
 

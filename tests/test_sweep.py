@@ -12,7 +12,7 @@ import pytest
 from conftest import tiny_loaded
 from posbias import SweepConfig, run_sweep
 from posbias.errors import PosbiasError
-from posbias.eval import engines
+from posbias.scoring import engines
 
 
 @pytest.fixture(scope="module")

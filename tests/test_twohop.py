@@ -11,7 +11,7 @@ from conftest import dies_after
 from posbias import PosbiasError, SweepConfig, get_task, load_model, run_compare, run_sweep
 from posbias.core.metrics import final_answer, reasoning_em, subspan
 from posbias.distill import DistillConfig, run_distill
-from posbias.eval import engines
+from posbias.scoring import engines
 from posbias.tasks import mode_of, move2, resolve_pairs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -243,7 +243,7 @@ def test_shifting_measures_both_targets_at_every_other_placement(model_dir, load
 def test_a_generated_response_is_scored_as_a_continuation(loaded):
     from dataclasses import replace
 
-    from posbias.eval.encode import encode
+    from posbias.scoring.encode import encode
 
     task = get_task("kv-lookup", facts=4, digits=3)
     p = task.build(task.examples(1)[0], 0)

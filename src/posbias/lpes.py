@@ -11,8 +11,8 @@ method's gain over the first entry against the prompt length.
 """
 
 from .core.ga import GAConfig as GAConfig
-from .eval.length_gain import GainResult as GainResult
-from .eval.length_gain import run_length_gain as run_gain
+from .mitigate.lpes.length_gain import GainResult as GainResult
+from .mitigate.lpes.length_gain import run_length_gain as run_gain
 from .methods import LPES as LPES
 from .mitigate.lpes import PRESETS as PRESETS
 from .mitigate.lpes import SPACES as SPACES

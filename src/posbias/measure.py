@@ -35,8 +35,8 @@ from .backends import register_backend as register_backend
 from .backends import split_models as split_models
 from .eval.compare import COLLAPSE_MARGIN as COLLAPSE_MARGIN
 from .eval.config import field_docs as field_docs
-from .eval.engines import ENGINES as ENGINES
-from .eval.scorer import Scorer as Scorer
+from .scoring.engines import ENGINES as ENGINES
+from .scoring.scorer import Scorer as Scorer
 from .eval.show import ShownPrompt as ShownPrompt
 from .eval.show import show_prompt as show_prompt
 from .eval.show import show_prompts as show_prompts

@@ -23,9 +23,9 @@ from pathlib import Path
 from ..backends import open_model
 from ..errors import PosbiasError
 from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict
-from ..eval.encode import plan_batches
-from ..eval.scorer import Scorer
-from ..eval.spans import item_spans
+from ..scoring.encode import plan_batches
+from ..scoring.scorer import Scorer
+from ..scoring.spans import item_spans
 from ..methods import Method, UniformScaling, get_method
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, versions

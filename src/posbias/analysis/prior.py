@@ -1,5 +1,5 @@
 """The positional attention prior (Found-in-the-Middle, Hsieh et al. 2024, Sec. 3.2): a content-free item put in each
-slot in turn, and the attention it receives from the last prompt token (per token, eval/relevance.py), per slot and
+slot in turn, and the attention it receives from the last prompt token (per token, scoring/relevance.py), per slot and
 layer. Whatever that attention varies with is position alone: the model's positional prior, the curve the paper
 subtracts to calibrate. Beside it, on the same examples with the gold at each slot in turn: the unmodified model's
 accuracy, the attention real items receive at each slot (is the content-free item's curve the positional part of
@@ -24,9 +24,9 @@ import torch
 from ..backends import open_model
 from ..errors import PosbiasError
 from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict, plain
-from ..eval.encode import BATCH_TOKENS, MAX_BATCH
-from ..eval.relevance import item_attention
-from ..eval.scorer import Scorer
+from ..scoring.encode import BATCH_TOKENS, MAX_BATCH
+from ..scoring.relevance import item_attention
+from ..scoring.scorer import Scorer
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as bar

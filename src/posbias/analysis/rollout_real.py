@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..core.rollout import iter_rollout
-from ..eval.spans import item_spans
+from ..scoring.spans import item_spans
 from ..models.attention import layer_attentions
 from ..models.load import Loaded
 from ..runs import write_json_atomic
@@ -36,7 +36,7 @@ class Spans:
 
 def kv_spans(loaded: Loaded, task: KVLookup, example, position: int, chat: bool) -> Spans:
     """Token indices of each segment of a kv-lookup prompt with the gold fact at `position` (the facts' token
-    spans from eval.spans, shared with the attention analysis)."""
+    spans from scoring.spans, shared with the attention analysis)."""
     spans = item_spans(loaded.tokenizer, task.build(example, position), task.items(example, position), chat)
     fact_tokens = [spans.tokens(i) for i in range(spans.n_items)]
     f = spans.n_items

@@ -30,7 +30,7 @@ from pathlib import Path
 from ..backends import open_model
 from ..errors import PosbiasError
 from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict
-from ..eval.scorer import Scorer
+from ..scoring.scorer import Scorer
 from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, versions

@@ -5,7 +5,7 @@
   openai  any OpenAI-compatible HTTP server, by its dialect (dialects.py): vLLM, llama.cpp, hosted APIs
 
 A model spec names one: `smollm2-135m` or `hf:DIR` (in process), `vllm:DIR,tensor_parallel_size=2`,
-`openai:model=NAME,base_url=http://127.0.0.1:8000/v1,tokenizer=DIR`. The scoring protocols (eval/engines.py)
+`openai:model=NAME,base_url=http://127.0.0.1:8000/v1,tokenizer=DIR`. The scoring protocols (scoring/engines.py)
 ask a backend only for what its capabilities say it has.
 """
 

@@ -1,6 +1,6 @@
 """The backend interface: what runs the model, and what it can do.
 
-A backend declares its capabilities; the Scorer and the scoring protocols (eval/engines.py) read those and never
+A backend declares its capabilities; the Scorer and the scoring protocols (scoring/engines.py) read those and never
 a backend's name. The in-process backend (hf.py) scores padded batches itself (methods, prefix sharing, hooks);
 a served backend (openai.py, vllm.py) answers `Request`s, many in flight, and yields each `Reply` as it arrives
 so the rows it completes are written at once (a killed run resumes without sending them again).
@@ -61,7 +61,7 @@ class Reply:
     finish: str = ""  # why generation stopped, as the server says ("length": cut at max_tokens; "stop")
 
 
-ROUTES = ("generate", "prompt_logprobs")  # how a served backend teacher-forces (eval/engines.py)
+ROUTES = ("generate", "prompt_logprobs")  # how a served backend teacher-forces (scoring/engines.py)
 
 
 def teacher_forcing_route(args: dict, prompt_logprobs: bool = True) -> str:

@@ -2,7 +2,7 @@
 
 Everything posbias does to a model runs here: training-free methods (hooks on the module), prefix sharing (the
 Scorer's), attention capture, training. The Scorer plans padded batches and the protocols run them
-(eval/teacher_forced.py, eval/generate.py) on `loaded`.
+(scoring/teacher_forced.py, scoring/generate.py) on `loaded`.
 """
 
 from __future__ import annotations

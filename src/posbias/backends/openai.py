@@ -9,7 +9,7 @@ say (backends/dialects.py: detected from GET /models, or `dialect=`):
           tokenize route) and a difference is refused in one line (llama.cpp's server takes no ids).
   chat    `/v1/chat/completions` with the task's prompt as one user message (hosted APIs): the server's template.
 
-Teacher forcing (eval/engines.py) goes by greedy generation by default ("every answer token is the greedy choice"
+Teacher forcing (scoring/engines.py) goes by greedy generation by default ("every answer token is the greedy choice"
 is "greedy generation begins with the answer's tokens"; one request per row), or by vLLM's `prompt_logprobs` with
 teacher_forcing=prompt_logprobs; order tasks read the labels from the first generated token's top logprobs.
 Every decoding field that makes a dialect greedy is sent with every request, and a seed.

@@ -4,7 +4,7 @@ Every key of the model spec other than `model` goes to `vllm.LLM` as it is (tens
 pipeline_parallel_size, max_model_len, gpu_memory_utilization, ...); posbias sets dtype (from `dtype`, unless the
 spec gives one; `auto` by posbias's rule, models/dtype.py: bf16 on a GPU with bf16 or a CPU with native bf16, else
 fp32, where vLLM's own "auto" would take the checkpoint's bf16 and crawl on an AVX2-only CPU), prefix caching on and seed 0; `teacher_forcing=generate|prompt_logprobs` is posbias's own key
-(default generate: greedy generation, eval/engines.py). Prompt logprobs come with the top 2 alternatives (ties
+(default generate: greedy generation, scoring/engines.py). Prompt logprobs come with the top 2 alternatives (ties
 decided from their values), generation is greedy with a newline stop: the same requests and replies as the OpenAI
 backend, without HTTP. vLLM starts its workers by spawn: a script that uses this backend needs an
 `if __name__ == "__main__":` guard.

@@ -27,7 +27,7 @@ from ..tasks import label, placement_key
 from .config import plain, spec_identity, spec_label
 from .cost import spent_usd
 from .judging import GOLD_FIGURES
-from .scaleout import start_processes
+from ..scoring.scaleout import start_processes
 from .sweep import ROW_KEYS, SweepConfig, preflight, run_sweep, with_resume_hint
 
 PATH_KEYS = ("scoring_path", "scoring_note")

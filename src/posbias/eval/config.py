@@ -13,9 +13,9 @@ from ..models.dtype import DTYPE_CHOICES
 from ..models.load import DEFAULT_MODEL, DEVICES, check_device_map
 from ..specs import doc_entries
 from ..tasks import Task, split_task
-from .encode import BATCH_TOKENS, MAX_BATCH
-from .engines import ENGINES
-from .scorer import CHAT_MODES
+from ..scoring.encode import BATCH_TOKENS, MAX_BATCH
+from ..scoring.engines import ENGINES
+from ..scoring.scorer import CHAT_MODES
 
 
 @dataclass

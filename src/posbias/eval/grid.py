@@ -27,7 +27,7 @@ from ..models.load import Loaded
 from ..runs import RunFolder, is_main_process, versions, write_json_atomic
 from ..tasks import TASKS, Task, get_task
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, plain
-from .encode import encode
+from ..scoring.encode import encode
 from .grid_text import format_grid
 from .longctx import (
     REFERENCES,
@@ -43,8 +43,8 @@ from .longctx import (
     reference_record,
     ruler_share,
 )
-from .scaleout import start_processes
-from .scorer import Scorer
+from ..scoring.scaleout import start_processes
+from ..scoring.scorer import Scorer
 from .sweep import SweepConfig, SweepResult, run_sweep
 
 DEFAULT_DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))

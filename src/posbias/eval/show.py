@@ -22,10 +22,10 @@ from ..errors import PosbiasError
 from ..models.load import DEFAULT_MODEL, Loaded, load_tokenizer
 from ..tasks import Placement, Prompt, Task, as_json, get_task, label
 from ..tasks.arrange import char_ranges
-from .encode import Encoded, render
-from .scorer import Scorer
-from .spans import item_spans
-from .template import default_system, template_sha256
+from ..scoring.encode import Encoded, render
+from ..scoring.scorer import Scorer
+from ..scoring.spans import item_spans
+from ..scoring.template import default_system, template_sha256
 
 
 @dataclass
@@ -36,7 +36,7 @@ class ShownPrompt:
 
     text: the rendered prompt (chat template, any system turn the template adds, the answer prefix; an order task's
     shared option-label tokens after it); n_tokens: its token count, a sweep's `prompt_tokens`; system: the system
-    turn the chat template adds by itself (eval/template.py), None without one; gold: one dict per gold item (two for
+    turn the chat template adds by itself (scoring/template.py), None without one; gold: one dict per gold item (two for
     a two-hop placement, first hop first): its slot and, where the task lists its items, its text, `chars` [start,
     end) in `text` and `tokens` [start, end) in the prompt ids (None where its tokens cannot be told apart)."""
 

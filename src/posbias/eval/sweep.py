@@ -10,7 +10,7 @@ Files in the output folder (runs.RunFolder protocol):
   flips.jsonl     order tasks: each item whose verdict differs between orders, with its causes (eval/judging.py)
 
 Under `accelerate launch` with several processes the rows are split by example across them and gathered in
-rounds; rank 0 alone reads and writes the folder, and the result is the one-process result (eval/scaleout.py).
+rounds; rank 0 alone reads and writes the folder, and the result is the one-process result (scoring/scaleout.py).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from ..runs import progress as progress_bar
 from ..tasks import Placement, Task, as_json, get_task, label, mode_of, mode_summary, placement_key, positions_spec
 from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
 from .cost import BudgetReached, Meter
-from .engines import get_engine
+from ..scoring.engines import get_engine
 from .judging import format_order, order_summary, write_flips
-from .scaleout import broadcast_rows, score_split, start_processes
-from .scorer import Scorer, in_row_order
+from ..scoring.scaleout import broadcast_rows, score_split, start_processes
+from ..scoring.scorer import Scorer, in_row_order
 from .timing import Timing
 
 ROW_KEYS = ("example_id", "position", "correct")

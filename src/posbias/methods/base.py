@@ -22,7 +22,7 @@ class that overrides the stages it needs (no pipeline asks what kind a method is
     calibration(n) / decide(rows, calibration, k)   held-out items to calibrate on and the verdict from every
                                       order's row (the order decision rules); default: none, the rows as read
 
-A method sees the Scorer only through `Reader`, a narrow view (eval/scorer.py implements it).
+A method sees the Scorer only through `Reader`, a narrow view (scoring/scorer.py implements it).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Active:
         prompt token (an input-dependent method such as Ms-PoE measures there, as generation would)."""
 
     def set_rows(self, rows, reader: "PromptReader | None" = None) -> None:
-        """Before each batch is scored: the batch's rows (eval.encode.Encoded) and what the Scorer can say about their
+        """Before each batch is scored: the batch's rows (scoring.encode.Encoded) and what the Scorer can say about their
         prompts (`PromptReader`), for a method that reads them (attention calibration measures each item first)."""
 
 
@@ -56,10 +56,10 @@ class PromptReader(Protocol):
     chat: Any  # the chat setting the prompts are encoded with
 
     def item_attention(self, prompts: list[Prompt]) -> list[list[float]]:
-        """Each item's attention from the last prompt token, on the model as it is (eval/relevance.py)."""
+        """Each item's attention from the last prompt token, on the model as it is (scoring/relevance.py)."""
 
     def item_spans(self, prompt: Prompt) -> Any:
-        """Which prompt tokens belong to each item, as the Scorer encodes the prompt (eval/spans.py)."""
+        """Which prompt tokens belong to each item, as the Scorer encodes the prompt (scoring/spans.py)."""
 
 
 class Reader(Protocol):
@@ -86,7 +86,7 @@ class Method(ABC):
     # the examples it was fitted on ({"task", "seed", "skip", "n"}, e.g. an LPES search split):
     # compare refuses to report it on those examples
     fitted_on: dict | None = None
-    # Prefix sharing (eval/prefix.py) reuses the keys/values of a prompt prefix computed once for several prompts:
+    # Prefix sharing (scoring/prefix.py) reuses the keys/values of a prompt prefix computed once for several prompts:
     # exact only for a method that treats each position independently of the rest of the prompt (RoPE scaling by
     # position: none, pi, layers, lpes). Others run the plain path; prefix_note says why, in the run's record.
     prefix_safe: ClassVar[bool] = False

@@ -5,7 +5,7 @@ Eq. 4: rel(x_k) = Attn(x_k, k) - Attn(x_dum, k); the paper's Eq. 4 adds rel(x_du
 changes no ranking and no softmax over the slots); the answer-producing attention of the last half of the layers is
 then redistributed over the items in proportion to softmax(rel / t), t = 5e-5 (Sec. 4.1; models/calibration.py).
 Attn is the mean per-token attention from the last prompt token, averaged over every layer and head (the
-unnumbered definition of Sec. 2.1; eval/relevance.py), measured on the unmodified model before each batch is scored.
+unnumbered definition of Sec. 2.1; scoring/relevance.py), measured on the unmodified model before each batch is scored.
 
     calib:prompt[:T]     the paper: the dummy measured in every prompt, at every slot (n_items extra prefills a row)
     calib:DIR[:T]        the cpu preset: the positional prior a `posbias analyze prior` folder measured once per model

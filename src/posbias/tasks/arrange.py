@@ -22,7 +22,7 @@ from .base import Prompt
 
 def char_ranges(text: str, items: Sequence[str], start: int, example_id: str) -> list[tuple[int, int]]:
     """(begin, end) of each item in `text`, searched in order from `start` (so repeated texts map in order); an
-    error if one is missing. The one item finder: eval/spans.py maps the same ranges to tokens."""
+    error if one is missing. The one item finder: scoring/spans.py maps the same ranges to tokens."""
     out, cursor = [], start
     for k, item in enumerate(items):
         a = text.find(item, cursor) if item else -1

@@ -28,7 +28,7 @@ import torch
 from ...backends import open_model
 from ...core.positional_channels import find_candidates
 from ...errors import PosbiasError
-from ...eval.scorer import Scorer
+from ...scoring.scorer import Scorer
 from ...methods.hidden import RESULT, HiddenScale
 from ...models.hidden import middle_layers
 from ...models.load import Loaded

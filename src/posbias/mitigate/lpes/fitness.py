@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ...errors import PosbiasError
-from ...eval.scorer import Scorer
+from ...scoring.scorer import Scorer
 from ...methods import LayerScaling
 from ...models.load import Loaded
 from ...runs import JsonlLog, is_main_process, num_processes

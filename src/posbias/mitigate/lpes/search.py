@@ -23,7 +23,7 @@ from pathlib import Path
 from ...backends import open_model
 from ...core.ga import STATE_VERSION, CurveSpace, GeneticSearch, LayerSpace, RandomSearch
 from ...errors import PosbiasError
-from ...eval.scaleout import start_processes
+from ...scoring.scaleout import start_processes
 from ...models.load import Loaded
 from ...runs import RunFolder, is_main_process, read_json, write_json_atomic
 from ...runs import progress as progress_bar

@@ -3,7 +3,7 @@
 Data: the task's own examples from a training split (config.py `split_start`: examples 3000.. of a generated task,
 the three-quarter mark of a file task's pool), each with its gold item at a slot drawn uniformly (seeded). Loss:
 cross-entropy of the gold answer's tokens under teacher forcing, with the Scorer's prompt format (`Scorer.prompt_rows`
-tokenises through eval/encode.py, chat template included), plus aux_coef x the load-balancing loss over all layers'
+tokenises through scoring/encode.py, chat template included), plus aux_coef x the load-balancing loss over all layers'
 router logits (core/losses.py; padding masked). Optimiser: torch AdamW over the router parameters only, constant lr.
 
 A plain loop rather than transformers.Trainer: only a few hundred thousand router parameters train, there is no
@@ -31,8 +31,8 @@ import torch
 
 from ...backends import open_model
 from ...core.losses import load_balancing_loss
-from ...eval.encode import left_pad
-from ...eval.scorer import Scorer
+from ...scoring.encode import left_pad
+from ...scoring.scorer import Scorer
 from ...methods.moice import RESULT, ROUTERS, sha256
 from ...models.load import Loaded
 from ...models.moice import Routers, check_routers, moice

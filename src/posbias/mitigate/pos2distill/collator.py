@@ -3,7 +3,7 @@
 A question becomes one teacher row (anchor prompt + target) and its student rows (each trivial
 prompt + the same target, plus the anchor prompt + target for anchoring / ce_anchor). The target
 token ids are computed ONCE per question, continuing the anchor prompt exactly as the eval
-engines do (eval/encode.py), and appended to every row, so teacher and student see identical
+engines do (scoring/encode.py), and appended to every row, so teacher and student see identical
 response tokens whatever the chat template. The collator pads all rows (left by default: every
 row then ends with its target, as in the eval batches; right works too) with
 position_ids = cumsum(mask) - 1 and gives, per row,
@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ...errors import PosbiasError
-from ...eval.encode import encode, pad, render
+from ...scoring.encode import encode, pad, render
 from .data import record_prompts
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ...errors import PosbiasError
 from ...eval.config import ModelChoice, TaskChoice, config_dict
-from ...eval.encode import BATCH_TOKENS, MAX_BATCH
+from ...scoring.encode import BATCH_TOKENS, MAX_BATCH
 from ...tasks import Placement, Task, as_json
 from .data import default_skip
 from .trainer import ABLATIONS, LossSpec

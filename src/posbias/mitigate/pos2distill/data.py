@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PosbiasError
-from ...eval.encode import BATCH_TOKENS, MAX_BATCH
-from ...eval.scorer import Scorer
+from ...scoring.encode import BATCH_TOKENS, MAX_BATCH
+from ...scoring.scorer import Scorer
 from ...models.load import Loaded
 from ...runs import progress as progress_bar
 from ...runs import read_json, write_json_atomic, write_jsonl_atomic

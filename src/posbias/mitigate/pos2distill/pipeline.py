@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ...backends import open_model
 from ...errors import PosbiasError
-from ...eval.generate import eos_ids
-from ...eval.scorer import use_chat
+from ...scoring.generate import eos_ids
+from ...scoring.scorer import use_chat
 from ...models.decoding import decoding_record
 from ...models.dtype import choose_dtype
 from ...models.load import Loaded, library_bars, resolve_device

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import PosbiasError
-from ..runs import RunFolder, folder_kind, kind_name, read_json
+from ...errors import PosbiasError
+from ...runs import RunFolder, folder_kind, kind_name, read_json
 
 
 @dataclass
@@ -96,7 +96,7 @@ def run_length_gain(dirs: Sequence[str | Path], out: str | Path, *, overwrite: b
     folder = RunFolder(out, "length-gain", "gain.json", ("gain.png",), resumable=False)
     folder.check(False, overwrite)
     with folder.open({"compares": [str(Path(d)) for d in dirs]}, False, overwrite):
-        from ..report.lpes_plots import plot_gain_vs_length
+        from ...report.lpes_plots import plot_gain_vs_length
 
         plot_gain_vs_length(points, folder.file("gain.png"))
         record = {"points": points}

@@ -8,7 +8,7 @@ Every pipeline scores through it: the sweep, the LPES fitness and the distillati
 The model is an in-process `Loaded` (the hf backend) or any Backend (backends/): on a served one the rows go as
 requests, many in flight, and each row is reported as soon as its replies are in (`_score_requests`).
 With prefix_sharing (the default) each example's shared prompt prefix is computed once and every row continues
-it from cached keys/values (eval/prefix.py); a method that is not `prefix_safe` runs the plain path instead.
+it from cached keys/values (scoring/prefix.py); a method that is not `prefix_safe` runs the plain path instead.
 """
 
 from __future__ import annotations
@@ -207,11 +207,11 @@ class Scorer:
                         emit(batch, self.engine.score(self, batch, active))
 
     def item_attention(self, prompts: list[Prompt]) -> list[list[float]]:
-        """Each item's attention from the last prompt token (eval/relevance.py), on the model as it is."""
+        """Each item's attention from the last prompt token (scoring/relevance.py), on the model as it is."""
         return item_attention(self.loaded, prompts, self.chat, self.batch_tokens, self.max_batch)
 
     def item_spans(self, prompt: Prompt):
-        """Which prompt tokens belong to each item (eval/spans.py), as this scorer encodes the prompt."""
+        """Which prompt tokens belong to each item (scoring/spans.py), as this scorer encodes the prompt."""
         return item_spans(self.backend.tokenizer, prompt, list(prompt.items), self.chat)
 
     def rearranged(self, rows: list[Encoded], method: Method) -> list[Encoded]:
@@ -252,7 +252,7 @@ class Scorer:
         """The independent pieces of `score`'s work on `rows`, in its order (row indices): on the prefix-shared path
         the example groups of plan_shared (each with its own spine prefill), on the plain path the batches of
         plan_batches. Both planners pack greedily from a piece's start, so scoring one piece alone (or a contiguous
-        run of them) plans exactly those batches again: the scale-out (eval/scaleout.py) splits at these bounds."""
+        run of them) plans exactly those batches again: the scale-out (scoring/scaleout.py) splits at these bounds."""
         if self.path(method)[0]:
             return [g.rows for g in self._plan(rows)]
         costs = [self.engine.cost(r, self.max_new_tokens) for r in rows]
@@ -266,7 +266,7 @@ class Scorer:
         return [i for idx in self.units(rows, method) for i in idx]
 
     def _plan(self, rows: list[Encoded]) -> list:
-        """The prefix-shared plan (eval/prefix.py): on an accelerator batches close only at the budget; on a CPU where
+        """The prefix-shared plan (scoring/prefix.py): on an accelerator batches close only at the budget; on a CPU where
         forwards are slow groups of examples stay small, so rows are written (and the bar moves) within seconds."""
         from ..models.prefix import launch_bound
 
@@ -279,7 +279,7 @@ class Scorer:
         return self.engine.branch(row, p, self.max_new_tokens)
 
     def _score_shared(self, rows: list[Encoded], done: set, emit: Callable) -> None:
-        """The prefix-shared path: per group of examples one spine prefill, then its branch batches (eval/prefix.py)."""
+        """The prefix-shared path: per group of examples one spine prefill, then its branch batches (scoring/prefix.py)."""
         from ..models.prefix import prefill
 
         pad_id = self.loaded.tokenizer.pad_token_id

@@ -5,7 +5,7 @@
   generate        batched greedy generation with the KV cache, cut at the first newline, scored
                   with the task's metric (generate.py)
 
-Both also score rows that continue a cached spine (prefix sharing, eval/prefix.py): `score(..., shared=)`.
+Both also score rows that continue a cached spine (prefix sharing, scoring/prefix.py): `score(..., shared=)`.
 
 Each engine also says how many context tokens a row needs (the window check) and how many padded
 tokens it costs (the batch planner), so the Scorer never branches on the engine.
@@ -44,7 +44,7 @@ from .teacher_forced import option_verdict, score_teacher_forced
 
 
 class ScorerView(Protocol):
-    """What an engine reads from the scorer (eval.scorer.Scorer); a protocol, so engines import nothing back."""
+    """What an engine reads from the scorer (scoring.scorer.Scorer); a protocol, so engines import nothing back."""
 
     loaded: Loaded
     task: Task
@@ -71,7 +71,7 @@ class Engine(ABC):
 
     def score(self, scorer: ScorerView, batch: list[Encoded], active: Active, shared: tuple | None = None) -> list[dict]:
         """One dict per row: correct (the task's metric), prediction, the task's further metrics (and logprob
-        for teacher forcing). shared = (spine_kv, owner, plen): the rows continue cached spines (eval/prefix.py)."""
+        for teacher forcing). shared = (spine_kv, owner, plen): the rows continue cached spines (scoring/prefix.py)."""
         return [self.also(scorer, r, row) for r, row in zip(self._predict(scorer, batch, active, shared), batch)]
 
     @staticmethod

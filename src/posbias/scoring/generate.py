@@ -82,7 +82,7 @@ def generate_limited(model, tokenizer, rows: list[Encoded], pad_id: int, max_new
 @torch.inference_mode()
 def generate_shared(model, tokenizer, rows: list[Encoded], spine_kv, owner: list[int], plen: list[int],
                     max_new_tokens: int, multiline: bool = False) -> list[tuple[str, bool]]:
-    """As generate_greedy, each row continuing its spine's cache (eval/prefix.py): the branch prefill, then a
+    """As generate_greedy, each row continuing its spine's cache (scoring/prefix.py): the branch prefill, then a
     greedy loop over the growing cache with generate_greedy's stop rules (EOS, max_new_tokens, a newline
     unless multiline); a stopped row's token is kept (and dropped by skip_special_tokens if special), as there."""
     from ..models.prefix import SharedKV

@@ -53,7 +53,7 @@ def score_teacher_forced(model, tokenizer, rows: list[Encoded], pad_id: int,
 @torch.inference_mode()
 def score_teacher_forced_shared(model, tokenizer, rows: list[Encoded], spine_kv, owner: list[int],
                                 plen: list[int]) -> list[dict]:
-    """As score_teacher_forced, each row continuing its spine's cache (eval/prefix.py): row i reuses the first
+    """As score_teacher_forced, each row continuing its spine's cache (scoring/prefix.py): row i reuses the first
     plen[i] prompt tokens from spine owner[i] of `spine_kv` (models.prefix.prefill) and runs the rest."""
     from ..models.prefix import SharedKV
 
