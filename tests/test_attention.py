@@ -200,9 +200,10 @@ def test_a_task_without_items_is_refused_before_loading(tmp_path):
 
 @pytest.mark.real
 def test_real_smollm2_attention(smollm2, tmp_path):
-    res = run_attention(_cfg(model="smollm2-135m", task_options={"facts": 6}, n=2, positions="0,5"),
+    """The capture on the real model (the rollout beside it is checked on the tiny model above: on SmolLM2 it doubled
+    this test's time, 35 -> 70 CPU s, for no assertion of its own)."""
+    res = run_attention(_cfg(model="smollm2-135m", task_options={"facts": 6}, n=2, positions="0,5", rollout=False),
                         tmp_path / "r", loaded=smollm2, progress=False)
     per = res.summary["per_scale"][0]["per_position"]
     assert per[0]["bands"]["late"]["first"] > 0.3  # measured 0.49: the first token is SmolLM2's attention sink
     assert all(abs(sum(r["items"]) + r["first"] + r["other"] - 1) < 1e-3 for r in res.rows)
-    assert "rollout_gold_share" in per[0]
