@@ -13,6 +13,7 @@ it from cached keys/values (scoring/prefix.py); a method that is not `prefix_saf
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, defaultdict
 from typing import Callable, Iterable
 
@@ -270,13 +271,11 @@ class Scorer:
         forwards are slow groups of examples stay small, so rows are written (and the bar moves) within seconds."""
         from ..models.prefix import launch_bound
 
+        branch = functools.partial(self.engine.branch, max_new_tokens=self.max_new_tokens)  # a branch's (tokens, cost)
         if launch_bound(self.loaded.model):
-            return plan_shared(rows, self._branch, self.batch_tokens, self.max_batch, self.batch_tokens)
+            return plan_shared(rows, branch, self.batch_tokens, self.max_batch, self.batch_tokens)
         fast = self.loaded.info.get("dtype") == "bf16" and bool(cpu_kind().bf16)  # small groups where forwards are slow
-        return plan_shared(rows, self._branch, self.batch_tokens, self.max_batch, MIN_TOKENS, None if fast else GROUP_TOKENS)
-
-    def _branch(self, row: Encoded, p: int) -> tuple[int, int]:
-        return self.engine.branch(row, p, self.max_new_tokens)
+        return plan_shared(rows, branch, self.batch_tokens, self.max_batch, MIN_TOKENS, None if fast else GROUP_TOKENS)
 
     def _score_shared(self, rows: list[Encoded], done: set, emit: Callable) -> None:
         """The prefix-shared path: per group of examples one spine prefill, then its branch batches (scoring/prefix.py)."""
