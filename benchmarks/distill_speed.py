@@ -33,9 +33,9 @@ import torch
 def setup(a, lora: bool):
     from posbias import get_task, load_model
     from posbias.distill import DistillConfig
-    from posbias.scoring.scorer import use_chat
     from posbias.mitigate.pos2distill import build_trainer
     from posbias.mitigate.pos2distill.data import build_records
+    from posbias.scoring.scorer import use_chat
 
     loaded = load_model(a.model, "bf16", a.device)
     task = get_task(a.task)

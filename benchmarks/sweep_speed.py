@@ -30,10 +30,10 @@ import torch
 
 from posbias import get_task, load_model
 from posbias.core.metrics import METRICS
+from posbias.measure import Scorer
 from posbias.scoring.encode import left_pad, plan_batches
 from posbias.scoring.generate import _newline_ids, _StopAtNewline, eos_ids
 from posbias.scoring.prefix import unique_ratio
-from posbias.measure import Scorer
 
 SETTINGS = {"kv10": ("kv-lookup", {"facts": 10}), "kv30": ("kv-lookup", {"facts": 30}), "nq10": ("nq", {"docs": 10})}
 

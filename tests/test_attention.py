@@ -10,11 +10,11 @@ import torch
 import posbias
 from conftest import position_sensitive, random_seqs, tiny_loaded
 from posbias import PosbiasError
-from posbias.scoring.encode import encode, left_pad
-from posbias.scoring.spans import item_spans
 from posbias.explain import AttentionConfig, run_attention
 from posbias.methods import get_method
 from posbias.models.attention import span_attention
+from posbias.scoring.encode import encode, left_pad
+from posbias.scoring.spans import item_spans
 from posbias.tasks import Prompt, get_task
 
 # ----------------------------------------------------------------------------- spans

@@ -15,8 +15,8 @@ from conftest import tiny_loaded
 from posbias import PosbiasError, get_task
 from posbias.backends import Reply
 from posbias.backends.base import is_greedy
-from posbias.scoring.engines import get_engine
 from posbias.measure import Scorer, parse_spec
+from posbias.scoring.engines import get_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -20,9 +20,9 @@ import torch
 from conftest import dies_after
 from posbias import PosbiasError, SweepConfig, load_model, run_compare, run_sweep
 from posbias.distill import DistillConfig, run_distill
-from posbias.scoring import engines
 from posbias.lpes import GAConfig, SearchConfig, run_search
 from posbias.runs import JsonlLog
+from posbias.scoring import engines
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 OPTS = {"facts": 4, "digits": 3}

@@ -14,7 +14,6 @@ import pytest
 from conftest import dies_after
 from posbias import GridConfig, PosbiasError, run_grid
 from posbias.core.metrics import normalize_answer, ruler_all
-from posbias.scoring import engines
 from posbias.eval.longctx import (
     depth_spacing,
     effective_length,
@@ -25,6 +24,7 @@ from posbias.eval.longctx import (
     parse_size,
     ruler_share,
 )
+from posbias.scoring import engines
 from posbias.scoring.scorer import Scorer
 from posbias.tasks import content_words, get_task, sigmoid_depths
 from posbias.tasks.text import ABBREVIATIONS, sentences

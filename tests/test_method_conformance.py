@@ -20,14 +20,13 @@ import json
 import pytest
 import torch
 
-from conftest import char_tokenizer, position_sensitive, random_seqs, tiny_model
-from conftest import method_examples
+from conftest import char_tokenizer, method_examples, position_sensitive, random_seqs, tiny_model
 from conftest import prime_calibration as _prime
 from posbias import METHODS, Active, Loaded, PosbiasError, get_method
-from posbias.scoring.encode import left_pad
 from posbias.measure import split_specs
 from posbias.methods import DecisionRule
 from posbias.models.compat import cache_key, output_cache
+from posbias.scoring.encode import left_pad
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

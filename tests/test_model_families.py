@@ -23,12 +23,12 @@ import torch
 
 from conftest import char_tokenizer, prime_calibration, random_seqs
 from posbias import METHODS, Loaded, PosbiasError, get_method, get_task
-from posbias.scoring.encode import Encoded, left_pad
-from posbias.scoring.generate import generate_greedy
-from posbias.scoring.teacher_forced import score_teacher_forced
 from posbias.measure import Scorer
 from posbias.models.compat import cache_key, output_cache
 from posbias.models.moice import Routers
+from posbias.scoring.encode import Encoded, left_pad
+from posbias.scoring.generate import generate_greedy
+from posbias.scoring.teacher_forced import score_teacher_forced
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -13,10 +13,10 @@ import posbias.mitigate.moice.train as train_mod
 from conftest import char_tokenizer, dies_after, position_sensitive, random_seqs, same_weights_with_rope, tiny_loaded, tiny_model
 from posbias import Loaded, PosbiasError, get_method
 from posbias.core.losses import load_balancing_loss
-from posbias.scoring.encode import left_pad
 from posbias.models.compat import cache_key, output_cache
 from posbias.models.moice import PAPER_BASES, Routers, mix_experts, moice, rotate, routing_weights
 from posbias.moice import TrainConfig, run_train
+from posbias.scoring.encode import left_pad
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SEQS = random_seqs([20, 33, 41], 100, seed=3)

@@ -5,8 +5,8 @@ import torch
 
 from conftest import ROPE_ARCHS, char_tokenizer, position_sensitive, random_seqs, same_weights_with_rope, tiny_model
 from posbias.errors import PosbiasError
-from posbias.scoring.encode import left_pad
 from posbias.models.mspoe import mspoe, outlier_scores, rank_groups, ratio_ladder
+from posbias.scoring.encode import left_pad
 
 VOCAB = len(char_tokenizer(chat=False))
 PAD = 0

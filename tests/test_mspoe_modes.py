@@ -8,9 +8,9 @@ import torch
 import posbias.models.mspoe as mspoe_module
 from conftest import char_tokenizer, position_sensitive, random_seqs, same_weights_with_rope, tiny_model
 from posbias.errors import PosbiasError
-from posbias.scoring.encode import left_pad
 from posbias.methods import get_method
 from posbias.models.mspoe import mspoe
+from posbias.scoring.encode import left_pad
 
 VOCAB = len(char_tokenizer(chat=False))
 PAD = 0

@@ -13,8 +13,8 @@ import torch
 
 from posbias import PosbiasError, SweepConfig, build_report, get_method, get_task, run_compare, run_sweep
 from posbias.core.order import balanced_choice, candidate, order_figures, parse_choice, pride_choice, pride_prior
-from posbias.scoring.encode import encode, left_pad
 from posbias.measure import Scorer
+from posbias.scoring.encode import encode, left_pad
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 KV = {"options": 3, "facts": 2, "digits": 3}

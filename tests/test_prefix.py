@@ -11,11 +11,11 @@ import torch
 
 from conftest import position_sensitive, random_seqs, tiny_loaded, tiny_model
 from posbias import SweepConfig, get_method, get_task, run_sweep
-from posbias.scoring.encode import left_pad, right_pad
-from posbias.scoring.prefix import lcp, lcp_matrix, plan_shared, shares_of, tree_tokens, unique_ratio
 from posbias.measure import Scorer
 from posbias.methods import MsPoE
 from posbias.models.prefix import SharedKV, prefill
+from posbias.scoring.encode import left_pad, right_pad
+from posbias.scoring.prefix import lcp, lcp_matrix, plan_shared, shares_of, tree_tokens, unique_ratio
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ARCHS = ("llama", "qwen2", "mistral", "gpt2", "gemma3")
@@ -297,9 +297,9 @@ def test_on_cpu_a_group_of_examples_stays_small_so_rows_are_written_as_they_fini
     (fp32, or bf16 on a CPU without native bf16) a group holds at most GROUP_TOKENS padded spine tokens (the default
     sweep's 32-example groups kept `make sweep` at 0/1000 for minutes on a slow CPU); in bf16 on a CPU with native
     bf16, and on an accelerator, a group fills batch_tokens. The rows come out the same either way (fp32)."""
-    import posbias.scoring.scorer as sc
     import posbias.models.dtype as dt
     import posbias.models.prefix as mp
+    import posbias.scoring.scorer as sc
     from posbias.scoring.prefix import GROUP_TOKENS
 
     lo = tiny_loaded("llama")

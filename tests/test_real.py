@@ -109,8 +109,8 @@ def test_hidden_scaling_is_exact_and_cache_consistent_on_real_models(fp32, name)
     import torch
 
     from posbias import get_method
-    from posbias.scoring.encode import left_pad
     from posbias.models.compat import cache_key, output_cache
+    from posbias.scoring.encode import left_pad
 
     lo = fp32(name)
     method = get_method(f"hidden:{lo.model.config.hidden_size // 3}:0")

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from conftest import char_tokenizer, position_sensitive, random_seqs, same_weights_with_rope, tiny_model
-from posbias.scoring.encode import left_pad
 from posbias.models.buckets import attention_buckets, base_inv_freq, kind_bases
 from posbias.models.rope import layer_rope_scaling, rope_info
+from posbias.scoring.encode import left_pad
 
 VOCAB = len(char_tokenizer(chat=False))
 SEQS = random_seqs([30, 22, 27], VOCAB, seed=3)

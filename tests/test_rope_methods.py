@@ -5,10 +5,10 @@ import torch
 
 from conftest import ROPE_ARCHS, char_tokenizer, position_sensitive, random_seqs, same_weights_with_rope, tiny_model
 from posbias.errors import PosbiasError
-from posbias.scoring.encode import Encoded, left_pad
-from posbias.scoring.teacher_forced import score_teacher_forced
 from posbias.models.buckets import TOOLBENCH_BASES, attention_buckets, combine_bucket_logits, default_bases
 from posbias.models.rope import layer_rope_scaling, rope_info, uniform_rope_scaling
+from posbias.scoring.encode import Encoded, left_pad
+from posbias.scoring.teacher_forced import score_teacher_forced
 
 TOKENIZER = char_tokenizer(chat=False)
 VOCAB = len(TOKENIZER)

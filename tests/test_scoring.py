@@ -7,9 +7,9 @@ import torch
 
 from conftest import ARCHS, tiny_loaded
 from posbias import get_task
+from posbias.measure import Scorer
 from posbias.scoring.encode import encode, left_pad, plan_batches, right_pad
 from posbias.scoring.scorer import use_chat
-from posbias.measure import Scorer
 
 
 def _rows(loaded, n=8, facts=4, positions=(0, 1, 3)):

@@ -10,9 +10,9 @@ import torch
 
 from posbias import PosbiasError
 from posbias.analysis.shifting import summarize
+from posbias.explain import ShiftingConfig, run_shifting
 from posbias.scoring.encode import encode
 from posbias.scoring.teacher_forced import token_details
-from posbias.explain import ShiftingConfig, run_shifting
 from posbias.tasks import get_task
 
 

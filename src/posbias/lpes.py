@@ -11,13 +11,13 @@ method's gain over the first entry against the prompt length.
 """
 
 from .core.ga import GAConfig as GAConfig
-from .mitigate.lpes.length_gain import GainResult as GainResult
-from .mitigate.lpes.length_gain import run_length_gain as run_gain
 from .methods import LPES as LPES
 from .mitigate.lpes import PRESETS as PRESETS
 from .mitigate.lpes import SPACES as SPACES
 from .mitigate.lpes import LPESResult as SearchResult
 from .mitigate.lpes import SearchConfig as SearchConfig
 from .mitigate.lpes import run_search as run_search
+from .mitigate.lpes.length_gain import GainResult as GainResult
+from .mitigate.lpes.length_gain import run_length_gain as run_gain
 
 __all__ = ["GAConfig", "GainResult", "LPES", "PRESETS", "SPACES", "SearchConfig", "SearchResult", "run_gain", "run_search"]

@@ -35,8 +35,6 @@ from .backends import register_backend as register_backend
 from .backends import split_models as split_models
 from .eval.compare import COLLAPSE_MARGIN as COLLAPSE_MARGIN
 from .eval.config import field_docs as field_docs
-from .scoring.engines import ENGINES as ENGINES
-from .scoring.scorer import Scorer as Scorer
 from .eval.show import ShownPrompt as ShownPrompt
 from .eval.show import show_prompt as show_prompt
 from .eval.show import show_prompts as show_prompts
@@ -54,6 +52,8 @@ from .policy import read_policy as read_policy
 from .policy import resampled_ranking as resampled_ranking
 from .policy import write_policy as write_policy
 from .runs import is_main_process as is_main_process
+from .scoring.engines import ENGINES as ENGINES
+from .scoring.scorer import Scorer as Scorer
 from .tasks import JSONL_SCHEMA as JSONL_SCHEMA
 from .tasks import ORDER_SCHEMAS as ORDER_SCHEMAS
 from .tasks import resolve_positions as resolve_positions

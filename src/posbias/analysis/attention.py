@@ -23,13 +23,13 @@ from pathlib import Path
 from ..backends import open_model
 from ..errors import PosbiasError
 from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict
-from ..scoring.encode import plan_batches
-from ..scoring.scorer import Scorer
-from ..scoring.spans import item_spans
 from ..methods import Method, UniformScaling, get_method
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as progress_bar
+from ..scoring.encode import plan_batches
+from ..scoring.scorer import Scorer
+from ..scoring.spans import item_spans
 from ..tasks import as_json, get_task, label, placement_key, positions_spec
 from .attention_measure import ROWS, Item, measure_batch
 from .attention_summary import summarize

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from ..core.rollout import iter_rollout
+from ..methods import Active
+from ..models.attention import layer_attentions, span_attention
 from ..scoring.encode import Encoded, left_pad
 from ..scoring.scorer import Scorer
 from ..scoring.spans import Spans
-from ..methods import Active
-from ..models.attention import layer_attentions, span_attention
 from ..tasks import as_json, placement_key
 
 ROWS = ("last", "answer")

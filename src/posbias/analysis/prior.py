@@ -24,12 +24,12 @@ import torch
 from ..backends import open_model
 from ..errors import PosbiasError
 from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict, plain
-from ..scoring.encode import BATCH_TOKENS, MAX_BATCH
-from ..scoring.relevance import item_attention
-from ..scoring.scorer import Scorer
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as bar
+from ..scoring.encode import BATCH_TOKENS, MAX_BATCH
+from ..scoring.relevance import item_attention
+from ..scoring.scorer import Scorer
 from ..tasks import Task, get_task
 from ..tasks.arrange import with_dummy
 

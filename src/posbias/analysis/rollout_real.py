@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from ..core.rollout import iter_rollout
-from ..scoring.spans import item_spans
 from ..models.attention import layer_attentions
 from ..models.load import Loaded
 from ..runs import write_json_atomic
+from ..scoring.spans import item_spans
 from ..tasks.kv_lookup import KVLookup
 
 SEGMENTS = ("first", "begin", "middle", "end", "gold", "other")

@@ -30,11 +30,11 @@ from pathlib import Path
 from ..backends import open_model
 from ..errors import PosbiasError
 from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict
-from ..scoring.scorer import Scorer
 from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as progress_bar
+from ..scoring.scorer import Scorer
 from ..tasks import Prompt, as_json, get_task, label, placement_key, positions_spec
 
 ROW_KEYS = ("example_id", "position", "correct", "ppl_anchor")

@@ -23,11 +23,11 @@ from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process
+from ..scoring.scaleout import start_processes
 from ..tasks import label, placement_key
 from .config import plain, spec_identity, spec_label
 from .cost import spent_usd
 from .judging import GOLD_FIGURES
-from ..scoring.scaleout import start_processes
 from .sweep import ROW_KEYS, SweepConfig, preflight, run_sweep, with_resume_hint
 
 PATH_KEYS = ("scoring_path", "scoring_note")

@@ -11,11 +11,11 @@ from ..backends import ModelSpec, parse_spec
 from ..errors import PosbiasError
 from ..models.dtype import DTYPE_CHOICES
 from ..models.load import DEFAULT_MODEL, DEVICES, check_device_map
-from ..specs import doc_entries
-from ..tasks import Task, split_task
 from ..scoring.encode import BATCH_TOKENS, MAX_BATCH
 from ..scoring.engines import ENGINES
 from ..scoring.scorer import CHAT_MODES
+from ..specs import doc_entries
+from ..tasks import Task, split_task
 
 
 @dataclass

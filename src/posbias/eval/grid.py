@@ -25,9 +25,11 @@ from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..runs import RunFolder, is_main_process, versions, write_json_atomic
+from ..scoring.encode import encode
+from ..scoring.scaleout import start_processes
+from ..scoring.scorer import Scorer
 from ..tasks import TASKS, Task, get_task
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, plain
-from ..scoring.encode import encode
 from .grid_text import format_grid
 from .longctx import (
     REFERENCES,
@@ -43,8 +45,6 @@ from .longctx import (
     reference_record,
     ruler_share,
 )
-from ..scoring.scaleout import start_processes
-from ..scoring.scorer import Scorer
 from .sweep import SweepConfig, SweepResult, run_sweep
 
 DEFAULT_DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))

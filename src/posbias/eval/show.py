@@ -20,12 +20,12 @@ from dataclasses import asdict, dataclass, field
 from ..backends import Backend, Capabilities, as_backend, parse_spec
 from ..errors import PosbiasError
 from ..models.load import DEFAULT_MODEL, Loaded, load_tokenizer
-from ..tasks import Placement, Prompt, Task, as_json, get_task, label
-from ..tasks.arrange import char_ranges
 from ..scoring.encode import Encoded, render
 from ..scoring.scorer import Scorer
 from ..scoring.spans import item_spans
 from ..scoring.template import default_system, template_sha256
+from ..tasks import Placement, Prompt, Task, as_json, get_task, label
+from ..tasks.arrange import char_ranges
 
 
 @dataclass

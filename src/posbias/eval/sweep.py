@@ -29,13 +29,13 @@ from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, versions, write_jsonl_atomic
 from ..runs import progress as progress_bar
+from ..scoring.engines import get_engine
+from ..scoring.scaleout import broadcast_rows, score_split, start_processes
+from ..scoring.scorer import Scorer, in_row_order
 from ..tasks import Placement, Task, as_json, get_task, label, mode_of, mode_summary, placement_key, positions_spec
 from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
 from .cost import BudgetReached, Meter
-from ..scoring.engines import get_engine
 from .judging import format_order, order_summary, write_flips
-from ..scoring.scaleout import broadcast_rows, score_split, start_processes
-from ..scoring.scorer import Scorer, in_row_order
 from .timing import Timing
 
 ROW_KEYS = ("example_id", "position", "correct")

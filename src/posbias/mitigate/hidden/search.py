@@ -28,12 +28,12 @@ import torch
 from ...backends import open_model
 from ...core.positional_channels import find_candidates
 from ...errors import PosbiasError
-from ...scoring.scorer import Scorer
 from ...methods.hidden import RESULT, HiddenScale
 from ...models.hidden import middle_layers
 from ...models.load import Loaded
 from ...runs import JsonlLog, RunFolder, read_json, write_json_atomic
 from ...runs import progress as progress_bar
+from ...scoring.scorer import Scorer
 from ...tasks import Task, get_task
 from .config import HiddenSearchConfig
 

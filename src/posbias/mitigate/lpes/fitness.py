@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ...errors import PosbiasError
-from ...scoring.scorer import Scorer
 from ...methods import LayerScaling
 from ...models.load import Loaded
 from ...runs import JsonlLog, is_main_process, num_processes
+from ...scoring.scorer import Scorer
 from ...tasks import Task
 from .config import SearchConfig
 

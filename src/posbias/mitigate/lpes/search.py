@@ -23,10 +23,10 @@ from pathlib import Path
 from ...backends import open_model
 from ...core.ga import STATE_VERSION, CurveSpace, GeneticSearch, LayerSpace, RandomSearch
 from ...errors import PosbiasError
-from ...scoring.scaleout import start_processes
 from ...models.load import Loaded
 from ...runs import RunFolder, is_main_process, read_json, write_json_atomic
 from ...runs import progress as progress_bar
+from ...scoring.scaleout import start_processes
 from ...tasks import get_task
 from .config import SearchConfig
 from .fitness import build_fitness, search_positions, weighted_fitness

@@ -31,13 +31,13 @@ import torch
 
 from ...backends import open_model
 from ...core.losses import load_balancing_loss
-from ...scoring.encode import left_pad
-from ...scoring.scorer import Scorer
 from ...methods.moice import RESULT, ROUTERS, sha256
 from ...models.load import Loaded
 from ...models.moice import Routers, check_routers, moice
 from ...runs import JsonlLog, RunFolder, is_main_process
 from ...runs import progress as progress_bar
+from ...scoring.encode import left_pad
+from ...scoring.scorer import Scorer
 from ...tasks import get_task
 from .config import MoICEConfig
 

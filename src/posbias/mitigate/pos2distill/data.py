@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PosbiasError
-from ...scoring.encode import BATCH_TOKENS, MAX_BATCH
-from ...scoring.scorer import Scorer
 from ...models.load import Loaded
 from ...runs import progress as progress_bar
 from ...runs import read_json, write_json_atomic, write_jsonl_atomic
+from ...scoring.encode import BATCH_TOKENS, MAX_BATCH
+from ...scoring.scorer import Scorer
 from ...tasks import Placement, Prompt, Task, as_json, label, placement_key
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from ...backends import open_model
 from ...errors import PosbiasError
-from ...scoring.generate import eos_ids
-from ...scoring.scorer import use_chat
 from ...models.decoding import decoding_record
 from ...models.dtype import choose_dtype
 from ...models.load import Loaded, library_bars, resolve_device
 from ...runs import MARKER, RunFolder, is_main_process, num_processes, read_json, write_json_atomic
+from ...scoring.generate import eos_ids
+from ...scoring.scorer import use_chat
 from ...tasks import get_task, placement_key
 from .collator import Collator, QuestionData
 from .config import OPERATIONAL, DistillConfig
