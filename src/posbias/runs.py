@@ -155,22 +155,12 @@ def versions(*extra: str) -> dict:
     return out
 
 
-class _Silent:
-    """Stands in for a progress bar when progress is off (or on a non-main process)."""
-
-    def update(self, n: int = 1) -> None: ...
-    def set_postfix(self, *a, **k) -> None: ...
-    def set_postfix_str(self, *a, **k) -> None: ...
-    def close(self) -> None: ...
-
-
 def progress(total: int | None, desc: str, unit: str, initial: int = 0, enabled: bool = True, **kw) -> Any:
-    """A tqdm bar on the main process when enabled, else an object with the same methods that does nothing."""
-    if not enabled or not is_main_process():
-        return _Silent()
+    """A tqdm bar on the main process when enabled, else a disabled one (tqdm's own no-op)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, **kw)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True,
+                disable=not enabled or not is_main_process(), **kw)
 
 
 # ----------------------------------------------------------------------------- run folders

@@ -50,6 +50,11 @@ class ModelChoice:
             parsed = self.__dict__["_spec"] = parse_spec(self.model)
         return parsed
 
+    def spec_part(self, part: str) -> Any:
+        """`identity` or `label` of this config's model from the spec parsed once (`spec`); a loaded model's name
+        (`loaded=`), which need not be a spec, as it is."""
+        return _spec_part(self.model, part, lambda: self.spec)
+
     def _validate_model(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
             raise PosbiasError(f"unknown dtype '{self.dtype}'", f"use `dtype` {', '.join(DTYPE_CHOICES)}")
@@ -165,11 +170,6 @@ class Cost:
             raise PosbiasError("a `budget` needs the prices to count dollars", "pass `price_in` and `price_out` (USD per "
                                "1M prompt / completion tokens)")
 
-    @property
-    def prices(self) -> tuple[float, float] | None:
-        """(USD per 1M prompt tokens, per 1M completion tokens), or None."""
-        return None if self.price_in is None else (float(self.price_in), float(self.price_out))
-
 
 def spec_identity(model: Any) -> Any:
     """What a run records (and a resume compares) for a model: the spec less its transport keys (timeout, retries,
@@ -183,11 +183,11 @@ def spec_label(model: Any) -> Any:
     return _spec_part(model, "label")
 
 
-def _spec_part(model: Any, part: str) -> Any:
+def _spec_part(model: Any, part: str, parsed=None) -> Any:
     if not isinstance(model, str):
         return model
     try:
-        return getattr(parse_spec(model), part)
+        return getattr(parsed() if parsed else parse_spec(model), part)
     except PosbiasError:  # a loaded model's name (`loaded=`) need not be a spec
         return model
 

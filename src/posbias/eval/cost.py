@@ -114,7 +114,8 @@ class Meter:
         if cfg.budget is not None and num_processes() > 1:
             raise PosbiasError("a `budget` is checked by one process, and this run has several",
                                "run it in one process, or drop `budget`")
-        meter = cls(cfg.prices, cfg.budget, elsewhere, frozenset(_key(r) for r in scored or []))
+        prices = None if cfg.price_in is None else (float(cfg.price_in), float(cfg.price_out))  # USD per 1M tokens
+        meter = cls(prices, cfg.budget, elsewhere, frozenset(_key(r) for r in scored or []))
         meter.passes = passes
         return meter
 

@@ -33,7 +33,7 @@ from ..scoring.engines import get_engine
 from ..scoring.scaleout import broadcast_rows, score_split, start_processes
 from ..scoring.scorer import Scorer, in_row_order
 from ..tasks import Placement, Task, as_json, get_task, label, mode_of, mode_summary, placement_key, positions_spec
-from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
+from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_label
 from .cost import BudgetReached, Meter
 from .judging import format_order, order_summary, write_flips
 from .timing import Timing
@@ -173,6 +173,8 @@ class SweepRun:
     scored: list[dict] | None = None  # the unmodified model's rows, handed over (`run_sweep`)
     backend: Backend | None = None
     scorer: Scorer | None = None
+    label: str = ""  # the model's short name (titles, progress), set by `open`
+    identity: object = None  # what run.json records for the model, set by `open`
 
     @classmethod
     def plan(cls, cfg: SweepConfig | None = None, out: str | Path | None = None, *, resume: bool = False,
@@ -215,22 +217,24 @@ class SweepRun:
         """The backend (`loaded`, or opened from the spec after what it cannot do is refused) and its scorer."""
         cfg = self.cfg
         if loaded is None:  # what a served backend cannot do is refused before it starts
-            check_method(cfg.spec.caps, cfg.spec.backend, self.method)
-            get_engine(cfg.engine or self.task.default_engine).check(cfg.spec.caps, cfg.spec.backend, self.task)
+            spec = cfg.spec  # parsed once, by the config
+            self.label, self.identity = spec.label, spec.identity  # titles; what run.json records (less transport keys)
+            check_method(spec.caps, spec.backend, self.method)
+            get_engine(cfg.engine or self.task.default_engine).check(spec.caps, spec.backend, self.task)
         start_processes()  # several processes: join their group first (each rank's own GPU)
         self.backend = (as_backend(loaded) if loaded is not None
                         else open_backend(cfg.spec, cfg.dtype, cfg.device, self.progress, cfg.device_map))
         if loaded is not None:  # the run records (and titles) the model it ran, with its dtype and device
             self.cfg = cfg.bound_to(self.backend.info)
+            self.label, self.identity = self.cfg.spec_part("label"), self.cfg.spec_part("identity")
         self.backend.check_method(self.method)
         self.scorer = Scorer(self.backend, self.task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens,
                              cfg.max_batch, cfg.prefix_sharing)
 
     def fingerprint(self) -> dict:
         """run.json: the resolved config (what a resume compares), the task, the model and the method."""
-        resolved = {**self.cfg.to_dict(), **self.scorer.settings(self.method),
-                    "positions_resolved": [as_json(p) for p in self.positions]}
-        resolved["model"] = spec_identity(self.cfg.model)  # less the transport keys (timeout=, ...): a resume may change them
+        resolved = {**self.cfg.to_dict(), "model": self.identity, **self.scorer.settings(self.method),
+                    "positions_resolved": [as_json(p) for p in self.positions]}  # the model less its transport keys
         return {"config": resolved, "task": self.task.config(), "model": self.backend.info, "method": self.method.config()}
 
     def score(self, rows: list) -> tuple[list[dict], Timing]:
@@ -276,7 +280,7 @@ class SweepRun:
 
     def _score(self, rows: list, done_rows: list[dict], log: JsonlLog | None, counted) -> list[dict]:
         done = {(r["example_id"], placement_key(r["position"])) for r in done_rows}
-        desc = f"{self.task.name} on {spec_label(self.cfg.model)}"
+        desc = f"{self.task.name} on {self.label}"
         bar = progress_bar(len(rows), desc, "row", initial=len(done), enabled=self.progress)
 
         def tick(n: int) -> None:
@@ -327,7 +331,7 @@ class SweepRun:
 
         folder, method = self.folder, self.method
         label = "" if method.name == "none" else f", {method.label}"
-        title = f"{self.task.name} on {spec_label(self.cfg.model)}{label} (n={self.cfg.n}, {record['config']['engine']})"
+        title = f"{self.task.name} on {self.label}{label} (n={self.cfg.n}, {record['config']['engine']})"
         plot_curve(record["per_position"], title, folder.file("curve.png"))
         if "modes" in record["summary"]:  # two hops: accuracy over (first, second)
             plot_pair_heatmap(record["per_position"], record["task"]["n_slots"], title, folder.file("heatmap.png"))
