@@ -15,6 +15,9 @@ path scores exactly these token ids. Paths:
       accepted answer in tokens, no stop strings; correct iff the generated ids begin with an accepted answer's ids
       (every answer token is the greedy choice; ties aside)
   (g) vLLM generate: greedy, the task's max_new_tokens, newline stop, judged by the task's metric on the first line
+  (F) the raw-forward floor of each protocol (benchmarks/floor.py): one plain forward over the unique tokens the
+      rows need (teacher forcing: prompts and answers; generation: prompts and what (c) generated), the least any
+      engine on this build of torch can spend on them; every path's "x floor" is its CPU s per row over this
 The vLLM paths call `LLM.generate` directly with token prompts, 64 requests per call, on an engine started with
 posbias's vllm backend's arguments (bf16, prefix caching on, seed 0), so they do not depend on which teacher-forcing
 route that backend takes by default.
@@ -49,13 +52,14 @@ from pathlib import Path
 import psutil
 
 PROTOCOL = {"a": "teacher-forced", "b": "teacher-forced", "c": "generate", "d": "generate", "e": "teacher-forced",
-            "f": "teacher-forced", "g": "generate", "g*": "generate"}
+            "f": "teacher-forced", "g": "generate", "g*": "generate", "Ftf": "teacher-forced", "Fgen": "generate"}
 CHUNK = 64  # requests per LLM.generate call, as posbias's vllm backend sends them
 ENGINE = {"dtype": "bfloat16", "enable_prefix_caching": True, "seed": 0, "max_model_len": 2048,
           "disable_log_stats": False}  # posbias's vllm backend's engine arguments; stats on: the cache counters
 LABEL = {"a": "(a) posbias prefix-shared", "b": "(b) posbias plain", "c": "(c) posbias prefix-shared",
          "d": "(d) posbias plain", "e": "(e) vLLM prompt_logprobs", "f": "(f) vLLM greedy-gen TF",
-         "g": "(g) vLLM generate", "g*": "(g) vLLM, NO reset (control)"}
+         "g": "(g) vLLM generate", "g*": "(g) vLLM, NO reset (control)", "Ftf": "(F) raw forward, unique tokens",
+         "Fgen": "(F) raw forward, unique tokens"}
 
 
 def proc_cpu() -> dict[int, tuple[float, bool]]:
@@ -113,7 +117,12 @@ def scorer_path(loaded, task, engine: str, prefix: bool, rows, what: str):
     scorer = Scorer(loaded, task, engine, prefix_sharing=prefix)
     if scorer.path()[0] != prefix:
         raise SystemExit(f"{what}: posbias took the {'prefix-shared' if not prefix else 'plain'} path, not the one asked")
-    return lambda: verdicts(scorer.score(rows))
+
+    def run() -> dict:
+        run.results = scorer.score(rows)  # in row order; (c)'s predictions give the generation floor its tokens
+        return verdicts(run.results)
+
+    return run
 
 
 def in_order(llm, prompts: list[list[int]], params: list) -> list:
@@ -232,7 +241,27 @@ def posbias_paths(model_dir: Path, task, examples, placements, threads: int) -> 
              for k, prefix in (("a", True), ("b", False), ("c", True), ("d", False))}
     if any(r.option_ids or r.prompt.options for r in rows):
         raise SystemExit("paths (e) and (f) score answer tokens; this task's rows are option labels (an order task)")
-    return rows, paths, Scorer(loaded, task, "generate").max_new_tokens
+    return loaded, rows, paths, Scorer(loaded, task, "generate").max_new_tokens
+
+
+def floor_rounds(loaded, rows, generated: list[str], rounds: int) -> list[dict]:
+    """(F): per protocol, one raw forward over the unique tokens the rows need, `rounds` times (benchmarks/floor.py)."""
+    from floor import needed, raw_forward, tree_tokens
+
+    length = round(sum(len(r.prompt_ids) for r in rows) / len(rows))
+    seqs = {"Ftf": needed(rows, "teacher-forced"),
+            "Fgen": needed(rows, "generate", generated, loaded.tokenizer)}
+    recs = []
+    for rnd in range(rounds):
+        for key, ss in seqs.items():
+            tokens = tree_tokens(ss)
+            m = measure(lambda t=tokens: raw_forward(loaded.model, t, length))
+            forwards = m.pop("result")
+            recs.append({"key": key, "round": rnd, "rows": len(rows), "verdicts": None, "hits": None, "queries": None,
+                         "tokens": len(tokens), **m})
+            print(f"  {LABEL[key]} ({PROTOCOL[key]}, {len(tokens)} unique tokens in {forwards} forwards of "
+                  f"{length}) round {rnd + 1}: wall {m['wall']:.1f} s, CPU {m['cpu']:.1f} s")
+    return recs
 
 
 def start_vllm(model_dir: Path):
@@ -286,11 +315,13 @@ def main() -> None:
     task = get_task(a.task)
     model_dir = Path(a.model_dir) if a.model_dir else export_model("smollm2-135m", Path(tempfile.mkdtemp()) / "smollm2")
     header(a, model_dir)
-    rows, paths, max_new = posbias_paths(model_dir, task, task.examples(a.n, 0, 0), task.placements("all"), a.threads)
+    loaded, rows, paths, max_new = posbias_paths(model_dir, task, task.examples(a.n, 0, 0), task.placements("all"),
+                                                 a.threads)
     print(f"rows: {len(rows)} ({a.task}, every slot x {a.n} examples), "
           f"{sum(len(r.prompt_ids) for r in rows)} prompt tokens; every path below scores these token ids; "
           "posbias warmed up on one other example (untimed), vLLM warms up (compiles) during its start")
     recs = run_rounds(paths, a.rounds)
+    recs += floor_rounds(loaded, rows, [r["prediction"] for r in paths["c"].results], a.rounds)
     llm = start_vllm(model_dir)
     vpaths = {"e": tf_logprobs(llm, rows), "f": tf_greedy(llm, rows), "g": generate(llm, rows, task, max_new)}
     recs += run_rounds(vpaths, a.rounds, llm)
@@ -311,19 +342,21 @@ def table(recs: list[dict]) -> None:
         if k in by:
             v = min(r["cpu"] / r["rows"] for r in by[k])
             best[PROTOCOL[k]] = min(best.get(PROTOCOL[k], v), v)
+    floor = {PROTOCOL[k]: min(r["cpu"] / r["rows"] for r in by[k]) for k in ("Ftf", "Fgen") if k in by}  # its best
     print(f"{'path':31s} {'protocol':14s} {'cache':13s} {'rows':>4s} {'wall s':>11s} {'CPU s':>11s} {'child':>7s} "
-          f"{'CPU s/row':>11s} {'x best vLLM':>11s} {'prefix-cache hits/queried':>26s}")
+          f"{'CPU s/row':>11s} {'x best vLLM':>11s} {'x floor':>9s} {'prefix-cache hits/queried':>26s}")
     for k in keys:
         rs = by[k]
         cpr = [r["cpu"] / r["rows"] for r in rs]
         ratio = span([c / best[PROTOCOL[k]] for c in cpr], ".2f") if PROTOCOL[k] in best else "-"
+        over = span([c / floor[PROTOCOL[k]] for c in cpr], ".2f") if PROTOCOL[k] in floor else "-"
         cache = "warm" if k == "g*" else "cold (reset)" if k in ("e", "f", "g") else "none held"
-        pc = "in process: no cache" if rs[0]["hits"] is None else (
+        pc = f"{rs[0]['tokens']} unique tokens" if k.startswith("F") else "in process: no cache" if rs[0]["hits"] is None else (
             f"{span([r['hits'] for r in rs], 'd')}/{span([r['queries'] for r in rs], 'd')}")
         child = span([r["child"] / r["cpu"] for r in rs if r["cpu"] > 0] or [0.0], ".0%")
         wall, cpu = span([r["wall"] for r in rs], ".1f"), span([r["cpu"] for r in rs], ".1f")
         print(f"{LABEL[k]:31s} {PROTOCOL[k]:14s} {cache:13s} {rs[0]['rows']:4d} {wall:>11s} {cpu:>11s} {child:>7s} "
-              f"{span(cpr, '.3f'):>11s} {ratio:>11s} {pc:>26s}")
+              f"{span(cpr, '.3f'):>11s} {ratio:>11s} {over:>9s} {pc:>26s}")
 
 
 def agreement(recs: list[dict]) -> None:
@@ -350,7 +383,8 @@ def report(recs: list[dict], a, total: float) -> None:
           "prefix; (e) never reads the cache (prompt_logprobs); 'none held': posbias in process keeps no cache across "
           "paths or examples; 'warm': (g) rerun without a reset, excluded from 'x best vLLM'")
     print("CPU s: user+system of this process and all its descendants; child: the share in child processes (vLLM's "
-          "EngineCore and worker); x best vLLM: CPU s/row over the cheapest cold vLLM route of the same protocol")
+          "EngineCore and worker); x best vLLM: CPU s/row over the cheapest cold vLLM route of the same protocol; "
+          "x floor: over the raw forward of the protocol's unique tokens (F, its best round)")
     agreement(recs)
     print(f"load average at end (1/5/15 min): {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}; total run {total:.0f} s")
 

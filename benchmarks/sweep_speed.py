@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from floor import needed, raw_forward, tree_tokens  # benchmarks/floor.py, beside this script
 
 from posbias import get_task, load_model
 from posbias.core.metrics import METRICS
@@ -79,15 +80,21 @@ def prefix_setting(loaded, name: str, n: int, engine: str, repeats: int, batch_t
     t_plain, p_rows = best_of(lambda: plain.score(rows), repeats)
     t_shared, s_rows = best_of(lambda: shared.score(rows), repeats)
     total, unique = unique_ratio(rows)
+    # the raw-forward floor (benchmarks/floor.py): one plain forward over the unique tokens these rows need
+    gen = [r["prediction"] for r in s_rows] if engine == "generate" else None
+    tokens = tree_tokens(needed(rows, engine, gen, loaded.tokenizer))
+    length = round(sum(len(r.prompt_ids) for r in rows) / len(rows))
+    t_floor, _ = best_of(lambda: raw_forward(loaded.model, tokens, length), repeats)
     verdict = {(r["example_id"], r["position"]): r["correct"] for r in p_rows}
     agree = sum(verdict[(r["example_id"], r["position"])] == r["correct"] for r in s_rows) / len(s_rows)
     return {"setting": name, "rows": len(rows), "tokens": sum(lengths), "prompt": total, "unique": unique,
-            "raw": t_raw, "plain": t_plain, "shared": t_shared, "agree": agree}
+            "raw": t_raw, "plain": t_plain, "shared": t_shared, "agree": agree, "floor": t_floor,
+            "floor_tokens": len(tokens)}
 
 
 PREFIX_HEAD = (f"{'setting':8s} {'rows':>5s} {'tokens':>7s} {'raw s':>7s} {'plain s':>8s} {'shared s':>8s} "
                f"{'raw tok/s':>10s} {'plain tok/s':>11s} {'shared tok/s':>12s} {'plain/raw':>9s} {'speed-up':>8s} "
-               f"{'ideal':>6s} {'of ideal':>8s} {'agree':>6s}")
+               f"{'ideal':>6s} {'of ideal':>8s} {'agree':>6s} {'floor s':>8s} {'plain/floor':>11s} {'shared/floor':>12s}")
 
 
 def print_prefix_row(r: dict) -> None:
@@ -95,7 +102,8 @@ def print_prefix_row(r: dict) -> None:
     up, ideal, n = r["plain"] / r["shared"], r["prompt"] / r["unique"], r["tokens"]
     print(f"{r['setting']:8s} {r['rows']:5d} {n:7d} {r['raw']:7.2f} {r['plain']:8.2f} {r['shared']:8.2f} "
           f"{n / r['raw']:10.0f} {n / r['plain']:11.0f} {n / r['shared']:12.0f} "
-          f"{r['raw'] / r['plain']:8.2f}x {up:7.2f}x {ideal:5.2f}x {up / ideal:7.0%} {r['agree']:6.1%}", flush=True)
+          f"{r['raw'] / r['plain']:8.2f}x {up:7.2f}x {ideal:5.2f}x {up / ideal:7.0%} {r['agree']:6.1%} "
+          f"{r['floor']:8.2f} {r['plain'] / r['floor']:10.2f}x {r['shared'] / r['floor']:11.2f}x", flush=True)
 
 
 def cpu_name() -> str:
@@ -144,7 +152,9 @@ def main() -> None:
         for x in names:
             print_prefix_row(prefix_setting(loaded, x, a.prefix_n, a.prefix_engine, a.repeats, a.batch_tokens,
                                             a.max_batch))
-        print("target: speed-up >= 80% of the ideal on every setting; plain/raw: the plain harness's share of raw speed")
+        print("target: speed-up >= 80% of the ideal on every setting; plain/raw: the plain harness's share of raw speed; "
+              "floor: one raw forward over the unique tokens the rows need (benchmarks/floor.py), the least any engine "
+              "on this torch build spends; plain/floor, shared/floor: each path's seconds over it")
 
 
 def legacy(a, loaded) -> None:

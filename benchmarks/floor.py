@@ -1,0 +1,52 @@
+"""The raw-forward floor (issue 49): the cost of one plain forward over the unique tokens a set of rows needs, the
+least any engine on this build of torch can spend on them.
+
+A row needs its prompt and, under teacher forcing, each accepted answer but its last token (the answer's logits come
+from the tokens before it); under generation, its prompt and the tokens it generated but the last. Rows that share a
+prefix need it once: the unique tokens are the nodes of the prefix tree of all these sequences (what perfect prefix
+sharing computes, and no more). The floor lays those tokens out, in tree order, as sequences of the rows' mean
+prompt length and runs the model over them once, batch 1, no cache, the logits of the last position only: every
+token through every layer exactly once, at batch and attention shapes close to the rows' own. It leaves out what a
+real engine must add (tokenising, padding, the attention of branch tokens to a long shared prefix, sampling, the
+per-step overhead of decoding), so a path's ratio to it says how far that path is from pure arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def tree_tokens(seqs: list[list[int]]) -> list[int]:
+    """The unique tokens of the prefix tree of `seqs`, in the order they are first met."""
+    root: dict = {}
+    out: list[int] = []
+    for s in seqs:
+        node = root
+        for t in s:
+            nxt = node.get(t)
+            if nxt is None:
+                nxt = node[t] = {}
+                out.append(t)
+            node = nxt
+    return out
+
+
+def needed(rows, protocol: str, generated: list[str] | None = None, tokenizer=None) -> list[list[int]]:
+    """The sequences a protocol must read for `rows` (posbias Encoded rows): teacher forcing, the prompt and each
+    accepted answer less its last token; generation, the prompt and the generated text's tokens (`generated`: each
+    row's prediction, in row order; re-tokenised, so a count, not the exact ids the engine fed)."""
+    if protocol == "teacher-forced":
+        return [list(r.prompt_ids) + list(a[:-1]) for r in rows for a in r.answer_ids]
+    return [list(r.prompt_ids) + tokenizer.encode(g, add_special_tokens=False) for r, g in zip(rows, generated)]
+
+
+@torch.inference_mode()
+def raw_forward(model, tokens: list[int], length: int) -> int:
+    """Run `model` over `tokens` in sequences of `length` (batch 1, no cache, last logits only); -> forwards run."""
+    dev = next(model.parameters()).device
+    n = 0
+    for lo in range(0, len(tokens), length):
+        ids = torch.tensor([tokens[lo:lo + length]], device=dev)
+        model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        n += 1
+    return n
