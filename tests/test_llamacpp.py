@@ -62,14 +62,14 @@ def test_dialect_detected_and_every_sampler_off(llama_server):
 def test_text_protocol_reproduces_in_process(llama_server, in_process, engine, tmp_path):
     from posbias import SweepConfig, run_sweep
 
-    served = sweep(spec(llama_server["url"]), tmp_path / "s", engine=engine)
-    local = run_sweep(SweepConfig(task_options=KV, positions=POS, n=6, engine=engine), loaded=in_process, progress=False)
+    served = sweep(spec(llama_server["url"]), tmp_path / "s", engine=engine, n=4)
+    local = run_sweep(SweepConfig(task_options=KV, positions=POS, n=4, engine=engine), loaded=in_process, progress=False)
     a, b = keyed(local.rows), keyed(served.rows)
     # llama.cpp computes on the Q4_1 weights, posbias on their bf16 dequantisation: near ties may flip (measured:
-    # none on these 18 rows); every prompt's tokenisation was checked against the in-process ids
+    # none on these 12 rows); every prompt's tokenisation was checked against the in-process ids
     assert sum(a[k]["correct"] == b[k]["correct"] for k in a) >= len(a) - 1
     record = json.loads((tmp_path / "s" / "sweep.json").read_text())
-    assert record["backend"]["counters"]["tokenize_checks"] == 18 and record["model"]["prompts"] == "text"
+    assert record["backend"]["counters"]["tokenize_checks"] == 12 and record["model"]["prompts"] == "text"
 
 
 def test_chat_protocol_answers_past_the_restated_prefix(llama_server):
@@ -98,7 +98,7 @@ def test_order_task_on_chat_is_scored_from_top_logprobs(llama_server, in_process
 def test_compare_and_resume_through_llama_cpp(llama_server, in_process, tmp_path):
     from posbias import SweepConfig, run_compare
 
-    cfg = SweepConfig(task_options=KV, positions=POS, n=4)
+    cfg = SweepConfig(task_options=KV, positions=POS, n=2)
     models = [in_process, spec(llama_server["url"])]
     res = run_compare(cfg, ["none"], tmp_path / "c", models=models, progress=False)
     assert len(res.entries) == 2
@@ -152,18 +152,18 @@ def test_outages_are_still_retried(llama_server):
 def test_a_long_context_grid_through_llama_cpp_builds_the_in_process_prompts(llama_server, in_process, tmp_path):
     from posbias import GridConfig, run_grid
 
-    base = dict(task="niah", depths="linear:3", n=2, engine="generate")
+    base = dict(task="niah", depths="linear:3", n=1, engine="generate")
     served = run_grid(GridConfig(model=spec(llama_server["url"]), fill="25%,50%", **base), tmp_path / "g", progress=False)
     local = run_grid(GridConfig(sizes="512,1024", **base), loaded=in_process, progress=False)  # its window is 8192
     assert [s["size"] for s in served.record["sizes"]] == [N_CTX // 4, N_CTX // 2]  # the served window's shares
     assert served.record["references"] and served.record["effective"]["lengths"] == [512, 1024]
     key = lambda r: (r["size"], r["example_id"], r["position"])  # noqa: E731
     s, p = {key(r): r for r in served.rows}, {key(r): r for r in local.rows}
-    assert s.keys() == p.keys() and len(s) == 12
+    assert s.keys() == p.keys() and len(s) == 6
     for k in s:  # the same haystack, needle depths and token counts (SmolLM2's tokenizer, our template, as text)
         assert (s[k]["prompt_tokens"], s[k]["needle_depths"]) == (p[k]["prompt_tokens"], p[k]["needle_depths"])
         assert s[k]["prompt_tokens"] <= k[0]
-    assert sum(s[k]["correct"] == p[k]["correct"] for k in s) >= 10  # Q4_1 on llama.cpp against bf16 in process
+    assert sum(s[k]["correct"] == p[k]["correct"] for k in s) >= 5  # Q4_1 on llama.cpp against bf16 in process
     again = run_grid(GridConfig(model=spec(llama_server["url"]), fill="25%,50%", **base), tmp_path / "g", resume=True,
                      progress=False)
     assert again.record["cells"] == served.record["cells"]
