@@ -50,11 +50,6 @@ class ModelChoice:
             parsed = self.__dict__["_spec"] = parse_spec(self.model)
         return parsed
 
-    def spec_part(self, part: str) -> Any:
-        """`identity` or `label` of this config's model from the spec parsed once (`spec`); a loaded model's name
-        (`loaded=`), which need not be a spec, as it is."""
-        return _spec_part(self.model, part, lambda: self.spec)
-
     def _validate_model(self) -> None:
         if self.dtype not in DTYPE_CHOICES:
             raise PosbiasError(f"unknown dtype '{self.dtype}'", f"use `dtype` {', '.join(DTYPE_CHOICES)}")
@@ -183,11 +178,11 @@ def spec_label(model: Any) -> Any:
     return _spec_part(model, "label")
 
 
-def _spec_part(model: Any, part: str, parsed=None) -> Any:
+def _spec_part(model: Any, part: str) -> Any:
     if not isinstance(model, str):
         return model
     try:
-        return getattr(parsed() if parsed else parse_spec(model), part)
+        return getattr(parse_spec(model), part)
     except PosbiasError:  # a loaded model's name (`loaded=`) need not be a spec
         return model
 

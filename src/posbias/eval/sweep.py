@@ -33,7 +33,7 @@ from ..scoring.engines import get_engine
 from ..scoring.scaleout import broadcast_rows, score_split, start_processes
 from ..scoring.scorer import Scorer, in_row_order
 from ..tasks import Placement, Task, as_json, get_task, label, mode_of, mode_summary, placement_key, positions_spec
-from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_label
+from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
 from .cost import BudgetReached, Meter
 from .judging import format_order, order_summary, write_flips
 from .timing import Timing
@@ -226,7 +226,7 @@ class SweepRun:
                         else open_backend(cfg.spec, cfg.dtype, cfg.device, self.progress, cfg.device_map))
         if loaded is not None:  # the run records (and titles) the model it ran, with its dtype and device
             self.cfg = cfg.bound_to(self.backend.info)
-            self.label, self.identity = self.cfg.spec_part("label"), self.cfg.spec_part("identity")
+            self.label, self.identity = spec_label(self.cfg.model), spec_identity(self.cfg.model)  # a loaded name as it is
         self.backend.check_method(self.method)
         self.scorer = Scorer(self.backend, self.task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens,
                              cfg.max_batch, cfg.prefix_sharing)
