@@ -42,7 +42,7 @@ from .methods import split_specs as split_specs
 from .models.dtype import choose_dtype as choose_dtype
 from .models.dtype import cpu_kind as cpu_kind
 from .models.dtype import dtype_note as dtype_note
-from .models.load import export_model as export_model
+from .models.export import export_model as export_model
 from .models.load import set_threads as set_threads
 from .policy import apply_ranking as apply_ranking
 from .policy import check_policy as check_policy

@@ -3,6 +3,7 @@
     smollm2-135m | DIR | FILE.gguf | hub-id      in process (hf), as before
     hf:DIR                                        the same, spelled out
     vllm:DIR,tensor_parallel_size=2,max_model_len=4096     vLLM's offline engine; every key goes to vllm.LLM
+    vllm:smollm2-135m                             the same on a registered name's weights (de-quantized once, cached)
     openai:model=NAME,base_url=http://127.0.0.1:8000/v1,tokenizer=DIR     an OpenAI-compatible server
 
 The pairs are read by posbias/specs.py, the parser method and task specs use too; values are ints, floats,

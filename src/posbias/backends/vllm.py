@@ -6,12 +6,15 @@ spec gives one; `auto` by posbias's rule, models/dtype.py: bf16 on a GPU with bf
 fp32, where vLLM's own "auto" would take the checkpoint's bf16 and crawl on an AVX2-only CPU), prefix caching on and seed 0; `teacher_forcing=generate|prompt_logprobs` is posbias's own key
 (default generate: greedy generation, scoring/engines.py). Prompt logprobs come with the top 2 alternatives (ties
 decided from their values), generation is greedy with a newline stop: the same requests and replies as the OpenAI
-backend, without HTTP. vLLM starts its workers by spawn: a script that uses this backend needs an
+backend, without HTTP. `vllm:smollm2-135m` (a registered name, or a .gguf file) runs on the model's GGUF weights
+de-quantized once into posbias's cache (`models.export.engine_dir`; vLLM reads no GGUF package); on a CPU the KV
+cache is VLLM_CPU_KVCACHE_SPACE=2 GiB where that is unset. vLLM starts its workers by spawn: a script that uses this backend needs an
 `if __name__ == "__main__":` guard.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 from ..errors import PosbiasError
@@ -20,6 +23,7 @@ from .dialects import VLLM_GREEDY  # every sampler off but the argmax, the model
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 CHUNK = 64  # requests per LLM.generate call: rows are written as each call returns
+KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE where unset: 93,184 tokens of SmolLM2 in bf16 (docs/backends.md)
 
 
 class VLLMBackend(ServedBackend):
@@ -27,7 +31,7 @@ class VLLMBackend(ServedBackend):
     description = "vLLM's offline engine in this process (tensor / pipeline parallel; an optional extra)"
     PASS_THROUGH = True  # vLLM validates its own engine arguments
 
-    def __init__(self, args: dict, dtype: str):
+    def __init__(self, args: dict, dtype: str, progress: bool = True):
         try:
             from vllm import LLM
         except ImportError as e:
@@ -36,17 +40,22 @@ class VLLMBackend(ServedBackend):
         import torch
 
         from ..models.dtype import choose_dtype
+        from ..models.export import engine_dir
         from ..models.load import load_tokenizer
 
-        dtype, why = choose_dtype(dtype, "cuda" if torch.cuda.is_available() else "cpu")
+        gpu = torch.cuda.is_available()
+        dtype, why = choose_dtype(dtype, "cuda" if gpu else "cpu")
         why = why if "dtype" not in args else "the model spec's dtype="
         self.caps = self.capabilities(args)
         self.model = str(args["model"])
+        folder = engine_dir(self.model, dtype, progress)  # vllm:smollm2-135m: the GGUF package de-quantized once
         engine = {"dtype": DTYPES.get(dtype, dtype), "enable_prefix_caching": True, "seed": 0,
                   **{k: v for k, v in args.items() if k not in ("model", "teacher_forcing")}}
-        self.tokenizer = load_tokenizer(self.model, progress=False)
+        if not gpu:  # unset, vLLM's CPU worker wants 92% of the RAM free for its KV cache and dies on a used machine
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+        self.tokenizer = load_tokenizer(folder, progress=False)
         try:
-            self.llm = LLM(model=self.model, **engine)
+            self.llm = LLM(model=folder, **engine)
         except Exception as e:
             raise PosbiasError(f"vLLM could not start on '{self.model}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
                                "check the model directory and the engine arguments in the model spec (on a CPU, vLLM "
@@ -55,7 +64,9 @@ class VLLMBackend(ServedBackend):
         self.counts = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
         window = self.llm.llm_engine.model_config.max_model_len
         self.info = {"backend": self.name, "name": f"vllm:{self.model}", "source": self.model, "engine_args": engine,
-                     "context_window": int(window), "vllm_version": _version(), "dtype_reason": why}
+                     "context_window": int(window), "vllm_version": _version(), "dtype_reason": why,
+                     **({} if folder == self.model else {"model_dir": folder}),
+                     **({} if gpu else {"cpu_kv_cache_gib": os.environ["VLLM_CPU_KVCACHE_SPACE"]})}
 
     @classmethod
     def capabilities(cls, args: dict) -> Capabilities:
@@ -68,7 +79,7 @@ class VLLMBackend(ServedBackend):
 
     @classmethod
     def open(cls, args: dict, dtype: str, device: str, progress: bool, device_map: str | None) -> "VLLMBackend":
-        return cls(args, dtype)
+        return cls(args, dtype, progress)
 
     def counters(self) -> dict:
         return dict(self.counts)

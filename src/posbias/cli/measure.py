@@ -155,7 +155,7 @@ def backends() -> None:
             typer.echo(f"  {k:15s} {v}")
         if cls.PASS_THROUGH:
             typer.echo("  (every key goes to the engine as it is)")
-    typer.echo("\nA spec: smollm2-135m | hf:DIR | vllm:DIR,tensor_parallel_size=2 | "
+    typer.echo("\nA spec: smollm2-135m | hf:DIR | vllm:DIR,tensor_parallel_size=2 | vllm:smollm2-135m | "
                "openai:model=NAME,base_url=http://127.0.0.1:8000/v1,tokenizer=DIR")
 
 

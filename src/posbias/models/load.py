@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..errors import PosbiasError
-from ..runs import check_out_dir, num_processes
+from ..runs import num_processes
 from .dtype import DTYPES, choose_dtype, cpu_kind
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -337,19 +337,6 @@ def _write_cache(d: Path, model, tok) -> None:
         logging.getLogger("posbias").info("de-quantized model not cached in %s: %s", d, e)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def export_model(name: str, out: str | Path, dtype: str = "auto") -> Path:
-    """Write a model posbias loads (a registered name, a .gguf, ...) as a plain model directory that any engine
-    serves (vLLM does not read our GGUF packages): weights, config, generation config and tokenizer."""
-    out = Path(out)
-    check_out_dir(out)  # a file, or a place that takes no files: refused before the model loads
-    if out.exists() and any(out.iterdir()):
-        raise PosbiasError(f"{out} exists and is not empty", "pass a new directory")
-    loaded = load_model(name, dtype, "cpu", progress=False)
-    loaded.model.save_pretrained(out)
-    loaded.tokenizer.save_pretrained(out)
-    return out
 
 
 def _info(name: str, kind: str, src: str, gguf: str | None, model, tok, dtype: str, dev) -> dict:
