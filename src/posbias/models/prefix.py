@@ -142,12 +142,42 @@ def prefill(model, spines: list[list[int]], pad_id: int) -> list[tuple[torch.Ten
     return [(stack(i, 0), stack(i, 1)) for i in range(len(per[0]))]
 
 
+def _presized_layer(keys: torch.Tensor, values: torch.Tensor, room: int):
+    """A cache layer holding `keys`/`values` [R, H, W, D] with room for `room` more columns, written in place:
+    transformers' DynamicLayer concatenates the whole cache at every forward (a copy of R x H x W x D per layer and
+    step, which at a long prefix or over many decode steps costs more than the step's own new columns)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class Presized(DynamicLayer):
+        def __init__(self):
+            super().__init__()
+            r, h, w, _ = keys.shape
+            self.k = keys.new_empty((r, h, w + room, keys.shape[-1]))
+            self.v = values.new_empty((r, h, w + room, values.shape[-1]))
+            self.k[:, :, :w], self.v[:, :, :w] = keys, values
+            self.n, self.device, self.is_initialized = w, keys.device, True
+            self.keys, self.values = self.k[:, :, :w], self.v[:, :, :w]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            n, q = self.n, key_states.shape[-2]
+            if n + q > self.k.shape[2]:  # past the room asked for: grow (as DynamicLayer would, once)
+                self.k = torch.cat([self.k[:, :, :n], key_states.new_empty((*self.k.shape[:2], q, self.k.shape[3]))], 2)
+                self.v = torch.cat([self.v[:, :, :n], value_states.new_empty((*self.v.shape[:2], q, self.v.shape[3]))], 2)
+            self.k[:, :, n:n + q], self.v[:, :, n:n + q] = key_states, value_states
+            self.n = n + q
+            self.keys, self.values = self.k[:, :, :self.n], self.v[:, :, :self.n]
+            return self.keys, self.values
+
+    return Presized()
+
+
 class SharedKV:
     """Rows that continue cached spines: `forward` appends tokens to every row and returns their logits."""
 
     def __init__(self, model, spine_kv: list[tuple[torch.Tensor, torch.Tensor]], owner: torch.Tensor,
-                 plen: torch.Tensor):
-        """owner [R]: each row's spine (index into the prefill batch); plen [R]: how many spine columns it sees."""
+                 plen: torch.Tensor, room: int = 0):
+        """owner [R]: each row's spine (index into the prefill batch); plen [R]: how many spine columns it sees;
+        room: how many columns the rows will append in all (their branches, new tokens), allocated once."""
         from transformers import DynamicCache
 
         self.model = model
@@ -156,10 +186,11 @@ class SharedKV:
         width = max(1, int(plen.max()))
 
         def rows(t: torch.Tensor) -> torch.Tensor:  # [E, H, P, D] -> [R, H, width, D], on the layer's device
-            return t.index_select(0, owner.to(t.device))[:, :, :width].contiguous()
+            return t[:, :, :width].index_select(0, owner.to(t.device))
 
-        # a copy, so a batch holds R x width columns of KV per layer
-        self.cache = DynamicCache(ddp_cache_data=[(rows(k), rows(v)) for k, v in spine_kv])
+        # a batch holds R x (width + room) columns of KV per layer, appended in place
+        self.cache = DynamicCache()
+        self.cache.layers = [_presized_layer(rows(k), rows(v), room) for k, v in spine_kv]
         cols = torch.arange(width, device=dev)
         self.kpos = torch.where(cols[None] < plen[:, None], cols[None], -1)  # [R, width]
         self.windows = _window_plan(model)[0]

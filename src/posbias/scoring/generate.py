@@ -89,7 +89,7 @@ def generate_shared(model, tokenizer, rows: list[Encoded], spine_kv, owner: list
     from .teacher_forced import left_pad_at
 
     ids, qpos, valid = left_pad_at([r.prompt_ids[p:] for r, p in zip(rows, plen)], plen)
-    shared = SharedKV(model, spine_kv, torch.tensor(owner), torch.tensor(plen))
+    shared = SharedKV(model, spine_kv, torch.tensor(owner), torch.tensor(plen), ids.shape[1] + max_new_tokens)
     logits = shared.extend(ids, qpos, valid, keep=1)[:, -1]  # [R, V]
     stops = set(eos_ids(model, tokenizer)) | (set() if multiline else set(_newline_ids(tokenizer)))
     stop_ids = torch.tensor(sorted(stops), device=logits.device)

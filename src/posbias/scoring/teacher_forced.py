@@ -61,7 +61,7 @@ def score_teacher_forced_shared(model, tokenizer, rows: list[Encoded], spine_kv,
     branches = [rows[r].prompt_ids[plen[r]:] + a for r, a in zip(seq_row, answers)]
     starts = [plen[r] for r in seq_row]
     ids, qpos, valid = left_pad_at(branches, starts)
-    shared = SharedKV(model, spine_kv, torch.tensor([owner[r] for r in seq_row]), torch.tensor(starts))
+    shared = SharedKV(model, spine_kv, torch.tensor([owner[r] for r in seq_row]), torch.tensor(starts), ids.shape[1])
     a_max = max(map(len, answers))
     logits = shared.extend(ids, qpos, valid, keep=a_max + 1).float()  # [S, a_max+1, V]
     return verdicts(tokenizer, rows, seq_row, answers, logits)
