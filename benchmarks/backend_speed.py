@@ -246,7 +246,7 @@ def posbias_paths(model_dir: Path, task, examples, placements, threads: int) -> 
 
 def floor_rounds(loaded, rows, generated: list[str], rounds: int) -> list[dict]:
     """(F): per protocol, one raw forward over the unique tokens the rows need, `rounds` times (benchmarks/floor.py)."""
-    from floor import needed, raw_forward, tree_tokens
+    from floor import needed, raw_forward, tree_token_ids
 
     length = round(sum(len(r.prompt_ids) for r in rows) / len(rows))
     seqs = {"Ftf": needed(rows, "teacher-forced"),
@@ -254,7 +254,7 @@ def floor_rounds(loaded, rows, generated: list[str], rounds: int) -> list[dict]:
     recs = []
     for rnd in range(rounds):
         for key, ss in seqs.items():
-            tokens = tree_tokens(ss)
+            tokens = tree_token_ids(ss)
             m = measure(lambda t=tokens: raw_forward(loaded.model, t, length))
             forwards = m.pop("result")
             recs.append({"key": key, "round": rnd, "rows": len(rows), "verdicts": None, "hits": None, "queries": None,

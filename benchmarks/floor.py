@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 
 
-def tree_tokens(seqs: list[list[int]]) -> list[int]:
-    """The unique tokens of the prefix tree of `seqs`, in the order they are first met."""
+def tree_token_ids(seqs: list[list[int]]) -> list[int]:
+    """The unique tokens of the prefix tree of `seqs`, in the order they are first met (their count is
+    posbias.scoring.prefix.tree_tokens; the floor needs the ids themselves, to run them)."""
     root: dict = {}
     out: list[int] = []
     for s in seqs:

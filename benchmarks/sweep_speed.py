@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from floor import needed, raw_forward, tree_tokens  # benchmarks/floor.py, beside this script
+from floor import needed, raw_forward, tree_token_ids  # benchmarks/floor.py, beside this script
 
 from posbias import get_task, load_model
 from posbias.core.metrics import METRICS
@@ -82,7 +82,7 @@ def prefix_setting(loaded, name: str, n: int, engine: str, repeats: int, batch_t
     total, unique = unique_ratio(rows)
     # the raw-forward floor (benchmarks/floor.py): one plain forward over the unique tokens these rows need
     gen = [r["prediction"] for r in s_rows] if engine == "generate" else None
-    tokens = tree_tokens(needed(rows, engine, gen, loaded.tokenizer))
+    tokens = tree_token_ids(needed(rows, engine, gen, loaded.tokenizer))
     length = round(sum(len(r.prompt_ids) for r in rows) / len(rows))
     t_floor, _ = best_of(lambda: raw_forward(loaded.model, tokens, length), repeats)
     verdict = {(r["example_id"], r["position"]): r["correct"] for r in p_rows}

@@ -20,6 +20,7 @@ than full and sliding, and unknown position schemes fall back. tests/test_model_
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -142,14 +143,13 @@ def prefill(model, spines: list[list[int]], pad_id: int) -> list[tuple[torch.Ten
     return [(stack(i, 0), stack(i, 1)) for i in range(len(per[0]))]
 
 
-def _presized_layer(keys: torch.Tensor, values: torch.Tensor, room: int):
-    """A cache layer holding `keys`/`values` [R, H, W, D] with room for `room` more columns, written in place:
-    transformers' DynamicLayer concatenates the whole cache at every forward (a copy of R x H x W x D per layer and
-    step, which at a long prefix or over many decode steps costs more than the step's own new columns)."""
+@functools.cache
+def _presized_class():
+    """The cache layer class, built once (transformers is imported lazily in this module)."""
     from transformers.cache_utils import DynamicLayer
 
     class Presized(DynamicLayer):
-        def __init__(self):
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int):
             super().__init__()
             r, h, w, _ = keys.shape
             self.k = keys.new_empty((r, h, w + room, keys.shape[-1]))
@@ -168,7 +168,13 @@ def _presized_layer(keys: torch.Tensor, values: torch.Tensor, room: int):
             self.keys, self.values = self.k[:, :, :self.n], self.v[:, :, :self.n]
             return self.keys, self.values
 
-    return Presized()
+    return Presized
+
+
+def _presized_layer(keys: torch.Tensor, values: torch.Tensor, room: int):
+    """A cache layer holding `keys`/`values` [R, H, W, D] with room for `room` more columns, written in place
+    (transformers' DynamicLayer concatenates the whole cache at every forward)."""
+    return _presized_class()(keys, values, room)
 
 
 class SharedKV:
