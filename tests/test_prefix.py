@@ -151,6 +151,37 @@ def test_shared_forward_equals_left_and_right_padded_plain(arch, attn):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@torch.inference_mode()
+def test_joined_rows_decode_as_plain(arch):
+    """SharedKV.joined: two parts of different widths (spine cuts and branches) stacked into one batch, the narrower
+    one's rows padded with hidden columns; two decode steps give each row the logits of its plain forward."""
+    model = tiny_model(arch, 100)
+    spines = random_seqs([30, 12], 100)
+    kv = prefill(model, spines, 0)
+    parts = [[(0, 25, [7, 8, 9, 10, 11, 12]), (1, 3, [13])], [(1, 10, [14, 15]), (0, 4, [16])]]
+    kvs, nxt, seqs = [], [], []
+    for rows in parts:
+        part = SharedKV(model, kv, torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]))
+        width = max(len(b) for *_, b in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        pos, valid = torch.zeros_like(ids), torch.zeros_like(ids, dtype=torch.bool)
+        for i, (_, p, b) in enumerate(rows):
+            ids[i, width - len(b):], pos[i, width - len(b):] = torch.tensor(b), torch.arange(p, p + len(b))
+            valid[i, width - len(b):] = True
+        part.forward(ids, pos, valid, keep=1)
+        kvs.append(part)
+        nxt.append(pos[:, -1:] + 1)
+        seqs += [spines[e][:p] + b for e, p, b in rows]
+    assert kvs[0].kpos.shape[1] != kvs[1].kpos.shape[1]
+    joined, pos = SharedKV.joined(kvs, room=2), torch.cat(nxt)
+    for tok in ([21, 22, 23, 24], [31, 32, 33, 34]):
+        got = joined.forward(torch.tensor(tok)[:, None], pos, torch.ones_like(pos, dtype=torch.bool))[:, 0]
+        seqs = [s + [t] for s, t in zip(seqs, tok)]
+        torch.testing.assert_close(got, model(**left_pad(seqs, 0)).logits[:, -1], atol=1e-4, rtol=1e-4)
+        pos = pos + 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("engine", ["teacher-forced", "generate"])
 def test_scorer_matches_plain_on_kv_lookup(arch, engine):
     lo = tiny_loaded(arch, chat=arch != "gpt2")
@@ -168,7 +199,7 @@ def test_scorer_matches_plain_on_kv_lookup(arch, engine):
 def test_accelerator_profile_matches_plain(arch, engine, monkeypatch):
     """On an accelerator the spines run as one right-padded batch, branches unchunked and batches close only at
     the budget (models.prefix.launch_bound); run here on CPU by forcing the profile: still the plain path's
-    verdicts, predictions and logprobs, and fewer forwards than the CPU profile."""
+    verdicts, predictions and logprobs, and fewer forwards over prompts than the CPU profile."""
     import posbias.models.prefix as mp
 
     lo = tiny_loaded(arch)
@@ -180,12 +211,43 @@ def test_accelerator_profile_matches_plain(arch, engine, monkeypatch):
     for bound in (False, True):
         monkeypatch.setattr(mp, "launch_bound", lambda model, b=bound: b)
         n = [0]
-        hook = lo.model.register_forward_pre_hook(lambda *a: n.__setitem__(0, n[0] + 1))
+        hook = lo.model.register_forward_pre_hook(  # forwards over prompts (a decode step, one token a row, not counted)
+            lambda m, a, kw: n.__setitem__(0, n[0] + (kw["input_ids"].shape[1] > 1)), with_kwargs=True)
         shared = Scorer(lo, task, engine, 6, batch_tokens=4000).score(rows)
         hook.remove()
         calls[bound] = n[0]
         _assert_same(plain, shared, logprob=engine == "teacher-forced")
     assert calls[True] < calls[False], calls
+
+
+@pytest.mark.parametrize("arch", ("llama", "gemma3"))
+def test_joined_decode_takes_fewer_steps_and_generates_what_plain_does(arch, monkeypatch):
+    """Generation on the prefix-shared path decodes the rows of consecutive branch batches together
+    (SharedKV.joined, each part's columns padded with hidden ones): the plain path's texts and cut flags, in fewer
+    decode steps than one loop per branch batch; the run's settings say so."""
+    import posbias.scoring.engines as eng
+
+    lo = tiny_loaded(arch)
+    position_sensitive(lo.model)
+    task = get_task("kv-lookup", facts=6, digits=3)
+    rows = Scorer(lo, task).rows(task.examples(4, seed=0), list(range(6)))
+    plain = Scorer(lo, task, "generate", 6, prefix_sharing=False).score(rows)
+    steps = {}
+    for joined in (True, False):
+        if not joined:
+            monkeypatch.setattr(eng, "_decode_runs", lambda parts, *a: [[p] for p in parts])
+        n = [0]
+        hook = lo.model.register_forward_pre_hook(
+            lambda m, a, kw: n.__setitem__(0, n[0] + (kw["input_ids"].shape[1] == 1)), with_kwargs=True)
+        scorer = Scorer(lo, task, "generate", 6, batch_tokens=4000, max_batch=16)
+        shared = scorer.score(rows)
+        hook.remove()
+        steps[joined] = n[0]
+        _assert_same(plain, shared, logprob=False)
+        a, b = _by_key(plain), _by_key(shared)
+        assert all(a[k]["cut"] == b[k]["cut"] for k in a)
+    assert 0 < steps[True] < steps[False], steps
+    assert scorer.settings("none")["decode"] == "joined"
 
 
 @pytest.mark.parametrize("arch", ("llama", "gemma3"))

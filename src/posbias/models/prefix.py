@@ -149,14 +149,11 @@ def _presized_class():
     from transformers.cache_utils import DynamicLayer
 
     class Presized(DynamicLayer):
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int):
+        def __init__(self, k: torch.Tensor, v: torch.Tensor, n: int):
+            """k, v [R, H, columns, D]: the buffers, allocated once; their first n columns in use."""
             super().__init__()
-            r, h, w, _ = keys.shape
-            self.k = keys.new_empty((r, h, w + room, keys.shape[-1]))
-            self.v = values.new_empty((r, h, w + room, values.shape[-1]))
-            self.k[:, :, :w], self.v[:, :, :w] = keys, values
-            self.n, self.device, self.is_initialized = w, keys.device, True
-            self.keys, self.values = self.k[:, :, :w], self.v[:, :, :w]
+            self.k, self.v, self.n, self.device, self.is_initialized = k, v, n, k.device, True
+            self.keys, self.values = k[:, :, :n], v[:, :, :n]
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
             n, q = self.n, key_states.shape[-2]
@@ -174,7 +171,26 @@ def _presized_class():
 def _presized_layer(keys: torch.Tensor, values: torch.Tensor, room: int):
     """A cache layer holding `keys`/`values` [R, H, W, D] with room for `room` more columns, written in place
     (transformers' DynamicLayer concatenates the whole cache at every forward)."""
-    return _presized_class()(keys, values, room)
+    r, h, w, _ = keys.shape
+    k = keys.new_empty((r, h, w + room, keys.shape[-1]))
+    v = values.new_empty((r, h, w + room, values.shape[-1]))
+    k[:, :, :w], v[:, :, :w] = keys, values
+    return _presized_class()(k, v, w)
+
+
+def _joined_layer(layers: list, width: int, room: int):
+    """One cache layer with the rows of `layers` (Presized) stacked, each part's columns left-aligned in `width`,
+    with room for `room` more. The columns a part does not fill are zeros (its rows' masks hide them, and a
+    hidden column must not hold a NaN from uninitialised memory, which a masked softmax would still multiply)."""
+    first = layers[0].k
+    rows = sum(lay.k.shape[0] for lay in layers)
+    k = first.new_zeros((rows, first.shape[1], width + room, first.shape[3]))
+    v = layers[0].v.new_zeros((rows, layers[0].v.shape[1], width + room, layers[0].v.shape[3]))
+    r = 0
+    for lay in layers:
+        k[r:r + lay.k.shape[0], :, :lay.n], v[r:r + lay.k.shape[0], :, :lay.n] = lay.keys, lay.values
+        r += lay.k.shape[0]
+    return _presized_class()(k, v, width)
 
 
 class SharedKV:
@@ -202,6 +218,23 @@ class SharedKV:
         self.windows = _window_plan(model)[0]
         sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
         self.dtype = torch.bool if sdpa else spine_kv[0][0].dtype  # the mask's: boolean for SDPA, else additive
+
+    @classmethod
+    def joined(cls, parts: list["SharedKV"], room: int) -> "SharedKV":
+        """The rows of `parts` as one batch (their order kept), each part's columns as they are, the shorter parts'
+        rows padded with hidden columns; room: the columns the joined rows will append (their new tokens). Used to
+        decode the rows of several branch batches together (scoring/generate.py): a decode step reads every weight
+        once however many rows it carries, so fewer, fuller steps cost less per row."""
+        from transformers import DynamicCache
+
+        out = cls.__new__(cls)
+        out.model, out.windows, out.dtype = parts[0].model, parts[0].windows, parts[0].dtype
+        width = max(p.kpos.shape[1] for p in parts)
+        out.kpos = torch.cat([torch.nn.functional.pad(p.kpos, (0, width - p.kpos.shape[1]), value=-1) for p in parts])
+        out.cache = DynamicCache()
+        out.cache.layers = [_joined_layer([p.cache.layers[i] for p in parts], width, room)
+                            for i in range(len(parts[0].cache.layers))]
+        return out
 
     def _masks(self, kpos: torch.Tensor, qpos: torch.Tensor):
         if isinstance(self.windows, dict):

@@ -28,6 +28,7 @@ from the list counts as less likely than every listed token.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import Any, ClassVar, Protocol
 
 from ..backends import Reply, Request
@@ -39,7 +40,7 @@ from ..methods import Active
 from ..models.load import Loaded
 from ..tasks import Task
 from .encode import Encoded, render
-from .generate import generate_limited
+from .generate import decode_shared, generate_limited
 from .teacher_forced import option_verdict, score_teacher_forced
 
 
@@ -60,6 +61,7 @@ TOP_LABELS = 20  # alternatives asked for with an order task's first generated t
 class Engine(ABC):
     name: ClassVar[str]
     reads_options: ClassVar[bool] = False  # an order task's labels are scored as next tokens (encode: option_ids)
+    shared_settings: ClassVar[dict] = {}  # what score_shared does beyond one batch at a time, for the run's record
 
     @abstractmethod
     def need(self, row: Encoded, max_new_tokens: int) -> int:
@@ -73,6 +75,12 @@ class Engine(ABC):
         """One dict per row: correct (the task's metric), prediction, the task's further metrics (and logprob
         for teacher forcing). shared = (spine_kv, owner, plen): the rows continue cached spines (scoring/prefix.py)."""
         return [self.also(scorer, r, row) for r, row in zip(self._predict(scorer, batch, active, shared), batch)]
+
+    def score_shared(self, scorer: ScorerView, parts: list[tuple[list[Encoded], tuple]]) -> Iterator[tuple[list[Encoded], list[dict]]]:
+        """The branch batches of one example group on the prefix-shared path, parts = [(batch, shared), ...]:
+        (batch, its results) for each, in order. Here one batch at a time; an engine may share work across them."""
+        for batch, shared in parts:
+            yield batch, self.score(scorer, batch, None, shared)  # type: ignore[arg-type]
 
     @staticmethod
     def also(scorer: ScorerView, result: dict, row: Encoded) -> dict:
@@ -159,6 +167,7 @@ class TeacherForced(Engine):
 
 class Generate(Engine):
     name = "generate"
+    shared_settings = {"decode": "joined"}  # score_shared: the decode steps of consecutive branch batches shared
 
     def need(self, row: Encoded, max_new_tokens: int) -> int:
         return len(row.prompt_ids) + max_new_tokens
@@ -168,6 +177,17 @@ class Generate(Engine):
         preds = generate_limited(scorer.loaded.model, tok, batch, tok.pad_token_id, scorer.max_new_tokens,
                                  multiline=scorer.task.multiline, shared=shared)
         return [self._judge(scorer, p, r, cut) for (p, cut), r in zip(preds, batch)]
+
+    def score_shared(self, scorer: ScorerView, parts: list[tuple[list[Encoded], tuple]]) -> Iterator[tuple[list[Encoded], list[dict]]]:
+        """Each branch batch prefilled on its own, their decode steps shared (generate.decode_shared: a step costs
+        about the same for 5 rows as for 30), in runs of consecutive batches of at most max_batch rows and
+        batch_tokens cache columns (rows x (their widest spine cut + branch + max_new_tokens)), the budgets of
+        every batch; the settings' `decode` says so."""
+        tok, n_new = scorer.loaded.tokenizer, scorer.max_new_tokens
+        for run in _decode_runs(parts, scorer.batch_tokens, scorer.max_batch, n_new):
+            preds = iter(decode_shared(scorer.loaded.model, tok, run, n_new, multiline=scorer.task.multiline))
+            for batch, _ in run:
+                yield batch, [self.also(scorer, self._judge(scorer, pred, r, cut), r) for r, (pred, cut) in zip(batch, preds)]
 
     @staticmethod
     def _judge(scorer: ScorerView, pred: str, row: Encoded, cut: bool) -> dict:
@@ -259,3 +279,24 @@ def get_engine(name: str) -> Engine:
     if name not in ENGINES:
         raise PosbiasError(f"unknown engine '{name}'", f"use `engine` {' or '.join(ENGINES)}")
     return ENGINES[name]
+
+
+def _decode_runs(parts: list[tuple[list[Encoded], tuple]], batch_tokens: int, max_batch: int,
+                 max_new_tokens: int) -> list[list[tuple[list[Encoded], tuple]]]:
+    """Consecutive branch batches whose rows decode together: a run grows while its rows stay within max_batch and
+    rows x (widest spine cut + widest branch + max_new_tokens) within batch_tokens (one batch alone always runs)."""
+    def width(part) -> int:
+        rows, (_, _, plen) = part
+        return max(1, max(plen)) + max(len(r.prompt_ids) - p for r, p in zip(rows, plen))
+
+    runs: list[list] = []
+    n = w = 0
+    for part in parts:
+        rows, wide = len(part[0]), width(part)
+        if runs and n + rows <= max_batch and (n + rows) * (max(w, wide) + max_new_tokens) <= batch_tokens:
+            runs[-1].append(part)
+            n, w = n + rows, max(w, wide)
+        else:
+            runs.append([part])
+            n, w = rows, wide
+    return runs

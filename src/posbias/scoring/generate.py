@@ -85,17 +85,34 @@ def generate_shared(model, tokenizer, rows: list[Encoded], spine_kv, owner: list
     """As generate_greedy, each row continuing its spine's cache (scoring/prefix.py): the branch prefill, then a
     greedy loop over the growing cache with generate_greedy's stop rules (EOS, max_new_tokens, a newline
     unless multiline); a stopped row's token is kept (and dropped by skip_special_tokens if special), as there."""
+    return decode_shared(model, tokenizer, [(rows, (spine_kv, owner, plen))], max_new_tokens, multiline)
+
+
+@torch.inference_mode()
+def decode_shared(model, tokenizer, parts: list[tuple[list[Encoded], tuple]], max_new_tokens: int,
+                  multiline: bool = False) -> list[tuple[str, bool]]:
+    """generate_shared over several branch batches, parts = [(rows, (spine_kv, owner, plen)), ...]: each part's
+    branch prefill on its own (its padding, its spines), then one greedy loop over all their rows (SharedKV.joined),
+    so every decode step, which reads all the weights (the output layer alone is 57 MB in bf16 for SmolLM2) however
+    few rows it carries, is shared by more rows. The results in the order of the parts' rows."""
     from ..models.prefix import SharedKV
     from .teacher_forced import left_pad_at
 
-    ids, qpos, valid = left_pad_at([r.prompt_ids[p:] for r, p in zip(rows, plen)], plen)
-    shared = SharedKV(model, spine_kv, torch.tensor(owner), torch.tensor(plen), ids.shape[1] + max_new_tokens)
-    logits = shared.extend(ids, qpos, valid, keep=1)[:, -1]  # [R, V]
+    kvs, logits, nxt_pos = [], [], []
+    for rows, (spine_kv, owner, plen) in parts:
+        ids, qpos, valid = left_pad_at([r.prompt_ids[p:] for r, p in zip(rows, plen)], plen)
+        room = ids.shape[1] + (max_new_tokens if len(parts) == 1 else 0)  # joined: the decode's room is the join's
+        kv = SharedKV(model, spine_kv, torch.tensor(owner), torch.tensor(plen), room)
+        logits.append(kv.extend(ids, qpos, valid, keep=1)[:, -1])  # [R, V]
+        nxt_pos.append(qpos[:, -1:].to(logits[-1].device) + 1)  # [R, 1]
+        kvs.append(kv)
+    shared = kvs[0] if len(kvs) == 1 else SharedKV.joined(kvs, max_new_tokens)
+    del kvs
+    logits, nxt_pos = torch.cat(logits), torch.cat(nxt_pos)
     stops = set(eos_ids(model, tokenizer)) | (set() if multiline else set(_newline_ids(tokenizer)))
     stop_ids = torch.tensor(sorted(stops), device=logits.device)
-    nxt_pos = qpos[:, -1:].to(logits.device) + 1  # [R, 1]
-    out = [[] for _ in rows]
-    done = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)
+    out: list[list[int]] = [[] for _ in range(len(logits))]
+    done = torch.zeros(len(logits), dtype=torch.bool, device=logits.device)
     for step in range(max_new_tokens):
         tok = logits.float().argmax(-1)  # [R]
         for i in torch.nonzero(~done)[:, 0].tolist():

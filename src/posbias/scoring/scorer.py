@@ -93,6 +93,7 @@ class Scorer:
         elif method is not None:
             shared, note = self.path(method)
             out["scoring_path"] = "prefix-shared" if shared else "plain"
+            out.update(self.engine.shared_settings if shared else {})
             out.update({"scoring_note": note} if note else {})
         return out
 
@@ -287,11 +288,10 @@ class Scorer:
                 continue
             kv = prefill(self.loaded.model, [s.spine for s in group.shares], pad_id)
             where = {i: (e, p) for e, s in enumerate(group.shares) for i, p in zip(s.rows, s.plen)}
-            for idx in group.batches:
-                batch = [rows[i] for i in idx]
-                if not all(r.key in done for r in batch):
-                    shared = (kv, [where[i][0] for i in idx], [where[i][1] for i in idx])
-                    emit(batch, self.engine.score(self, batch, None, shared))  # type: ignore[arg-type]
+            parts = [([rows[i] for i in idx], (kv, [where[i][0] for i in idx], [where[i][1] for i in idx]))
+                     for idx in group.batches if not all(rows[i].key in done for i in idx)]
+            for batch, scored in self.engine.score_shared(self, parts):  # type: ignore[arg-type]
+                emit(batch, scored)
 
     def details(self, rows: list[Encoded], method: str | Method | None = None, top: int = 10) -> list[dict]:
         """Token-level teacher-forced details of each row's first answer under `method` (teacher_forced.token_details),
