@@ -28,7 +28,7 @@ from the list counts as less likely than every listed token.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Protocol
 
 from ..backends import Reply, Request
@@ -76,11 +76,15 @@ class Engine(ABC):
         for teacher forcing). shared = (spine_kv, owner, plen): the rows continue cached spines (scoring/prefix.py)."""
         return [self.also(scorer, r, row) for r, row in zip(self._predict(scorer, batch, active, shared), batch)]
 
-    def score_shared(self, scorer: ScorerView, parts: list[tuple[list[Encoded], tuple]]) -> Iterator[tuple[list[Encoded], list[dict]]]:
+    def score_shared(self, scorer: ScorerView, parts: list[tuple[list[Encoded], tuple]],
+                     finished: Callable[[list[Encoded]], bool]) -> Iterator[tuple[list[Encoded], list[dict]]]:
         """The branch batches of one example group on the prefix-shared path, parts = [(batch, shared), ...]:
-        (batch, its results) for each, in order. Here one batch at a time; an engine may share work across them."""
+        (batch, its results) for each, in order, but those `finished` says a resumed run already holds. Here one
+        batch at a time; an engine that shares work across batches plans it over all of them, done or not, so a
+        resumed run computes every row in the company it had."""
         for batch, shared in parts:
-            yield batch, self.score(scorer, batch, None, shared)  # type: ignore[arg-type]
+            if not finished(batch):
+                yield batch, self.score(scorer, batch, None, shared)  # type: ignore[arg-type]
 
     @staticmethod
     def also(scorer: ScorerView, result: dict, row: Encoded) -> dict:
@@ -178,13 +182,18 @@ class Generate(Engine):
                                  multiline=scorer.task.multiline, shared=shared)
         return [self._judge(scorer, p, r, cut) for (p, cut), r in zip(preds, batch)]
 
-    def score_shared(self, scorer: ScorerView, parts: list[tuple[list[Encoded], tuple]]) -> Iterator[tuple[list[Encoded], list[dict]]]:
+    def score_shared(self, scorer: ScorerView, parts: list[tuple[list[Encoded], tuple]],
+                     finished: Callable[[list[Encoded]], bool]) -> Iterator[tuple[list[Encoded], list[dict]]]:
         """Each branch batch prefilled on its own, their decode steps shared (generate.decode_shared: a step costs
         about the same for 5 rows as for 30), in runs of consecutive batches of at most max_batch rows and
         batch_tokens cache columns (rows x (their widest spine cut + branch + max_new_tokens)), the budgets of
-        every batch; the settings' `decode` says so."""
+        every batch; the settings' `decode` says so. A run is planned over the whole group and run again whole
+        unless all its batches are finished, so a resumed row decodes beside the rows it had (bf16 arithmetic can
+        depend on the batch)."""
         tok, n_new = scorer.loaded.tokenizer, scorer.max_new_tokens
         for run in _decode_runs(parts, scorer.batch_tokens, scorer.max_batch, n_new):
+            if all(finished(batch) for batch, _ in run):
+                continue
             preds = iter(decode_shared(scorer.loaded.model, tok, run, n_new, multiline=scorer.task.multiline))
             for batch, _ in run:
                 yield batch, [self.also(scorer, self._judge(scorer, pred, r, cut), r) for r, (pred, cut) in zip(batch, preds)]

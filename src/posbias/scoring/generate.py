@@ -107,7 +107,7 @@ def decode_shared(model, tokenizer, parts: list[tuple[list[Encoded], tuple]], ma
         nxt_pos.append(qpos[:, -1:].to(logits[-1].device) + 1)  # [R, 1]
         kvs.append(kv)
     shared = kvs[0] if len(kvs) == 1 else SharedKV.joined(kvs, max_new_tokens)
-    del kvs
+    del kvs, kv  # the parts' own caches, once joined
     logits, nxt_pos = torch.cat(logits), torch.cat(nxt_pos)
     stops = set(eos_ids(model, tokenizer)) | (set() if multiline else set(_newline_ids(tokenizer)))
     stop_ids = torch.tensor(sorted(stops), device=logits.device)

@@ -289,8 +289,9 @@ class Scorer:
             kv = prefill(self.loaded.model, [s.spine for s in group.shares], pad_id)
             where = {i: (e, p) for e, s in enumerate(group.shares) for i, p in zip(s.rows, s.plen)}
             parts = [([rows[i] for i in idx], (kv, [where[i][0] for i in idx], [where[i][1] for i in idx]))
-                     for idx in group.batches if not all(rows[i].key in done for i in idx)]
-            for batch, scored in self.engine.score_shared(self, parts):  # type: ignore[arg-type]
+                     for idx in group.batches]  # every batch, done or not: the engine plans over the whole group
+            finished = lambda batch: all(r.key in done for r in batch)  # noqa: E731
+            for batch, scored in self.engine.score_shared(self, parts, finished):  # type: ignore[arg-type]
                 emit(batch, scored)
 
     def details(self, rows: list[Encoded], method: str | Method | None = None, top: int = 10) -> list[dict]:
