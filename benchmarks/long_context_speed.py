@@ -17,7 +17,11 @@ examples x every depth; all depths of an example share the haystack up to the ne
   ideal s/row     plain CPU s/row x tree_tokens / total tokens of the same rows' prompts (posbias.scoring.prefix.
                   tree_tokens: the prefix tree's tokens, what a perfectly shared computation runs); the rows are
                   built here once more, after the timed children, with posbias's Scorer
-  shared/plain, shared/ideal   ratios of CPU s/row (below 1 on shared/plain: sharing saves)
+  exact s/row     the prefix tree's tokens through plain forwards, each at its own context length (ideal_tokens):
+                  the token share counts every token alike, but sharing saves a prompt's first tokens, the
+                  cheapest to attend from, so the exact tree costs more than the ideal, the more so the longer
+                  the prompt (attention grows with it)
+  x ideal, x exact   CPU s/row over the ideal's and the exact tree's
 
 Figures go in docs/long-context.md, with the command and the machine line this prints.
 """
@@ -87,46 +91,75 @@ def run_child(a, path: str, L: int) -> dict:
     return {**rec, "child_cpu": whole}
 
 
-def ideal_tokens(a, lengths: list[int]) -> dict[int, tuple[int, int, int]]:
-    """Per length: (rows, total prompt tokens, prefix-tree tokens) of the rows the sweeps score."""
+def ideal_tokens(a, lengths: list[int]) -> dict[int, tuple[int, int, int, float]]:
+    """Per length: (rows, total prompt tokens, prefix-tree tokens, exact tree CPU s) of the rows the sweeps score.
+
+    The exact tree cost counts what the token share leaves out: a branch token attends to every token before it, so
+    the tokens sharing saves (a prompt's first ones) are its cheapest. It is measured with plain forwards (batch 1,
+    no cache, the last logits; one untimed warm-up): f(n) = the CPU s of a forward over the first n tokens, and an
+    example costs f(its spine) + sum over its rows of f(prompt) - f(p_r), p_r the spine tokens row r reuses
+    (posbias.scoring.prefix.shares_of): each branch token's own matmuls and attention, nothing else (no padding,
+    masks, chunking, copies or answer tokens), i.e. the least an exact prefix-shared engine spends with these
+    kernels."""
     import torch
 
     import posbias
-    from posbias.scoring.prefix import tree_tokens
+    from posbias.scoring.prefix import shares_of, tree_tokens
     from posbias.scoring.scorer import Scorer
 
     torch.set_num_threads(a.threads)
     loaded = posbias.load_model(a.model, "bf16", "cpu", progress=False)
+    model = loaded.model
+
+    @torch.inference_mode()
+    def f(ids: list[int]) -> float:
+        if not ids:
+            return 0.0
+        x = torch.tensor([ids])
+        c0 = time.process_time()
+        model(input_ids=x, logits_to_keep=1)
+        return time.process_time() - c0
+
     out = {}
     for L in lengths:
         task = posbias.get_task("niah", tokens=L)
         rows = Scorer(loaded, task).rows(task.examples(a.n, 0), task.placements(",".join(depths(a.depths))))
         seqs = [r.prompt_ids for r in rows]
-        out[L] = (len(seqs), sum(map(len, seqs)), tree_tokens(seqs))
+        f(seqs[0][:64])  # warm-up
+        exact = 0.0
+        for share in shares_of(rows):
+            exact += f(share.spine)
+            for i, p in zip(share.rows, share.plen):
+                exact += max(0.0, f(seqs[i]) - f(seqs[i][:p]))
+        out[L] = (len(seqs), sum(map(len, seqs)), tree_tokens(seqs), exact)
     return out
 
 
 HEAD = (f"{'length':>6} {'path':>8} {'rows':>4} {'mean tok':>8} {'wall s':>7} {'CPU s':>7} {'CPU s/row':>9} "
-        f"{'x ideal':>7} {'child CPU':>9} {'RSS MiB':>7}")
+        f"{'x ideal':>7} {'x exact':>7} {'child CPU':>9} {'RSS MiB':>7}")
 
 
-def lines(L: int, res: dict, tok: tuple[int, int, int]) -> list[str]:
-    """One line per path, then the unique-token ideal (plain CPU s/row x prefix-tree tokens / all tokens)."""
-    n, total, tree = tok
+def lines(L: int, res: dict, tok: tuple[int, int, int, float]) -> list[str]:
+    """One line per path, then the unique-token ideal (plain CPU s/row x prefix-tree tokens / all tokens) and the
+    exact tree (ideal_tokens)."""
+    n, total, tree, exact = tok
     per_row = {p: r["cpu"] / r["rows"] for p, r in res.items()}
     ideal = per_row["plain"] * tree / total if "plain" in per_row else None
     out = []
     for p, r in res.items():
         x = f"{per_row[p] / ideal:7.2f}" if ideal else f"{'-':>7}"
         out.append(f"{L:6d} {p:>8} {r['rows']:4d} {r['prompt_tokens']:8.0f} {r['wall']:7.1f} {r['cpu']:7.1f} "
-                   f"{per_row[p]:9.3f} {x} {r['child_cpu']:9.1f} {r['rss_mib']:7.0f}")
+                   f"{per_row[p]:9.3f} {x} {per_row[p] / (exact / n):7.2f} {r['child_cpu']:9.1f} {r['rss_mib']:7.0f}")
     if ideal is not None:
         out.append(f"{L:6d} {'ideal':>8} {n:4d} {total / n:8.0f} {'':>7} {'':>7} {ideal:9.3f} {1:7.2f} "
-                   f"{'':>9} {'':>7}   (prefix tree {tree} of {total} tokens, {tree / total:.3f})")
+                   f"{ideal / (exact / n):7.2f} {'':>9} {'':>7}   (prefix tree {tree} of {total} tokens, {tree / total:.3f})")
+    out.append(f"{L:6d} {'exact':>8} {n:4d} {total / n:8.0f} {'':>7} {exact:7.1f} {exact / n:9.3f} "
+               f"{exact / n / ideal if ideal else float('nan'):7.2f} {1:7.2f} {'':>9} {'':>7}   (plain forwards: "
+               f"f(spine) + f(prompt) - f(shared prefix) per row)")
     return out
 
 
-def checks(L: int, res: dict, tok: tuple[int, int, int]) -> list[str]:
+def checks(L: int, res: dict, tok: tuple[int, int, int, float]) -> list[str]:
     """Notes where a child's rows are not the rows the ideal counts, or the paths' verdicts differ in number."""
     notes = []
     for p, r in res.items():
@@ -171,7 +204,9 @@ def main() -> None:
         for note in checks(L, res[L], toks[L]):
             print(note)
     print("CPU s: the child's process_time around run_sweep (scoring only); child CPU: the whole child, model load "
-          "included (RUSAGE_CHILDREN); ideal s/row = plain CPU s/row x tree/total (prefix-tree / all prompt tokens)")
+          "included (RUSAGE_CHILDREN); ideal s/row = plain CPU s/row x tree/total (prefix-tree / all prompt tokens); "
+          "exact: the prefix tree's own tokens through plain forwards, each branch token at its own context length "
+          "(this process, after the children, warm)")
     print(f"every path started cold in its own process; machine: {os.cpu_count()} logical cores "
           f"({len(os.sched_getaffinity(0))} usable), load average (1/5/15 min) at start "
           f"{la0[0]:.2f} {la0[1]:.2f} {la0[2]:.2f}, at end {la1[0]:.2f} {la1[1]:.2f} {la1[2]:.2f}; "
