@@ -17,10 +17,12 @@ examples x every depth; all depths of an example share the haystack up to the ne
   ideal s/row     plain CPU s/row x tree_tokens / total tokens of the same rows' prompts (posbias.scoring.prefix.
                   tree_tokens: the prefix tree's tokens, what a perfectly shared computation runs); the rows are
                   built here once more, after the timed children, with posbias's Scorer
-  exact s/row     the prefix tree's tokens through plain forwards, each at its own context length (ideal_tokens):
-                  the token share counts every token alike, but sharing saves a prompt's first tokens, the
-                  cheapest to attend from, so the exact tree costs more than the ideal, the more so the longer
-                  the prompt (attention grows with it)
+  exact s/row     plain CPU s/row x the tree's exact share (ideal_tokens: the prefix tree's tokens through plain
+                  forwards, each at its own context length, over the rows' prompts computed whole): the token
+                  share counts every token alike, but sharing saves a prompt's first tokens, the cheapest to
+                  attend from, so where attention weighs (long prompts) the exact share is the larger; at 1K
+                  a forward's fixed cost and one timing per forward can put it below (measured: 0.787 against
+                  0.815, 3 rows)
   x ideal, x exact   CPU s/row over the ideal's and the exact tree's
 
 Figures go in docs/long-context.md, with the command and the machine line this prints.
@@ -92,15 +94,16 @@ def run_child(a, path: str, L: int) -> dict:
 
 
 def ideal_tokens(a, lengths: list[int]) -> dict[int, tuple[int, int, int, float]]:
-    """Per length: (rows, total prompt tokens, prefix-tree tokens, exact tree CPU s) of the rows the sweeps score.
+    """Per length: (rows, total prompt tokens, prefix-tree tokens, the tree's exact share) of the rows the sweeps
+    score.
 
     The exact tree cost counts what the token share leaves out: a branch token attends to every token before it, so
     the tokens sharing saves (a prompt's first ones) are its cheapest. It is measured with plain forwards (batch 1,
-    no cache, the last logits; one untimed warm-up): f(n) = the CPU s of a forward over the first n tokens, and an
-    example costs f(its spine) + sum over its rows of f(prompt) - f(p_r), p_r the spine tokens row r reuses
-    (posbias.scoring.prefix.shares_of): each branch token's own matmuls and attention, nothing else (no padding,
-    masks, chunking, copies or answer tokens), i.e. the least an exact prefix-shared engine spends with these
-    kernels."""
+    no cache, the last logits; one untimed warm-up): f(n) = the CPU s of a forward over the first n tokens; the tree
+    costs f(each spine) + sum over rows of f(prompt) - f(p_r), p_r the spine tokens row r reuses
+    (posbias.scoring.prefix.shares_of), i.e. each branch token's own matmuls and attention and nothing else; its
+    exact share is that over sum of f(prompt), the same rows' prompts computed whole. The exact ideal is the plain
+    path's measured CPU s/row times that share, as the token ideal is times the token share."""
     import torch
 
     import posbias
@@ -126,12 +129,14 @@ def ideal_tokens(a, lengths: list[int]) -> dict[int, tuple[int, int, int, float]
         rows = Scorer(loaded, task).rows(task.examples(a.n, 0), task.placements(",".join(depths(a.depths))))
         seqs = [r.prompt_ids for r in rows]
         f(seqs[0][:64])  # warm-up
-        exact = 0.0
+        tree, whole = 0.0, 0.0
         for share in shares_of(rows):
-            exact += f(share.spine)
+            tree += f(share.spine)
             for i, p in zip(share.rows, share.plen):
-                exact += max(0.0, f(seqs[i]) - f(seqs[i][:p]))
-        out[L] = (len(seqs), sum(map(len, seqs)), tree_tokens(seqs), exact)
+                full = f(seqs[i])
+                whole += full
+                tree += max(0.0, full - f(seqs[i][:p]))
+        out[L] = (len(seqs), sum(map(len, seqs)), tree_tokens(seqs), tree / whole)
     return out
 
 
@@ -142,20 +147,27 @@ HEAD = (f"{'length':>6} {'path':>8} {'rows':>4} {'mean tok':>8} {'wall s':>7} {'
 def lines(L: int, res: dict, tok: tuple[int, int, int, float]) -> list[str]:
     """One line per path, then the unique-token ideal (plain CPU s/row x prefix-tree tokens / all tokens) and the
     exact tree (ideal_tokens)."""
-    n, total, tree, exact = tok
+    n, total, tree, share = tok
     per_row = {p: r["cpu"] / r["rows"] for p, r in res.items()}
-    ideal = per_row["plain"] * tree / total if "plain" in per_row else None
+    if "plain" not in per_row:
+        ideal = exact = None
+    else:
+        ideal, exact = per_row["plain"] * tree / total, per_row["plain"] * share
+
+    def x(v: float, by: float | None) -> str:
+        return f"{v / by:7.2f}" if by else f"{'-':>7}"
+
     out = []
     for p, r in res.items():
-        x = f"{per_row[p] / ideal:7.2f}" if ideal else f"{'-':>7}"
         out.append(f"{L:6d} {p:>8} {r['rows']:4d} {r['prompt_tokens']:8.0f} {r['wall']:7.1f} {r['cpu']:7.1f} "
-                   f"{per_row[p]:9.3f} {x} {per_row[p] / (exact / n):7.2f} {r['child_cpu']:9.1f} {r['rss_mib']:7.0f}")
+                   f"{per_row[p]:9.3f} {x(per_row[p], ideal)} {x(per_row[p], exact)} {r['child_cpu']:9.1f} "
+                   f"{r['rss_mib']:7.0f}")
     if ideal is not None:
-        out.append(f"{L:6d} {'ideal':>8} {n:4d} {total / n:8.0f} {'':>7} {'':>7} {ideal:9.3f} {1:7.2f} "
-                   f"{ideal / (exact / n):7.2f} {'':>9} {'':>7}   (prefix tree {tree} of {total} tokens, {tree / total:.3f})")
-    out.append(f"{L:6d} {'exact':>8} {n:4d} {total / n:8.0f} {'':>7} {exact:7.1f} {exact / n:9.3f} "
-               f"{exact / n / ideal if ideal else float('nan'):7.2f} {1:7.2f} {'':>9} {'':>7}   (plain forwards: "
-               f"f(spine) + f(prompt) - f(shared prefix) per row)")
+        out.append(f"{L:6d} {'ideal':>8} {n:4d} {total / n:8.0f} {'':>7} {'':>7} {ideal:9.3f} {x(ideal, ideal)} "
+                   f"{x(ideal, exact)} {'':>9} {'':>7}   (prefix tree {tree} of {total} tokens, {tree / total:.3f})")
+        out.append(f"{L:6d} {'exact':>8} {n:4d} {total / n:8.0f} {'':>7} {'':>7} {exact:9.3f} {x(exact, ideal)} "
+                   f"{x(exact, exact)} {'':>9} {'':>7}   (the tree's exact share {share:.3f}: plain forwards, each "
+                   f"branch token at its own context length)")
     return out
 
 
@@ -205,8 +217,8 @@ def main() -> None:
             print(note)
     print("CPU s: the child's process_time around run_sweep (scoring only); child CPU: the whole child, model load "
           "included (RUSAGE_CHILDREN); ideal s/row = plain CPU s/row x tree/total (prefix-tree / all prompt tokens); "
-          "exact: the prefix tree's own tokens through plain forwards, each branch token at its own context length "
-          "(this process, after the children, warm)")
+          "exact s/row = plain CPU s/row x the tree's exact share (plain forwards in this process, after the children, "
+          "warm: each branch token at its own context length, over the prompts computed whole)")
     print(f"every path started cold in its own process; machine: {os.cpu_count()} logical cores "
           f"({len(os.sched_getaffinity(0))} usable), load average (1/5/15 min) at start "
           f"{la0[0]:.2f} {la0[1]:.2f} {la0[2]:.2f}, at end {la1[0]:.2f} {la1[1]:.2f} {la1[2]:.2f}; "
