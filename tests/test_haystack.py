@@ -239,14 +239,11 @@ def test_a_niah_grid_runs_references_and_resumes_after_a_kill(model_dir, loaded,
 def test_a_multi_value_grid_keeps_ruler_s_partial_credit_beside_all_or_nothing(model_dir, loaded, tmp_path, monkeypatch):
     said = iter(["1,234,567 and {0}", "none", "The values: {0} and\n{1}"] * 10)  # by turns: one found, none, both
 
-    def reply(self, scorer, batch, active, shared):  # each row's answer (a list over two lines is read whole)
-        out = []
-        for row in batch:
-            text = next(said).format(*row.prompt.answers)
-            out.append({"correct": ruler_all(text, row.prompt.answers), "prediction": text, "cut": False})
-        return out
+    def reply(scorer, pred, row, cut):  # each row's answer in place of the model's (a list over two lines is read whole)
+        text = next(said).format(*row.prompt.answers)
+        return {"correct": ruler_all(text, row.prompt.answers), "prediction": text, "cut": False}
 
-    monkeypatch.setattr(engines.Generate, "_predict", reply)
+    monkeypatch.setattr(engines.Generate, "_judge", staticmethod(reply))  # both paths judge each generation here
     res = run_grid(_grid(model_dir, sizes="600", n=2, engine="generate", task_options={"values": 2}), tmp_path / "mv",
                    loaded=loaded, progress=False)
     assert {r["partial"] for r in res.rows} == {0.0, 0.5, 1.0}

@@ -196,13 +196,12 @@ def test_r2_distils_a_two_hop_file(model_dir, tmp_path):
 def test_selftrain_keeps_own_correct_responses_at_the_same_placements(model_dir, tmp_path, monkeypatch):
     """A random model is never right; so a stand-in engine says which own answers are correct (every pair
     whose first hop is even), and the self-training records must be exactly those rows."""
-    real = engines.Generate._predict
+    real = engines.Generate._judge
 
-    def marks_even_first_hops(self, scorer, batch, active, shared=None):  # shared: the prefix-shared path
-        out = real(self, scorer, batch, active, shared)
-        return [{**o, "correct": r.prompt.position[0] % 2 == 0} for o, r in zip(out, batch)]
+    def marks_even_first_hops(scorer, pred, row, cut):  # both paths judge each generation here
+        return {**real(scorer, pred, row, cut), "correct": row.prompt.position[0] % 2 == 0}
 
-    monkeypatch.setattr(engines.Generate, "_predict", marks_even_first_hops)
+    monkeypatch.setattr(engines.Generate, "_judge", staticmethod(marks_even_first_hops))
     res = run_distill(_r2(model_dir, method="selftrain", anchor="4:3"), tmp_path, loaded=load_model(str(model_dir), "fp32"),
                       progress=False)
     recs = [json.loads(x) for x in (tmp_path / "data.jsonl").read_text().splitlines()]
