@@ -183,7 +183,7 @@ def two(model_dir, loaded_fp32, data, tmp_path_factory):
     stdout per rank in root / f"{name}.rank{r}.json"."""
     root = tmp_path_factory.mktemp("two")
     with pytest.MonkeyPatch.context() as mp:  # the resume job continues a one-process run killed mid-way
-        dies_after(mp, engines, "generate_limited", 3)
+        dies_after(mp, engines, "decode_shared", 3)  # the prefix-shared path generates through it
         with pytest.raises(KeyboardInterrupt):
             run_sweep(_cfg(model_dir, data), root / "cut", loaded=loaded_fp32, progress=False)
     done = len(_rows(root / "cut"))
