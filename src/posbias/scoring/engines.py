@@ -196,7 +196,8 @@ class Generate(Engine):
                 continue
             preds = iter(decode_shared(scorer.loaded.model, tok, run, n_new, multiline=scorer.task.multiline))
             for batch, _ in run:
-                yield batch, [self.also(scorer, self._judge(scorer, pred, r, cut), r) for r, (pred, cut) in zip(batch, preds)]
+                yield batch, [self.also(scorer, self._judge(scorer, pred, r, cut), r)
+                              for r, (pred, cut) in zip(batch, preds)]
 
     @staticmethod
     def _judge(scorer: ScorerView, pred: str, row: Encoded, cut: bool) -> dict:
