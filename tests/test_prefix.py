@@ -117,6 +117,19 @@ def test_plan_closes_a_branch_batch_before_padding_wastes_its_work():
     assert sum(map(len, (g.batches for g in loose))) < sum(map(len, (g.batches for g in tight)))
 
 
+def _branch_batch(model, kv, rows):
+    """rows = [(spine, p, branch tokens), ...] -> a SharedKV over them and their branches left-padded: ids, positions,
+    which columns are real."""
+    shared = SharedKV(model, kv, torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]))
+    width = max(len(b) for *_, b in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    pos, valid = torch.zeros_like(ids), torch.zeros_like(ids, dtype=torch.bool)
+    for i, (_, p, b) in enumerate(rows):
+        ids[i, width - len(b):], pos[i, width - len(b):] = torch.tensor(b), torch.arange(p, p + len(b))
+        valid[i, width - len(b):] = True
+    return shared, ids, pos, valid
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @torch.inference_mode()
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -130,13 +143,8 @@ def test_shared_forward_equals_left_and_right_padded_plain(arch, attn):
     rows = [(0, 5, [7, 8, 9]), (0, 20, [11, 12]), (1, 10, [13, 14, 15, 16, 17]), (1, 24, [5])]
     seqs = [spines[e][:p] + b for e, p, b in rows]
     kv = prefill(model, spines, 0)
-    shared = SharedKV(model, kv, torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]))
-    width = max(len(b) for *_, b in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    pos, valid = torch.zeros_like(ids), torch.zeros_like(ids, dtype=torch.bool)
-    for i, (_, p, b) in enumerate(rows):
-        ids[i, width - len(b):], pos[i, width - len(b):] = torch.tensor(b), torch.arange(p, p + len(b))
-        valid[i, width - len(b):] = True
+    shared, ids, pos, valid = _branch_batch(model, kv, rows)
+    width = ids.shape[1]
     got = shared.forward(ids, pos, valid)
     left, right = model(**left_pad(seqs, 0)).logits, model(**right_pad(seqs, 0)).logits
     for i, (s, (_, _, b)) in enumerate(zip(seqs, rows)):
@@ -161,13 +169,7 @@ def test_joined_rows_decode_as_plain(arch):
     parts = [[(0, 25, [7, 8, 9, 10, 11, 12]), (1, 3, [13])], [(1, 10, [14, 15]), (0, 4, [16])]]
     kvs, nxt, seqs = [], [], []
     for rows in parts:
-        part = SharedKV(model, kv, torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]))
-        width = max(len(b) for *_, b in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        pos, valid = torch.zeros_like(ids), torch.zeros_like(ids, dtype=torch.bool)
-        for i, (_, p, b) in enumerate(rows):
-            ids[i, width - len(b):], pos[i, width - len(b):] = torch.tensor(b), torch.arange(p, p + len(b))
-            valid[i, width - len(b):] = True
+        part, ids, pos, valid = _branch_batch(model, kv, rows)
         part.forward(ids, pos, valid, keep=1)
         kvs.append(part)
         nxt.append(pos[:, -1:] + 1)
@@ -212,7 +214,7 @@ def test_accelerator_profile_matches_plain(arch, engine, monkeypatch):
         monkeypatch.setattr(mp, "launch_bound", lambda model, b=bound: b)
         n = [0]
         hook = lo.model.register_forward_pre_hook(  # forwards over prompts (a decode step, one token a row, not counted)
-            lambda m, a, kw: n.__setitem__(0, n[0] + (kw["input_ids"].shape[1] > 1)), with_kwargs=True)
+            lambda m, a, kw, n=n: n.__setitem__(0, n[0] + (kw["input_ids"].shape[1] > 1)), with_kwargs=True)
         shared = Scorer(lo, task, engine, 6, batch_tokens=4000).score(rows)
         hook.remove()
         calls[bound] = n[0]
@@ -238,7 +240,7 @@ def test_joined_decode_takes_fewer_steps_and_generates_what_plain_does(arch, mon
             monkeypatch.setattr(eng, "_decode_runs", lambda parts, *a: [[p] for p in parts])
         n = [0]
         hook = lo.model.register_forward_pre_hook(
-            lambda m, a, kw: n.__setitem__(0, n[0] + (kw["input_ids"].shape[1] == 1)), with_kwargs=True)
+            lambda m, a, kw, n=n: n.__setitem__(0, n[0] + (kw["input_ids"].shape[1] == 1)), with_kwargs=True)
         scorer = Scorer(lo, task, "generate", 6, batch_tokens=4000, max_batch=16)
         shared = scorer.score(rows)
         hook.remove()

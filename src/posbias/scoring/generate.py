@@ -46,7 +46,7 @@ def generate_greedy(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_
                     multiline: bool = False, shared: tuple | None = None) -> list[str]:
     """Greedy continuations of each row's prompt, cut at the first newline (multiline: the whole text, for a
     chain of thought, stopped by EOS or max_new_tokens only). shared = (spine_kv, owner, plen): the rows
-    continue cached spines (generate_shared)."""
+    continue cached spines (decode_shared)."""
     return [text for text, _ in generate_limited(model, tokenizer, rows, pad_id, max_new_tokens, multiline, shared)]
 
 
@@ -55,7 +55,7 @@ def generate_limited(model, tokenizer, rows: list[Encoded], pad_id: int, max_new
     """generate_greedy's texts, each with whether it was cut at max_new_tokens (no stop token: EOS, or a newline
     unless multiline, among its new tokens), so a run can say how many answers the limit cut short."""
     if shared is not None:
-        return generate_shared(model, tokenizer, rows, *shared, max_new_tokens, multiline)
+        return decode_shared(model, tokenizer, [(rows, shared)], max_new_tokens, multiline)
     from transformers import GenerationConfig, StoppingCriteriaList
 
     batch = left_pad([r.prompt_ids for r in rows], pad_id)
@@ -80,21 +80,14 @@ def generate_limited(model, tokenizer, rows: list[Encoded], pad_id: int, max_new
 
 
 @torch.inference_mode()
-def generate_shared(model, tokenizer, rows: list[Encoded], spine_kv, owner: list[int], plen: list[int],
-                    max_new_tokens: int, multiline: bool = False) -> list[tuple[str, bool]]:
-    """As generate_greedy, each row continuing its spine's cache (scoring/prefix.py): the branch prefill, then a
-    greedy loop over the growing cache with generate_greedy's stop rules (EOS, max_new_tokens, a newline
-    unless multiline); a stopped row's token is kept (and dropped by skip_special_tokens if special), as there."""
-    return decode_shared(model, tokenizer, [(rows, (spine_kv, owner, plen))], max_new_tokens, multiline)
-
-
-@torch.inference_mode()
 def decode_shared(model, tokenizer, parts: list[tuple[list[Encoded], tuple]], max_new_tokens: int,
                   multiline: bool = False) -> list[tuple[str, bool]]:
-    """generate_shared over several branch batches, parts = [(rows, (spine_kv, owner, plen)), ...]: each part's
-    branch prefill on its own (its padding, its spines), then one greedy loop over all their rows (SharedKV.joined),
-    so every decode step, which reads all the weights (the output layer alone is 57 MB in bf16 for SmolLM2) however
-    few rows it carries, is shared by more rows. The results in the order of the parts' rows."""
+    """As generate_limited, for rows continuing cached spines (scoring/prefix.py), parts = [(rows, (spine_kv, owner,
+    plen)), ...]: each part's branch prefill on its own (its padding, its spines), then one greedy loop over all their
+    rows (SharedKV.joined when there are several parts) with generate_greedy's stop rules (EOS, max_new_tokens, a
+    newline unless multiline; a stopped row's token is kept, and dropped by skip_special_tokens if special, as there).
+    Every decode step reads all the weights (SmolLM2's output layer alone is 57 MB in bf16) however few rows it
+    carries, so joined parts share each step. The results in the order of the parts' rows."""
     from ..models.prefix import SharedKV
     from .teacher_forced import left_pad_at
 
