@@ -4,6 +4,12 @@ Run it from the vLLM venv (make vllm-env), which holds posbias too; it exports S
 
     .venv-vllm/bin/python benchmarks/backend_speed.py [--n 10] [--rounds 3] [--task kv-lookup] [--threads 1]
 
+On a GPU (no vLLM there; weights cannot travel to a lent machine), posbias's in-process paths and the floor alone, on
+the conformance matrix's tiny Llama or on SmolLM2's config and tokenizer with random weights, costed in wall seconds:
+
+    python benchmarks/backend_speed.py --device cuda --model tiny --dtype fp32 --rounds 3
+    python benchmarks/backend_speed.py --device cuda --model-dir DIR --random-weights --rounds 3   # DIR: config + tokenizer
+
 Rows: the task's prompts (kv-lookup: 10 facts) x every slot x `--n` examples, built once by posbias's Scorer; every
 path scores exactly these token ids. Paths:
 
@@ -76,11 +82,22 @@ def proc_cpu() -> dict[int, tuple[float, bool]]:
     return out
 
 
+def sync() -> None:
+    """Wait for the GPU's queued work (a no-op on the CPU), so wall time covers it."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def measure(fn) -> dict:
-    """Run fn(); its wall seconds, CPU seconds of the whole process tree, and the part in child processes."""
+    """Run fn(); its wall seconds (the GPU's queued work included), CPU seconds of the whole process tree, and the
+    part in child processes."""
+    sync()
     before = proc_cpu()
     t0 = time.perf_counter()
     result = fn()
+    sync()
     wall = time.perf_counter() - t0
     after = proc_cpu()
     cpu = child = 0.0
@@ -109,11 +126,9 @@ def verdicts(results: list[dict]) -> dict:
     return {(r["example_id"], str(r["position"])): bool(r["correct"]) for r in results}
 
 
-def scorer_path(loaded, task, engine: str, prefix: bool, rows, what: str):
-    """A path that scores `rows` with posbias's Scorer in process, checked to take the scoring path asked for
-    (prefix-shared or plain)."""
-    from posbias.measure import Scorer
-
+def scorer_path(loaded, task, engine: str, prefix: bool, rows, what: str, Scorer):  # noqa: N803
+    """A path that scores `rows` with posbias's Scorer (the benchmark's batch settings bound) in process, checked to
+    take the scoring path asked for (prefix-shared or plain)."""
     scorer = Scorer(loaded, task, engine, prefix_sharing=prefix)
     if scorer.path()[0] != prefix:
         raise SystemExit(f"{what}: posbias took the {'prefix-shared' if not prefix else 'plain'} path, not the one asked")
@@ -222,46 +237,71 @@ def run_one(key: str, fn, rnd: int, llm, reset: bool) -> dict:
     return rec
 
 
-def posbias_paths(model_dir: Path, task, examples, placements, threads: int) -> tuple[list, dict, int]:
+def posbias_paths(model_dir: Path, task, examples, placements, a) -> tuple[list, dict, int]:
     """The rows (built once, by posbias's Scorer), paths (a)-(d) and the task's max_new_tokens; one untimed warm-up
     example per protocol."""
+    import functools
+
     import torch
 
     from posbias import load_model
     from posbias.measure import Scorer
 
-    torch.set_num_threads(threads)
-    loaded = load_model(str(model_dir), "bf16", progress=False)
+    torch.set_num_threads(a.threads)
+    loaded = load_model(str(model_dir), a.dtype, a.device, progress=False)
+    Scorer = functools.partial(Scorer, batch_tokens=a.batch_tokens, max_batch=a.max_batch)  # noqa: N806
     rows = Scorer(loaded, task, "teacher-forced").rows(examples, placements)
     warm = task.examples(1, 0, len(examples))  # an example outside the measured rows
     for engine in ("teacher-forced", "generate"):
         s = Scorer(loaded, task, engine)
         s.score(s.rows(warm, placements[:2]))
-    paths = {k: scorer_path(loaded, task, PROTOCOL[k], prefix, rows, LABEL[k])
+    paths = {k: scorer_path(loaded, task, PROTOCOL[k], prefix, rows, LABEL[k], Scorer)
              for k, prefix in (("a", True), ("b", False), ("c", True), ("d", False))}
     if any(r.option_ids or r.prompt.options for r in rows):
         raise SystemExit("paths (e) and (f) score answer tokens; this task's rows are option labels (an order task)")
     return loaded, rows, paths, Scorer(loaded, task, "generate").max_new_tokens
 
 
-def floor_rounds(loaded, rows, generated: list[str], rounds: int) -> list[dict]:
-    """(F): per protocol, one raw forward over the unique tokens the rows need, `rounds` times (benchmarks/floor.py)."""
+def floor_rounds(loaded, rows, generated: list[str], rounds: int, batch: int = 1) -> tuple[list[dict], dict]:
+    """(F): per protocol, one raw forward over the unique tokens the rows need, `rounds` times (benchmarks/floor.py);
+    -> the records and the floor's runs by key."""
     from floor import needed, raw_forward, tree_token_ids
 
     length = round(sum(len(r.prompt_ids) for r in rows) / len(rows))
     seqs = {"Ftf": needed(rows, "teacher-forced"),
             "Fgen": needed(rows, "generate", generated, loaded.tokenizer)}
-    recs = []
+    recs, tokens = [], {key: tree_token_ids(ss) for key, ss in seqs.items()}
+    fns = {key: (lambda t=t: raw_forward(loaded.model, t, length, batch)) for key, t in tokens.items()}
     for rnd in range(rounds):
-        for key, ss in seqs.items():
-            tokens = tree_token_ids(ss)
-            m = measure(lambda t=tokens: raw_forward(loaded.model, t, length))
+        for key, fn in fns.items():
+            m = measure(fn)
             forwards = m.pop("result")
             recs.append({"key": key, "round": rnd, "rows": len(rows), "verdicts": None, "hits": None, "queries": None,
-                         "tokens": len(tokens), **m})
-            print(f"  {LABEL[key]} ({PROTOCOL[key]}, {len(tokens)} unique tokens in {forwards} forwards of "
-                  f"{length}) round {rnd + 1}: wall {m['wall']:.1f} s, CPU {m['cpu']:.1f} s")
-    return recs
+                         "tokens": len(tokens[key]), **m})
+            print(f"  {LABEL[key]} ({PROTOCOL[key]}, {len(tokens[key])} unique tokens in {forwards} forwards of up to "
+                  f"{batch} x {length}) round {rnd + 1}: wall {m['wall']:.1f} s, CPU {m['cpu']:.1f} s")
+    return recs, fns
+
+
+def gpu_busy(fns: dict, recs: list[dict]) -> None:
+    """Each path once more under torch's profiler: the GPU's kernel time and kernel launches against the path's best
+    unprofiled wall time. A path whose kernels fill a small share of its wall time waits on the host (Python, kernel
+    launches, synchronisations), not on the GPU's arithmetic."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    print("GPU busy (one more profiled run per path; the kernels' own time, summed, one stream):")
+    for key, fn in fns.items():
+        best = min(r["wall"] for r in recs if r["key"] == key)
+        sync()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync()
+        kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]  # not the ops that launch them
+        busy = sum(e.self_device_time_total for e in kernels) / 1e6
+        launches = sum(e.count for e in kernels)
+        print(f"  {LABEL[key]:31s} {PROTOCOL[key]:14s} kernels {busy * 1e3:8.1f} ms of its best wall "
+              f"{best * 1e3:8.1f} ms ({busy / best:4.0%} busy), {launches} kernel launches")
 
 
 def start_vllm(model_dir: Path):
@@ -281,7 +321,6 @@ def start_vllm(model_dir: Path):
 def header(a, model_dir: Path) -> None:
     import torch
     import transformers
-    import vllm
 
     import posbias
 
@@ -289,43 +328,106 @@ def header(a, model_dir: Path) -> None:
     la = os.getloadavg()
     print(f"command: {' '.join(shlex.quote(x) for x in [sys.executable, *sys.argv])}")
     print(f"date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}; host {platform.node()}")
-    print(f"machine: {cpu}, {os.cpu_count()} logical cores ({len(os.sched_getaffinity(0))} usable), "
-          f"{psutil.virtual_memory().total / 2**30:.0f} GiB")
+    print(f"machine: {cpu} ({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} logical cores "
+          f"({len(os.sched_getaffinity(0))} usable), {psutil.virtual_memory().total / 2**30:.0f} GiB")
+    if a.device == "cuda":
+        print(f"GPU: {torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}; costs below are WALL seconds (the GPU's "
+              "work; CPU seconds are printed beside them)")
     print(f"load average at start (1/5/15 min): {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} "
           f"({'other load present' if la[0] > 0.5 else 'quiet'})")
-    print(f"versions: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"posbias {getattr(posbias, '__version__', '?')}; model {model_dir} (bf16)")
-    print(f"posbias: {a.threads} torch thread(s); VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB")
+    vllm = "" if a.no_vllm else f"vllm {__import__('vllm').__version__}, "
+    print(f"versions: {vllm}torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"posbias {getattr(posbias, '__version__', '?')}; model {a.model_label} ({a.dtype} on {a.device})")
+    print(f"posbias: {a.threads} torch thread(s), batches of at most {a.max_batch} rows / {a.batch_tokens} tokens"
+          + ("" if a.no_vllm else f"; VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB"))
+
+
+def model_source(a) -> Path:
+    """The model directory the paths load: SmolLM2 exported now, the conformance matrix's tiny Llama, or --model-dir
+    (with --random-weights: its config and tokenizer, weights drawn at random with seed 0, saved beside)."""
+    out = Path(tempfile.mkdtemp())
+    if a.model == "tiny":
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from tiny import save_tiny_llama
+
+        a.model_label = "the conformance matrix's tiny Llama (tests/tiny.py: 2 layers of width 64, char tokenizer)"
+        return save_tiny_llama(out / "tiny")
+    if a.model_dir is None:
+        from posbias.measure import export_model
+
+        a.model_label = "smollm2-135m"
+        return export_model("smollm2-135m", out / "smollm2")
+    if not a.random_weights:
+        a.model_label = a.model_dir
+        return Path(a.model_dir)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(a.model_dir))
+    model.save_pretrained(out / "random")
+    AutoTokenizer.from_pretrained(a.model_dir).save_pretrained(out / "random")
+    a.model_label = f"{a.model_dir}'s config and tokenizer, RANDOM weights (seed 0): costs only, verdicts mean nothing"
+    return out / "random"
 
 
 def main() -> None:
+    from posbias.scoring.encode import BATCH_TOKENS, MAX_BATCH
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=10, help="examples; rows = n x the task's slots (default 10: 100 rows)")
     ap.add_argument("--rounds", type=int, default=1, help="runs of every path (min-max printed)")
     ap.add_argument("--task", default="kv-lookup")
     ap.add_argument("--threads", type=int, default=1, help="posbias's torch threads")
     ap.add_argument("--model-dir", default=None, help="an exported model directory (default: export SmolLM2 now)")
+    ap.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2",
+                    help="tiny: the conformance matrix's tiny Llama (no vLLM paths)")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="with --model-dir: its config and tokenizer, random weights (a machine the weights cannot reach)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="posbias's device (cuda: no vLLM paths)")
+    ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    ap.add_argument("--max-batch", type=int, default=MAX_BATCH, help=f"posbias's rows per batch (default {MAX_BATCH})")
+    ap.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, help=f"padded tokens per batch ({BATCH_TOKENS})")
+    ap.add_argument("--floor-batch", type=int, default=None, help="sequences per raw forward (default 1 on the CPU, "
+                    "--max-batch on a GPU, where batch 1 is no floor)")
+    ap.add_argument("--no-vllm", action="store_true", help="posbias's paths and the floor only")
+    ap.add_argument("--gpu-busy", action="store_true", help="profile each in-process path once: kernel time / wall")
     a = ap.parse_args()
+    if a.random_weights and not a.model_dir:
+        ap.error("--random-weights needs --model-dir (a directory with the config and tokenizer)")
+    a.no_vllm = a.no_vllm or a.device == "cuda" or a.model == "tiny" or a.random_weights
+    a.floor_batch = a.floor_batch or (a.max_batch if a.device == "cuda" else 1)
+    global BASIS
+    BASIS = "wall" if a.device == "cuda" else "cpu"
     sys.stdout.reconfigure(line_buffering=True)  # vLLM's workers must not inherit (and repeat) buffered lines
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from posbias import get_task
-    from posbias.measure import export_model
 
     t_start = time.perf_counter()
     task = get_task(a.task)
-    model_dir = Path(a.model_dir) if a.model_dir else export_model("smollm2-135m", Path(tempfile.mkdtemp()) / "smollm2")
+    model_dir = model_source(a)
     header(a, model_dir)
-    loaded, rows, paths, max_new = posbias_paths(model_dir, task, task.examples(a.n, 0, 0), task.placements("all"),
-                                                 a.threads)
+    loaded, rows, paths, max_new = posbias_paths(model_dir, task, task.examples(a.n, 0, 0), task.placements("all"), a)
     print(f"rows: {len(rows)} ({a.task}, every slot x {a.n} examples), "
           f"{sum(len(r.prompt_ids) for r in rows)} prompt tokens; every path below scores these token ids; "
-          "posbias warmed up on one other example (untimed), vLLM warms up (compiles) during its start")
+          "posbias warmed up on one other example (untimed)"
+          + ("" if a.no_vllm else ", vLLM warms up (compiles) during its start"))
     recs = run_rounds(paths, a.rounds)
-    recs += floor_rounds(loaded, rows, [r["prediction"] for r in paths["c"].results], a.rounds)
-    llm = start_vllm(model_dir)
-    vpaths = {"e": tf_logprobs(llm, rows), "f": tf_greedy(llm, rows), "g": generate(llm, rows, task, max_new)}
-    recs += run_rounds(vpaths, a.rounds, llm)
-    recs.append(run_one("g*", vpaths["g"], 0, llm, reset=False))
+    floor, floor_fns = floor_rounds(loaded, rows, [r["prediction"] for r in paths["c"].results], a.rounds, a.floor_batch)
+    recs += floor
+    if not a.no_vllm:
+        llm = start_vllm(model_dir)
+        vpaths = {"e": tf_logprobs(llm, rows), "f": tf_greedy(llm, rows), "g": generate(llm, rows, task, max_new)}
+        recs += run_rounds(vpaths, a.rounds, llm)
+        recs.append(run_one("g*", vpaths["g"], 0, llm, reset=False))
+    same = sum(x["prediction"] == y["prediction"] for x, y in zip(paths["c"].results, paths["d"].results))
+    print(f"generated texts, (c) prefix-shared vs (d) plain, round 1: {same} of {len(rows)} identical")
+    if a.device == "cuda":
+        import torch
+
+        print(f"GPU memory: peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB allocated by torch")
+    if a.gpu_busy:
+        gpu_busy({**paths, **floor_fns}, recs)
     report(recs, a, time.perf_counter() - t_start)
 
 
@@ -334,20 +436,24 @@ def span(xs: list[float], fmt: str) -> str:
     return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{format(lo, fmt)}-{format(hi, fmt)}"
 
 
+BASIS = "cpu"  # the cost every ratio reads: CPU seconds on the CPU, wall seconds on a GPU (main sets it)
+UNIT = {"cpu": ("CPU s/row", 1), "wall": ("wall ms/row", 1000)}  # its column's name and scale
+
+
 def table(recs: list[dict]) -> None:
     keys = list(dict.fromkeys(r["key"] for r in recs))
     by = {k: [r for r in recs if r["key"] == k] for k in keys}
     best = {}  # per protocol: the lowest CPU s per row of a cold vLLM route (its best round)
     for k in ("e", "f", "g"):
         if k in by:
-            v = min(r["cpu"] / r["rows"] for r in by[k])
+            v = min(r[BASIS] / r["rows"] for r in by[k])
             best[PROTOCOL[k]] = min(best.get(PROTOCOL[k], v), v)
-    floor = {PROTOCOL[k]: min(r["cpu"] / r["rows"] for r in by[k]) for k in ("Ftf", "Fgen") if k in by}  # its best
+    floor = {PROTOCOL[k]: min(r[BASIS] / r["rows"] for r in by[k]) for k in ("Ftf", "Fgen") if k in by}  # its best
     print(f"{'path':31s} {'protocol':14s} {'cache':13s} {'rows':>4s} {'wall s':>11s} {'CPU s':>11s} {'child':>7s} "
-          f"{'CPU s/row':>11s} {'x best vLLM':>11s} {'x floor':>9s} {'prefix-cache hits/queried':>26s}")
+          f"{UNIT[BASIS][0]:>11s} {'x best vLLM':>11s} {'x floor':>9s} {'prefix-cache hits/queried':>26s}")
     for k in keys:
         rs = by[k]
-        cpr = [r["cpu"] / r["rows"] for r in rs]
+        cpr = [r[BASIS] / r["rows"] for r in rs]
         ratio = span([c / best[PROTOCOL[k]] for c in cpr], ".2f") if PROTOCOL[k] in best else "-"
         over = span([c / floor[PROTOCOL[k]] for c in cpr], ".2f") if PROTOCOL[k] in floor else "-"
         cache = "warm" if k == "g*" else "cold (reset)" if k in ("e", "f", "g") else "none held"
@@ -356,7 +462,7 @@ def table(recs: list[dict]) -> None:
         child = span([r["child"] / r["cpu"] for r in rs if r["cpu"] > 0] or [0.0], ".0%")
         wall, cpu = span([r["wall"] for r in rs], ".1f"), span([r["cpu"] for r in rs], ".1f")
         print(f"{LABEL[k]:31s} {PROTOCOL[k]:14s} {cache:13s} {rs[0]['rows']:4d} {wall:>11s} {cpu:>11s} {child:>7s} "
-              f"{span(cpr, '.3f'):>11s} {ratio:>11s} {over:>9s} {pc:>26s}")
+              f"{span([c * UNIT[BASIS][1] for c in cpr], '.3f'):>11s} {ratio:>11s} {over:>9s} {pc:>26s}")
 
 
 def agreement(recs: list[dict]) -> None:
@@ -384,7 +490,8 @@ def report(recs: list[dict], a, total: float) -> None:
           "paths or examples; 'warm': (g) rerun without a reset, excluded from 'x best vLLM'")
     print("CPU s: user+system of this process and all its descendants; child: the share in child processes (vLLM's "
           "EngineCore and worker); x best vLLM: CPU s/row over the cheapest cold vLLM route of the same protocol; "
-          "x floor: over the raw forward of the protocol's unique tokens (F, its best round)")
+          f"x floor: {BASIS} s/row over the raw forward of the protocol's unique tokens (F, its best round"
+          f"{'; sequences batched ' + str(a.floor_batch) + ' at a time' if a.floor_batch > 1 else ''})")
     agreement(recs)
     print(f"load average at end (1/5/15 min): {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}; total run {total:.0f} s")
 

@@ -42,12 +42,18 @@ def needed(rows, protocol: str, generated: list[str] | None = None, tokenizer=No
 
 
 @torch.inference_mode()
-def raw_forward(model, tokens: list[int], length: int) -> int:
-    """Run `model` over `tokens` in sequences of `length` (batch 1, no cache, last logits only); -> forwards run."""
+def raw_forward(model, tokens: list[int], length: int, batch: int = 1) -> int:
+    """Run `model` over `tokens` in sequences of `length`, `batch` sequences a forward (the last one shorter; no cache,
+    no padding, last logits only); -> forwards run. Batch 1 on the CPU, where a bigger batch saves nothing; on a GPU
+    a batch of 1 leaves the device idle, so its floor stacks sequences."""
     dev = next(model.parameters()).device
+    full = len(tokens) // length * length
+    seqs = [tokens[lo:lo + length] for lo in range(0, full, length)]
     n = 0
-    for lo in range(0, len(tokens), length):
-        ids = torch.tensor([tokens[lo:lo + length]], device=dev)
-        model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    for lo in range(0, len(seqs), batch):
+        model(input_ids=torch.tensor(seqs[lo:lo + batch], device=dev), use_cache=False, logits_to_keep=1)
+        n += 1
+    if full < len(tokens):
+        model(input_ids=torch.tensor([tokens[full:]], device=dev), use_cache=False, logits_to_keep=1)
         n += 1
     return n
