@@ -126,10 +126,10 @@ def verdicts(results: list[dict]) -> dict:
     return {(r["example_id"], str(r["position"])): bool(r["correct"]) for r in results}
 
 
-def scorer_path(loaded, task, engine: str, prefix: bool, rows, what: str, Scorer):  # noqa: N803
-    """A path that scores `rows` with posbias's Scorer (the benchmark's batch settings bound) in process, checked to
-    take the scoring path asked for (prefix-shared or plain)."""
-    scorer = Scorer(loaded, task, engine, prefix_sharing=prefix)
+def scorer_path(loaded, task, engine: str, prefix: bool, rows, what: str, make_scorer):
+    """A path that scores `rows` with posbias's Scorer in process (make_scorer: Scorer with the benchmark's batch
+    settings bound), checked to take the scoring path asked for (prefix-shared or plain)."""
+    scorer = make_scorer(loaded, task, engine, prefix_sharing=prefix)
     if scorer.path()[0] != prefix:
         raise SystemExit(f"{what}: posbias took the {'prefix-shared' if not prefix else 'plain'} path, not the one asked")
 
@@ -249,17 +249,17 @@ def posbias_paths(model_dir: Path, task, examples, placements, a) -> tuple[list,
 
     torch.set_num_threads(a.threads)
     loaded = load_model(str(model_dir), a.dtype, a.device, progress=False)
-    Scorer = functools.partial(Scorer, batch_tokens=a.batch_tokens, max_batch=a.max_batch)  # noqa: N806
-    rows = Scorer(loaded, task, "teacher-forced").rows(examples, placements)
+    make = functools.partial(Scorer, batch_tokens=a.batch_tokens, max_batch=a.max_batch)
+    rows = make(loaded, task, "teacher-forced").rows(examples, placements)
     warm = task.examples(1, 0, len(examples))  # an example outside the measured rows
     for engine in ("teacher-forced", "generate"):
-        s = Scorer(loaded, task, engine)
+        s = make(loaded, task, engine)
         s.score(s.rows(warm, placements[:2]))
-    paths = {k: scorer_path(loaded, task, PROTOCOL[k], prefix, rows, LABEL[k], Scorer)
+    paths = {k: scorer_path(loaded, task, PROTOCOL[k], prefix, rows, LABEL[k], make)
              for k, prefix in (("a", True), ("b", False), ("c", True), ("d", False))}
     if any(r.option_ids or r.prompt.options for r in rows):
         raise SystemExit("paths (e) and (f) score answer tokens; this task's rows are option labels (an order task)")
-    return loaded, rows, paths, Scorer(loaded, task, "generate").max_new_tokens
+    return loaded, rows, paths, make(loaded, task, "generate").max_new_tokens
 
 
 def floor_rounds(loaded, rows, generated: list[str], rounds: int, batch: int = 1) -> tuple[list[dict], dict]:
@@ -318,7 +318,7 @@ def start_vllm(model_dir: Path):
     return llm
 
 
-def header(a, model_dir: Path) -> None:
+def header(a, label: str) -> None:
     import torch
     import transformers
 
@@ -337,38 +337,35 @@ def header(a, model_dir: Path) -> None:
           f"({'other load present' if la[0] > 0.5 else 'quiet'})")
     vllm = "" if a.no_vllm else f"vllm {__import__('vllm').__version__}, "
     print(f"versions: {vllm}torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"posbias {getattr(posbias, '__version__', '?')}; model {a.model_label} ({a.dtype} on {a.device})")
+          f"posbias {getattr(posbias, '__version__', '?')}; model {label} ({a.dtype} on {a.device})")
     print(f"posbias: {a.threads} torch thread(s), batches of at most {a.max_batch} rows / {a.batch_tokens} tokens"
           + ("" if a.no_vllm else f"; VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB"))
 
 
-def model_source(a) -> Path:
-    """The model directory the paths load: SmolLM2 exported now, the conformance matrix's tiny Llama, or --model-dir
-    (with --random-weights: its config and tokenizer, weights drawn at random with seed 0, saved beside)."""
+def model_source(a) -> tuple[Path, str]:
+    """The model directory the paths load, and what it is: SmolLM2 exported now, the conformance matrix's tiny Llama,
+    or --model-dir (with --random-weights: its config and tokenizer, weights drawn at random with seed 0, saved in a
+    temporary directory)."""
+    if a.model_dir is not None and not a.random_weights:
+        return Path(a.model_dir), a.model_dir
     out = Path(tempfile.mkdtemp())
     if a.model == "tiny":
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         from tiny import save_tiny_llama
 
-        a.model_label = "the conformance matrix's tiny Llama (tests/tiny.py: 2 layers of width 64, char tokenizer)"
-        return save_tiny_llama(out / "tiny")
+        return save_tiny_llama(out / "tiny"), ("the conformance matrix's tiny Llama (tests/tiny.py: 2 layers of width "
+                                              "64, char tokenizer)")
     if a.model_dir is None:
         from posbias.measure import export_model
 
-        a.model_label = "smollm2-135m"
-        return export_model("smollm2-135m", out / "smollm2")
-    if not a.random_weights:
-        a.model_label = a.model_dir
-        return Path(a.model_dir)
+        return export_model("smollm2-135m", out / "smollm2"), "smollm2-135m"
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(a.model_dir))
-    model.save_pretrained(out / "random")
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(a.model_dir)).save_pretrained(out / "random")
     AutoTokenizer.from_pretrained(a.model_dir).save_pretrained(out / "random")
-    a.model_label = f"{a.model_dir}'s config and tokenizer, RANDOM weights (seed 0): costs only, verdicts mean nothing"
-    return out / "random"
+    return out / "random", f"{a.model_dir}'s config and tokenizer, RANDOM weights (seed 0): costs only, verdicts mean nothing"
 
 
 def main() -> None:
@@ -397,16 +394,14 @@ def main() -> None:
         ap.error("--random-weights needs --model-dir (a directory with the config and tokenizer)")
     a.no_vllm = a.no_vllm or a.device == "cuda" or a.model == "tiny" or a.random_weights
     a.floor_batch = a.floor_batch or (a.max_batch if a.device == "cuda" else 1)
-    global BASIS
-    BASIS = "wall" if a.device == "cuda" else "cpu"
     sys.stdout.reconfigure(line_buffering=True)  # vLLM's workers must not inherit (and repeat) buffered lines
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from posbias import get_task
 
     t_start = time.perf_counter()
     task = get_task(a.task)
-    model_dir = model_source(a)
-    header(a, model_dir)
+    model_dir, label = model_source(a)
+    header(a, label)
     loaded, rows, paths, max_new = posbias_paths(model_dir, task, task.examples(a.n, 0, 0), task.placements("all"), a)
     print(f"rows: {len(rows)} ({a.task}, every slot x {a.n} examples), "
           f"{sum(len(r.prompt_ids) for r in rows)} prompt tokens; every path below scores these token ids; "
@@ -436,24 +431,24 @@ def span(xs: list[float], fmt: str) -> str:
     return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{format(lo, fmt)}-{format(hi, fmt)}"
 
 
-BASIS = "cpu"  # the cost every ratio reads: CPU seconds on the CPU, wall seconds on a GPU (main sets it)
-UNIT = {"cpu": ("CPU s/row", 1), "wall": ("wall ms/row", 1000)}  # its column's name and scale
+UNIT = {"cpu": ("CPU s/row", 1), "wall": ("wall ms/row", 1000)}  # a cost basis's column name and scale
 
 
-def table(recs: list[dict]) -> None:
+def table(recs: list[dict], basis: str) -> None:
+    """basis: the cost every ratio reads, "cpu" (CPU seconds, on the CPU) or "wall" (wall seconds, on a GPU)."""
     keys = list(dict.fromkeys(r["key"] for r in recs))
     by = {k: [r for r in recs if r["key"] == k] for k in keys}
     best = {}  # per protocol: the lowest CPU s per row of a cold vLLM route (its best round)
     for k in ("e", "f", "g"):
         if k in by:
-            v = min(r[BASIS] / r["rows"] for r in by[k])
+            v = min(r[basis] / r["rows"] for r in by[k])
             best[PROTOCOL[k]] = min(best.get(PROTOCOL[k], v), v)
-    floor = {PROTOCOL[k]: min(r[BASIS] / r["rows"] for r in by[k]) for k in ("Ftf", "Fgen") if k in by}  # its best
+    floor = {PROTOCOL[k]: min(r[basis] / r["rows"] for r in by[k]) for k in ("Ftf", "Fgen") if k in by}  # its best
     print(f"{'path':31s} {'protocol':14s} {'cache':13s} {'rows':>4s} {'wall s':>11s} {'CPU s':>11s} {'child':>7s} "
-          f"{UNIT[BASIS][0]:>11s} {'x best vLLM':>11s} {'x floor':>9s} {'prefix-cache hits/queried':>26s}")
+          f"{UNIT[basis][0]:>11s} {'x best vLLM':>11s} {'x floor':>9s} {'prefix-cache hits/queried':>26s}")
     for k in keys:
         rs = by[k]
-        cpr = [r[BASIS] / r["rows"] for r in rs]
+        cpr = [r[basis] / r["rows"] for r in rs]
         ratio = span([c / best[PROTOCOL[k]] for c in cpr], ".2f") if PROTOCOL[k] in best else "-"
         over = span([c / floor[PROTOCOL[k]] for c in cpr], ".2f") if PROTOCOL[k] in floor else "-"
         cache = "warm" if k == "g*" else "cold (reset)" if k in ("e", "f", "g") else "none held"
@@ -462,7 +457,7 @@ def table(recs: list[dict]) -> None:
         child = span([r["child"] / r["cpu"] for r in rs if r["cpu"] > 0] or [0.0], ".0%")
         wall, cpu = span([r["wall"] for r in rs], ".1f"), span([r["cpu"] for r in rs], ".1f")
         print(f"{LABEL[k]:31s} {PROTOCOL[k]:14s} {cache:13s} {rs[0]['rows']:4d} {wall:>11s} {cpu:>11s} {child:>7s} "
-              f"{span([c * UNIT[BASIS][1] for c in cpr], '.3f'):>11s} {ratio:>11s} {over:>9s} {pc:>26s}")
+              f"{span([c * UNIT[basis][1] for c in cpr], '.3f'):>11s} {ratio:>11s} {over:>9s} {pc:>26s}")
 
 
 def agreement(recs: list[dict]) -> None:
@@ -484,13 +479,14 @@ def report(recs: list[dict], a, total: float) -> None:
     la = os.getloadavg()
     print()
     print(f"== {a.task}, {recs[0]['rows']} rows, {a.rounds} round(s) per path (min-max over rounds) ==")
-    table(recs)
+    basis = "wall" if a.device == "cuda" else "cpu"
+    table(recs, basis)
     print("cache: 'cold (reset)': vLLM's prefix cache reset before every run, hits are rows of the same run sharing a "
           "prefix; (e) never reads the cache (prompt_logprobs); 'none held': posbias in process keeps no cache across "
           "paths or examples; 'warm': (g) rerun without a reset, excluded from 'x best vLLM'")
     print("CPU s: user+system of this process and all its descendants; child: the share in child processes (vLLM's "
           "EngineCore and worker); x best vLLM: CPU s/row over the cheapest cold vLLM route of the same protocol; "
-          f"x floor: {BASIS} s/row over the raw forward of the protocol's unique tokens (F, its best round"
+          f"x floor: {basis} s/row over the raw forward of the protocol's unique tokens (F, its best round"
           f"{'; sequences batched ' + str(a.floor_batch) + ' at a time' if a.floor_batch > 1 else ''})")
     agreement(recs)
     print(f"load average at end (1/5/15 min): {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}; total run {total:.0f} s")
