@@ -338,6 +338,9 @@ def header(a, label: str) -> None:
     vllm = "" if a.no_vllm else f"vllm {__import__('vllm').__version__}, "
     print(f"versions: {vllm}torch {torch.__version__}, transformers {transformers.__version__}, "
           f"posbias {getattr(posbias, '__version__', '?')}; model {label} ({a.dtype} on {a.device})")
+    packs = hasattr(__import__("transformers.integrations.sdpa_attention", fromlist=["x"]), "pack_gqa")
+    print("single-query GQA attention at decode: " + ("transformers packs it itself" if packs else
+          "posbias's backport of transformers 5.24's packing (models/compat.py; this release repeats the KV heads)"))
     print(f"posbias: {a.threads} torch thread(s), batches of at most {a.max_batch} rows / {a.batch_tokens} tokens"
           + ("" if a.no_vllm else f"; VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB"))
 
