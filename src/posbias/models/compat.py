@@ -1,8 +1,10 @@
-"""The one place posbias follows transformers' renames, so every supported release computes the same numbers.
+"""The one place posbias follows transformers' releases, so every supported release computes the same numbers.
 
 transformers 5.24 renamed the KV-cache argument and output field `past_key_values` to `cache` (the old name warns
 until 5.40, and inside an attention module it is no longer read at all): code that hands a cache to a model, or
-takes it from a self_attn call, asks here for the name."""
+takes it from a self_attn call, asks here for the name. Earlier releases (5.19, which vLLM's CPU build pins) copy
+a grouped-query model's keys and values to every query head at each decode step; `backport_single_query_gqa`
+gives them 5.24's packed single-query attention, the same arithmetic at a third of the decode cost."""
 
 from __future__ import annotations
 
