@@ -323,6 +323,7 @@ def header(a, label: str) -> None:
     import transformers
 
     import posbias
+    from posbias.models.compat import release_packs_single_query
 
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     la = os.getloadavg()
@@ -338,8 +339,7 @@ def header(a, label: str) -> None:
     vllm = "" if a.no_vllm else f"vllm {__import__('vllm').__version__}, "
     print(f"versions: {vllm}torch {torch.__version__}, transformers {transformers.__version__}, "
           f"posbias {getattr(posbias, '__version__', '?')}; model {label} ({a.dtype} on {a.device})")
-    packs = hasattr(__import__("transformers.integrations.sdpa_attention", fromlist=["x"]), "pack_gqa")
-    print("single-query GQA attention at decode: " + ("transformers packs it itself" if packs else
+    print("single-query GQA attention at decode: " + ("transformers packs it itself" if release_packs_single_query() else
           "posbias's backport of transformers 5.24's packing (models/compat.py; this release repeats the KV heads)"))
     print(f"posbias: {a.threads} torch thread(s), batches of at most {a.max_batch} rows / {a.batch_tokens} tokens"
           + ("" if a.no_vllm else f"; VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB"))

@@ -72,6 +72,13 @@ def packed_sdpa(stock: Callable, use_gqa: Callable) -> Callable:
     return packed
 
 
+def release_packs_single_query() -> bool:
+    """Whether the installed transformers' `sdpa` packs a single query token per KV group itself (5.24 does)."""
+    from transformers.integrations import sdpa_attention
+
+    return hasattr(sdpa_attention, "pack_gqa")
+
+
 def backport_single_query_gqa() -> bool:
     """On a transformers release whose `sdpa` attention copies a grouped-query model's keys and values to every
     query head at each decode step (`repeat_kv`; 5.19 does, 5.24 packs the query instead: its `pack_gqa`), register
@@ -82,7 +89,7 @@ def backport_single_query_gqa() -> bool:
     from transformers.integrations import sdpa_attention as sdpa
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    if hasattr(sdpa, "pack_gqa"):
+    if release_packs_single_query():
         return False
     stock = sdpa.sdpa_attention_forward
     if getattr(ALL_ATTENTION_FUNCTIONS.get("sdpa"), "__wrapped__", None) is not stock:
