@@ -25,8 +25,9 @@ path scores exactly these token ids. Paths:
       rows need (teacher forcing: prompts and answers; generation: prompts and what (c) generated), the least any
       engine on this build of torch can spend on them; every path's "x floor" is its CPU s per row over this
 The vLLM paths call `LLM.generate` directly with token prompts, 64 requests per call, on an engine started with
-posbias's vllm backend's arguments (bf16, prefix caching on, seed 0), so they do not depend on which teacher-forcing
-route that backend takes by default.
+posbias's vllm backend's arguments (prefix caching on, seed 0, the dtype of every path: --dtype, auto by default, bf16
+on a CPU with native bf16, else fp32), so they do not depend on which teacher-forcing route that backend takes by
+default.
 
 Cold. vLLM's prefix cache is reset (`LLM.reset_prefix_cache()`) before every path and round, and its counters
 (vllm:prefix_cache_queries / vllm:prefix_cache_hits, in tokens) are read around each run: hits after a reset come
@@ -338,7 +339,8 @@ def header(a, label: str) -> None:
           f"({'other load present' if la[0] > 0.5 else 'quiet'})")
     vllm = "" if a.no_vllm else f"vllm {__import__('vllm').__version__}, "
     print(f"versions: {vllm}torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"posbias {getattr(posbias, '__version__', '?')}; model {label} ({a.dtype} on {a.device})")
+          f"posbias {getattr(posbias, '__version__', '?')}; model {label} ({a.dtype} on {a.device}: {a.dtype_why}"
+          + ("" if a.no_vllm else f"; vLLM's engine {ENGINE['dtype']}") + ")")
     print("single-query GQA attention at decode: " + ("transformers packs it itself" if release_packs_single_query() else
           "posbias's backport of transformers 5.24's packing (models/compat.py; this release repeats the KV heads)"))
     print(f"posbias: {a.threads} torch thread(s), batches of at most {a.max_batch} rows / {a.batch_tokens} tokens"
@@ -385,7 +387,9 @@ def main() -> None:
     ap.add_argument("--random-weights", action="store_true",
                     help="with --model-dir: its config and tokenizer, random weights (a machine the weights cannot reach)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="posbias's device (cuda: no vLLM paths)")
-    ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    ap.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="every path's dtype (default auto: posbias's rule, bf16 on a CPU with native bf16, else fp32; "
+                         "vLLM's engine takes the same)")
     ap.add_argument("--max-batch", type=int, default=MAX_BATCH, help=f"posbias's rows per batch (default {MAX_BATCH})")
     ap.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, help=f"padded tokens per batch ({BATCH_TOKENS})")
     ap.add_argument("--floor-batch", type=int, default=None, help="sequences per raw forward (default 1 on the CPU, "
@@ -402,6 +406,10 @@ def main() -> None:
     from posbias import get_task
 
     t_start = time.perf_counter()
+    from posbias.measure import choose_dtype
+
+    a.dtype, a.dtype_why = choose_dtype(a.dtype, a.device)  # each path in its fastest dtype, vLLM's engine included
+    ENGINE["dtype"] = {"bf16": "bfloat16", "fp32": "float32"}[a.dtype]
     task = get_task(a.task)
     model_dir, label = model_source(a)
     header(a, label)

@@ -5,7 +5,7 @@ harness builds, the harness's teacher-forced throughput (tokenising, batching an
 scoring included), a naive per-example `generate` loop, and the verdict agreement
 between teacher forcing and generation.
 
-    python benchmarks/sweep_speed.py [--model smollm2-135m] [--n 40] [--dtype bf16]
+    python benchmarks/sweep_speed.py [--model smollm2-135m] [--n 40] [--dtype auto]
 
 Targets (issue 2): harness >= 0.8 x raw, >= 5 x faster than the naive loop,
 teacher-forced/generate agreement >= 97%.
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--n", type=int, default=40)
     ap.add_argument("--positions", default="0,2,5,7,9")
-    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--dtype", default="auto", help="auto (default: bf16 on a CPU with native bf16, else fp32) | bf16 | fp32")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--compare-fp32", action="store_true", help="also time the raw forward in fp32")
     ap.add_argument("--settings", default="kv10,kv30,nq10", help="prefix-sharing settings: kv10,kv30,nq10 (empty: none)")
@@ -138,6 +138,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
 
     loaded = load_model(a.model, a.dtype, a.device)
+    a.dtype = loaded.info["dtype"]  # what auto took: the figures below name it
     dev = next(loaded.model.parameters()).device
     print(f"device: {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else cpu_name()}")
     if not a.skip_legacy:
