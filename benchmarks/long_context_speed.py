@@ -56,7 +56,7 @@ def child(a) -> None:
     import posbias
 
     torch.set_num_threads(a.threads)
-    loaded = posbias.load_model(a.model, "bf16", "cpu", progress=False)
+    loaded = posbias.load_model(a.model, a.dtype, "cpu", progress=False)
     cfg = posbias.SweepConfig(task="niah", task_options={"tokens": a.length}, model=a.model,
                               positions=",".join(depths(a.depths)), n=a.n, prefix_sharing=PATHS[a.child])
     w0, c0 = time.perf_counter(), time.process_time()
@@ -78,7 +78,7 @@ def children_cpu() -> float:
 def run_child(a, path: str, L: int) -> dict:
     """Start one path cold in its own process; its JSON plus the whole child's CPU seconds."""
     cmd = [sys.executable, __file__, "--child", path, "--length", str(L), "--depths", a.depths, "--n", str(a.n),
-           "--model", a.model, "--threads", str(a.threads)]
+           "--model", a.model, "--threads", str(a.threads), "--dtype", a.dtype]
     c0 = children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True)
     whole = children_cpu() - c0
@@ -111,7 +111,7 @@ def ideal_tokens(a, lengths: list[int]) -> dict[int, tuple[int, int, int, float]
     from posbias.scoring.scorer import Scorer
 
     torch.set_num_threads(a.threads)
-    loaded = posbias.load_model(a.model, "bf16", "cpu", progress=False)
+    loaded = posbias.load_model(a.model, a.dtype, "cpu", progress=False)
     model = loaded.model
 
     @torch.inference_mode()
@@ -191,6 +191,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2, help="examples; rows = n x depths")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of every child")
+    ap.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="every path's dtype (default auto: bf16 on a CPU with native bf16, else fp32)")
     ap.add_argument("--paths", default="plain,shared", help="plain and/or shared")
     ap.add_argument("--child", choices=sorted(PATHS), help=argparse.SUPPRESS)
     ap.add_argument("--length", type=int, help=argparse.SUPPRESS)
@@ -203,7 +205,11 @@ def main() -> None:
     if bad := [p for p in paths if p not in PATHS]:
         raise SystemExit(f"unknown path(s) {bad}: use plain and/or shared")
     la0, t0 = os.getloadavg(), time.perf_counter()
-    print(f"niah, {a.model} bf16 on the CPU, {a.threads} torch thread(s), {a.n} example(s) x depths "
+    from posbias.measure import choose_dtype, cpu_kind
+
+    a.dtype, why = choose_dtype(a.dtype, "cpu")  # resolved once: every child runs the same dtype
+    print(f"CPU: {cpu_kind().describe()}; dtype {a.dtype} ({why})")
+    print(f"niah, {a.model} {a.dtype} on the CPU, {a.threads} torch thread(s), {a.n} example(s) x depths "
           f"{','.join(depths(a.depths))}")
     res = {L: {p: run_child(a, p, L) for p in paths} for L in lengths}
     toks = ideal_tokens(a, lengths)

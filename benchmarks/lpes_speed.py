@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from posbias import get_method, get_task, load_model
-from posbias.measure import Scorer
+from posbias.measure import Scorer, cpu_kind
 
 
 def generate_each(model, rows, max_new: int) -> float:
@@ -113,7 +113,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--skip-search", action="store_true")
     a = ap.parse_args()
-    loaded = load_model(a.model, "bf16", "cpu")
+    loaded = load_model(a.model, "auto", "cpu")  # bf16 on a CPU with native bf16, else fp32
+    print(f"CPU: {cpu_kind().describe()}; {loaded.info['dtype']} ({loaded.info['dtype_reason']})")
     inference(a, loaded)
     if not a.skip_search:
         search_cost(a, loaded)
