@@ -2,7 +2,8 @@
 
     python benchmarks/attention_memory.py [--facts 90] [--model smollm2-135m] [--device cpu]
 
-One kv-lookup prompt (about 90 facts, ~2,000 tokens with SmolLM2's chat template), in the dtype auto takes (bf16 on a CPU with native bf16, else fp32), one sequence:
+One kv-lookup prompt (about 90 facts, ~2,000 tokens with SmolLM2's chat template), one sequence, in the dtype auto
+takes (bf16 on a CPU with native bf16, else fp32):
 
   (a) plain     the sdpa forward a sweep runs, logits of the last token only
   (b) capture   the same forward inside `span_attention` (the last prompt token's attention reduced to
@@ -55,12 +56,10 @@ def _peak(cuda: bool) -> int:
 
 def setup(a):
     from posbias import get_task, load_model
-    from posbias.measure import cpu_kind
     from posbias.scoring.scorer import use_chat
     from posbias.scoring.spans import item_spans
 
     loaded = load_model(a.model, "auto", a.device)  # bf16 on a CPU with native bf16, else fp32
-    print(f"CPU: {cpu_kind().describe()}; {loaded.info['dtype']} ({loaded.info['dtype_reason']})")
     loaded.model.set_attn_implementation("sdpa")
     task = get_task("kv-lookup", facts=a.facts)
     ex = task.examples(1, seed=0)[0]
@@ -118,8 +117,11 @@ def main() -> None:
                a.device, "--threads", str(a.threads)]
         res[mode] = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
     mib = lambda x: x / 2**20  # noqa: E731
-    print(f"{a.model} {loaded.info['dtype']} on {a.device}, kv-lookup {a.facts} facts = {res['plain']['tokens']} tokens, 1 sequence, "
-          f"{a.threads} thread(s)")
+    from posbias.measure import choose_dtype, cpu_kind
+
+    dtype, why = choose_dtype("auto", a.device)  # what every child's load took
+    print(f"CPU: {cpu_kind().describe()}; {a.model} {dtype} ({why}) on {a.device}, kv-lookup {a.facts} facts = "
+          f"{res['plain']['tokens']} tokens, 1 sequence, {a.threads} thread(s)")
     print(f"{'mode':>8}  {'peak above base (MiB)':>21}  {'x plain':>7}  {'seconds':>7}")
     plain = res["plain"]["peak"] - res["plain"]["base"]
     for mode, r in res.items():

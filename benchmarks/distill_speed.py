@@ -32,8 +32,8 @@ import torch
 
 def setup(a, lora: bool):
     from posbias import get_task, load_model
-    from posbias.measure import cpu_kind
     from posbias.distill import DistillConfig
+    from posbias.measure import cpu_kind
     from posbias.mitigate.pos2distill import build_trainer
     from posbias.mitigate.pos2distill.data import build_records
     from posbias.scoring.scorer import use_chat
