@@ -117,10 +117,9 @@ def main() -> None:
                a.device, "--threads", str(a.threads)]
         res[mode] = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
     mib = lambda x: x / 2**20  # noqa: E731
-    from posbias.measure import choose_dtype, cpu_kind
+    from posbias.measure import dtype_note
 
-    dtype, why = choose_dtype("auto", a.device)  # what every child's load took
-    print(f"CPU: {cpu_kind().describe()}; {a.model} {dtype} ({why}) on {a.device}, kv-lookup {a.facts} facts = "
+    print(f"{a.model} {dtype_note('auto', a.device)} on {a.device}, kv-lookup {a.facts} facts = "  # every child's load
           f"{res['plain']['tokens']} tokens, 1 sequence, {a.threads} thread(s)")
     print(f"{'mode':>8}  {'peak above base (MiB)':>21}  {'x plain':>7}  {'seconds':>7}")
     plain = res["plain"]["peak"] - res["plain"]["base"]

@@ -61,7 +61,7 @@ import psutil
 PROTOCOL = {"a": "teacher-forced", "b": "teacher-forced", "c": "generate", "d": "generate", "e": "teacher-forced",
             "f": "teacher-forced", "g": "generate", "g*": "generate", "Ftf": "teacher-forced", "Fgen": "generate"}
 CHUNK = 64  # requests per LLM.generate call, as posbias's vllm backend sends them
-ENGINE = {"dtype": "bfloat16", "enable_prefix_caching": True, "seed": 0, "max_model_len": 2048,
+ENGINE = {"enable_prefix_caching": True, "seed": 0, "max_model_len": 2048,
           "disable_log_stats": False}  # posbias's vllm backend's engine arguments; stats on: the cache counters
 LABEL = {"a": "(a) posbias prefix-shared", "b": "(b) posbias plain", "c": "(c) posbias prefix-shared",
          "d": "(d) posbias plain", "e": "(e) vLLM prompt_logprobs", "f": "(f) vLLM greedy-gen TF",
@@ -305,11 +305,13 @@ def gpu_busy(fns: dict, recs: list[dict]) -> None:
               f"{best * 1e3:8.1f} ms ({busy / best:4.0%} busy), {launches} kernel launches")
 
 
-def start_vllm(model_dir: Path):
-    """vLLM's offline engine on the exported model, as posbias's vllm backend starts it."""
+def start_vllm(model_dir: Path, dtype: str):
+    """vLLM's offline engine on the exported model, as posbias's vllm backend starts it, in `dtype` (bf16 | fp32)."""
     from vllm import LLM
 
-    m = measure(lambda: LLM(model=str(model_dir), **ENGINE))
+    from posbias.backends.vllm import DTYPES
+
+    m = measure(lambda: LLM(model=str(model_dir), dtype=DTYPES[dtype], **ENGINE))
     llm = m["result"]
     kids = psutil.Process().children(recursive=True)
     desc = ", ".join(f"{p.name()} pid {p.pid} on cores {p.cpu_affinity()} ({p.num_threads()} threads)" for p in kids)
@@ -340,7 +342,7 @@ def header(a, label: str) -> None:
     vllm = "" if a.no_vllm else f"vllm {__import__('vllm').__version__}, "
     print(f"versions: {vllm}torch {torch.__version__}, transformers {transformers.__version__}, "
           f"posbias {getattr(posbias, '__version__', '?')}; model {label} ({a.dtype} on {a.device}: {a.dtype_why}"
-          + ("" if a.no_vllm else f"; vLLM's engine {ENGINE['dtype']}") + ")")
+          + ("" if a.no_vllm else "; vLLM's engine the same") + ")")
     print("single-query GQA attention at decode: " + ("transformers packs it itself" if release_packs_single_query() else
           "posbias's backport of transformers 5.24's packing (models/compat.py; this release repeats the KV heads)"))
     print(f"posbias: {a.threads} torch thread(s), batches of at most {a.max_batch} rows / {a.batch_tokens} tokens"
@@ -409,7 +411,6 @@ def main() -> None:
     from posbias.measure import choose_dtype
 
     a.dtype, a.dtype_why = choose_dtype(a.dtype, a.device)  # each path in its fastest dtype, vLLM's engine included
-    ENGINE["dtype"] = {"bf16": "bfloat16", "fp32": "float32"}[a.dtype]
     task = get_task(a.task)
     model_dir, label = model_source(a)
     header(a, label)
@@ -422,7 +423,7 @@ def main() -> None:
     floor, floor_fns = floor_rounds(loaded, rows, [r["prediction"] for r in paths["c"].results], a.rounds, a.floor_batch)
     recs += floor
     if not a.no_vllm:
-        llm = start_vllm(model_dir)
+        llm = start_vllm(model_dir, a.dtype)
         vpaths = {"e": tf_logprobs(llm, rows), "f": tf_greedy(llm, rows), "g": generate(llm, rows, task, max_new)}
         recs += run_rounds(vpaths, a.rounds, llm)
         recs.append(run_one("g*", vpaths["g"], 0, llm, reset=False))

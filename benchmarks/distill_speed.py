@@ -33,13 +33,13 @@ import torch
 def setup(a, lora: bool):
     from posbias import get_task, load_model
     from posbias.distill import DistillConfig
-    from posbias.measure import cpu_kind
+    from posbias.measure import dtype_note
     from posbias.mitigate.pos2distill import build_trainer
     from posbias.mitigate.pos2distill.data import build_records
     from posbias.scoring.scorer import use_chat
 
     loaded = load_model(a.model, "auto", a.device)  # bf16 on a CPU with native bf16, else fp32
-    print(f"CPU: {cpu_kind().describe()}; {loaded.info['dtype']} ({loaded.info['dtype_reason']})")
+    print(f"dtype {dtype_note('auto', a.device)}")
     task = get_task(a.task)
     chat = use_chat(loaded, "auto")
     records, _ = build_records(loaded, task, n=a.n, k=a.k, anchor=0, seed=0, skip=7000, chat=chat, correct_only=False,

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from posbias import get_method, get_task, load_model
-from posbias.measure import Scorer, cpu_kind
+from posbias.measure import Scorer, dtype_note
 
 
 def generate_each(model, rows, max_new: int) -> float:
@@ -114,7 +114,7 @@ def main() -> None:
     ap.add_argument("--skip-search", action="store_true")
     a = ap.parse_args()
     loaded = load_model(a.model, "auto", "cpu")  # bf16 on a CPU with native bf16, else fp32
-    print(f"CPU: {cpu_kind().describe()}; {loaded.info['dtype']} ({loaded.info['dtype_reason']})")
+    print(f"dtype {dtype_note('auto', 'cpu')}")
     inference(a, loaded)
     if not a.skip_search:
         search_cost(a, loaded)

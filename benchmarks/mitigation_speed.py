@@ -18,7 +18,7 @@ import time
 import torch
 
 from posbias import get_method, get_task, load_model
-from posbias.measure import Scorer, cpu_kind
+from posbias.measure import Scorer, dtype_note
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
     loaded = load_model(a.model, "auto", "cpu")  # bf16 on a CPU with native bf16, else fp32
-    print(f"CPU: {cpu_kind().describe()}; {loaded.info['dtype']} ({loaded.info['dtype_reason']})")
+    print(f"dtype {dtype_note('auto', 'cpu')}")
     task = get_task("kv-lookup", facts=a.facts)
     scorer = Scorer(loaded, task, prefix_sharing=False, max_batch=1)
     rows = scorer.rows(task.examples(a.n, 0, 5000), [task.n_slots // 2])
