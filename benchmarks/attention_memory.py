@@ -125,10 +125,14 @@ def main() -> None:
     plain = res["plain"]["peak"] - res["plain"]["base"]
     for mode, r in res.items():
         extra = r["peak"] - r["base"]
-        print(f"{mode:>8}  {mib(extra):>21.1f}  {extra / plain:>7.2f}  {r['seconds']:>7.2f}")
+        times = f"{extra / plain:>7.2f}" if plain > 0 else f"{'-':>7}"
+        print(f"{mode:>8}  {mib(extra):>21.1f}  {times}  {r['seconds']:>7.2f}")
+    if plain <= 0:  # a prompt so short that the plain forward's activations never raised the peak: no ratio to read
+        print("target capture/plain <= 2: not decided (the plain path's peak did not rise above its base at "
+              f"{a.facts} facts; pass more --facts)")
+        return
     ratio = (res["capture"]["peak"] - res["capture"]["base"]) / plain
     print(f"target capture/plain <= 2: {'met' if ratio <= 2 else 'MISSED'} ({ratio:.2f}x)")
-
 
 if __name__ == "__main__":
     main()

@@ -11,6 +11,7 @@ import torch
 
 from conftest import position_sensitive, random_seqs, tiny_loaded, tiny_model
 from posbias import SweepConfig, get_method, get_task, run_sweep
+from posbias.models.compat import attention_record
 from posbias.measure import Scorer
 from posbias.methods import MsPoE
 from posbias.models.prefix import SharedKV, prefill
@@ -276,6 +277,9 @@ def test_sweep_json_unchanged_by_prefix_sharing(loaded, tmp_path):
         records[on] = (rec, res.rows)
     assert records[True][0] == records[False][0]
     _assert_same(records[False][1], records[True][1])
+    # the attention kernels are recorded beside the run (models/compat.py), not in its fingerprint
+    assert records[True][0]["backend"]["settings"] == {"attention": "sdpa", **attention_record()}
+    assert "attention" not in json.loads((tmp_path / "True" / "run.json").read_text())["fingerprint"]["config"]
 
 
 def test_method_that_is_not_prefix_safe_falls_back(monkeypatch):

@@ -34,6 +34,13 @@ class HFBackend(Backend):
     def check_method(self, method) -> None:
         method.check(self.loaded)
 
+    def settings(self) -> dict:
+        """How the model's attention reads grouped heads (models/compat.py): the stock arithmetic, recorded."""
+        from ..models.compat import attention_record
+
+        impl = getattr(self.loaded.model.config, "_attn_implementation", None)
+        return {"attention": impl, **(attention_record() if impl == "sdpa" else {})}
+
     def decoding(self) -> dict:
         from ..models.decoding import decoding_record
 

@@ -319,8 +319,9 @@ class SweepRun:
             summary["decision"] = {k: v for k, v in decision.items() if k != "calibration_items"}
         record = {**fingerprint, "task_kind": task.kind, "versions": versions(), "per_position": per, "summary": summary,
                   **({"decision": decision} if decision else {})}
-        if self.backend.caps.batching == "requests":  # how requests went (totals over every invocation): not compared
-            record["backend"] = {"settings": self.backend.settings(), **timing.backend_record()}
+        # how the backend ran (not compared on resume): in process its attention kernels; served, how requests went
+        record["backend"] = {"settings": self.backend.settings(),
+                             **(timing.backend_record() if self.backend.caps.batching == "requests" else {})}
         if self.meter.rec is not None:  # what it cost (given prices)
             record["cost"] = self.meter.rec
         return all_rows, record

@@ -3,8 +3,10 @@
 transformers 5.24 renamed the KV-cache argument and output field `past_key_values` to `cache` (the old name warns
 until 5.40, and inside an attention module it is no longer read at all): code that hands a cache to a model, or
 takes it from a self_attn call, asks here for the name. Earlier releases (5.19, which vLLM's CPU build pins) copy
-a grouped-query model's keys and values to every query head at each decode step; `backport_single_query_gqa`
-gives them 5.24's packed single-query attention, the same arithmetic at a third of the decode cost."""
+a grouped-query model's keys and values to every query head at each decode step, and every release copies them
+under a mask (its rule for letting SDPA group the heads is CUDA's): `install_grouped_sdpa` gives every release
+5.24's packed single-query attention and, on CPU, SDPA's own head grouping under a mask: the same arithmetic
+without the copies."""
 
 from __future__ import annotations
 
@@ -48,28 +50,60 @@ class _OneGroup:
         return getattr(self._module, name)
 
 
-def packed_sdpa(stock: Callable, use_gqa: Callable) -> Callable:
-    """An `sdpa` attention function that runs `stock` (transformers' sdpa_attention_forward) with a single query
-    token packed per KV group: [B, H, 1, D] -> [B, H / n_rep, n_rep, D], so the keys and values are read as they
-    are instead of copied to every query head. Every other call (several query tokens, no grouping, a position
-    bias, or a case where `use_gqa(mask, key, value)` lets SDPA group the heads itself) goes to `stock` unchanged."""
+def _sdpa_groups_heads() -> bool:
+    """Whether torch's scaled_dot_product_attention takes `enable_gqa` (torch 2.5 and later)."""
+    import torch
+    from packaging.version import Version
 
-    def packed(module, query, key, value, attention_mask, *args, **kwargs):
+    return Version(torch.__version__.split("+")[0]) >= Version("2.5")
+
+
+def grouped_sdpa(stock: Callable, use_gqa: Callable, pack: bool = True) -> Callable:
+    """An `sdpa` attention function that reads a grouped-query model's keys and values as they are where `stock`
+    (transformers' sdpa_attention_forward) would copy them to every query head (`repeat_kv`):
+
+      one query token (pack=True: releases before 5.24)   packed per KV group, [B, H, 1, D] -> [B, H / n_rep, n_rep, D]
+      several query tokens under a mask, on CPU,          torch's SDPA told `enable_gqa=True`. Stock lets SDPA group
+      no gradient                                          the heads only without a mask (CUDA's rule: a masked grouped
+                                                           call falls back to the math kernel there); torch's CPU flash
+                                                           kernel takes a mask and groups heads itself, bit for bit the
+                                                           copied keys' result (tests/test_compat.py), without the copy
+                                                           of every key and value per layer and forward (the shared
+                                                           path's branches: 15% of attention at 8K keys, docs/sweep.md)
+
+    Every other call (no grouping, a position bias, a softcap, extra positional arguments, a case where `use_gqa(mask,
+    key, value)` lets SDPA group the heads itself, an accelerator, training) goes to `stock` unchanged."""
+    import torch
+
+    masked_ok = _sdpa_groups_heads()
+
+    def grouped(module, query, key, value, attention_mask, *args, **kwargs):
         n_rep = getattr(module, "num_key_value_groups", 1)
-        if (query.shape[2] != 1 or n_rep <= 1 or args or kwargs.get("position_bias") is not None
+        if (n_rep <= 1 or args or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
                 or use_gqa(attention_mask, key, value)):
             return stock(module, query, key, value, attention_mask, *args, **kwargs)
-        b, h, _, d = query.shape
-        mask = attention_mask
-        if mask is not None and mask.shape[1] != 1:  # a per-head mask [B, H, 1, K] packed alike
-            mask = mask.reshape(mask.shape[0], h // n_rep, n_rep, mask.shape[-1])
-        out, _ = stock(_OneGroup(module), query.reshape(b, h // n_rep, n_rep, d), key, value, mask,
-                       **{**kwargs, "is_causal": False})  # n_rep rows of one query position: nothing to hide
-        # stock returns its packed output transposed, [B, n_rep, H / n_rep, D]: back to [B, 1, H, D]
-        return out.transpose(1, 2).reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
+        if query.shape[2] == 1:
+            if not pack:
+                return stock(module, query, key, value, attention_mask, *args, **kwargs)
+            b, h, _, d = query.shape
+            mask = attention_mask
+            if mask is not None and mask.shape[1] != 1:  # a per-head mask [B, H, 1, K] packed alike
+                mask = mask.reshape(mask.shape[0], h // n_rep, n_rep, mask.shape[-1])
+            out, _ = stock(_OneGroup(module), query.reshape(b, h // n_rep, n_rep, d), key, value, mask,
+                           **{**kwargs, "is_causal": False})  # n_rep rows of one query position: nothing to hide
+            # stock returns its packed output transposed, [B, n_rep, H / n_rep, D]: back to [B, 1, H, D]
+            return out.transpose(1, 2).reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
+        if (not masked_ok or attention_mask is None or query.device.type != "cpu" or torch.is_grad_enabled()
+                or kwargs.get("output_attentions")):
+            return stock(module, query, key, value, attention_mask, *args, **kwargs)
+        # stock with a mask: is_causal False, keys uncropped; the same call with the heads grouped by SDPA
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=kwargs.get("dropout", 0.0),
+            scale=kwargs.get("scaling"), enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
 
-    packed.__wrapped__ = stock
-    return packed
+    grouped.__wrapped__ = stock
+    return grouped
 
 
 def release_packs_single_query() -> bool:
@@ -79,19 +113,25 @@ def release_packs_single_query() -> bool:
     return hasattr(sdpa_attention, "pack_gqa")
 
 
-def backport_single_query_gqa() -> bool:
-    """On a transformers release whose `sdpa` attention copies a grouped-query model's keys and values to every
-    query head at each decode step (`repeat_kv`; 5.19 does, 5.24 packs the query instead: its `pack_gqa`), register
-    `packed_sdpa` as `sdpa`, what later releases do. Decode steps then cost on 5.19 what they cost on 5.24 (12.1 ->
-    4.5 CPU s of decode for 100 kv-lookup rows of SmolLM2, docs/backends.md) and give 5.24's generated texts. A
-    no-op where the release packs itself; -> whether the backport is in place."""
+def install_grouped_sdpa() -> dict:
+    """Register `grouped_sdpa` as `sdpa` (once): decode steps on a release whose `sdpa` copies a grouped-query model's
+    keys and values to every query head at each step (5.19 does; 5.24 packs the query itself: its `pack_gqa`) cost
+    what they cost on 5.24 (12.1 -> 4.5 CPU s of decode for 100 kv-lookup rows of SmolLM2, docs/backends.md) and give
+    5.24's texts; masked multi-token forwards on CPU read the keys in place. -> the attention record a run keeps:
+    what reads the grouped heads at one query and at several."""
     from transformers import AttentionInterface
     from transformers.integrations import sdpa_attention as sdpa
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    if release_packs_single_query():
-        return False
     stock = sdpa.sdpa_attention_forward
+    pack = not release_packs_single_query()
     if getattr(ALL_ATTENTION_FUNCTIONS.get("sdpa"), "__wrapped__", None) is not stock:
-        AttentionInterface.register("sdpa", packed_sdpa(stock, sdpa.use_gqa_in_sdpa))
-    return True
+        AttentionInterface.register("sdpa", grouped_sdpa(stock, sdpa.use_gqa_in_sdpa, pack))
+    return attention_record()
+
+
+def attention_record() -> dict:
+    """How the registered `sdpa` reads a grouped-query model's heads (a run's backend record; the arithmetic is the
+    stock function's, so it is not part of a run's fingerprint)."""
+    return {"sdpa_one_query": "packed per KV group" + (" (backport)" if not release_packs_single_query() else ""),
+            "sdpa_masked_queries": "enable_gqa on CPU" if _sdpa_groups_heads() else "keys copied per head (torch < 2.5)"}

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import PosbiasError
 from ..runs import num_processes
-from .compat import backport_single_query_gqa
+from .compat import install_grouped_sdpa
 from .dtype import DTYPES, choose_dtype, cpu_kind
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -244,7 +244,7 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", device: str = "cp
         model.to(dev)
     model.eval()
     set_pad_token(tok)
-    backport_single_query_gqa()
+    install_grouped_sdpa()
     info = {**_info(name, kind, src, gguf, model, tok, dtype, dev), "dtype_reason": why}
     return Loaded(model=model, tokenizer=tok, info={**info, "device_map": device_map} if device_map else info)
 
@@ -283,7 +283,7 @@ def wrap_model(model, tokenizer, name: str = "model") -> Loaded:
                            "pass the model's tokenizer (e.g. from AutoTokenizer.from_pretrained)")
     model.eval()
     set_pad_token(tokenizer)
-    backport_single_query_gqa()
+    install_grouped_sdpa()
     param = next(model.parameters())
     dtype = next((k for k, v in DTYPES.items() if v == param.dtype), str(param.dtype).removeprefix("torch."))
     info = _info(name, "wrapped", name, None, model, tokenizer, dtype, param.device)
