@@ -120,7 +120,8 @@ def _take(items: list, cost: Callable[[list], int], budget: int, max_n: int,
 
 GROUP_TOKENS = 2048  # padded spine tokens per group of examples where a forward is slow (the module docstring)
 SLACK = 0.95  # a branch batch closes when its rows' own work would fall below SLACK x its padded work ...
-MIN_TOKENS = 1024  # ... unless the batch is still this small (a forward has a fixed cost too)
+MIN_TOKENS = 1024  # ... unless the batch is still this small (a forward has a fixed cost too) ...
+PAD_TOKENS = 256  # ... and the padding it would add stays under this many tokens (a branch chunk: models/prefix.py)
 PAIRS_PER_TOKEN = 1000.0  # work model: one token's matmuls cost about as much as attention over this many keys
 
 
@@ -138,7 +139,9 @@ def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple
     sequence) for a row reusing p spine tokens (teacher forcing: one sequence per accepted answer). A branch batch
     pads every sequence to its widest branch and its widest spine cut, so rows are taken costliest first and a
     batch closes when the padding would waste more than 1 - SLACK of its work (`work`); min_tokens: it never
-    closes for that below this size (batch_tokens on an accelerator: fewer, larger forwards); group_tokens: the padded
+    closes for that below this size (batch_tokens on an accelerator: fewer, larger forwards) unless the padding itself
+    would reach PAD_TOKENS tokens (a long-context sweep's 1,000-token branch would otherwise carry a 500-token one
+    padded to its width: 7% of a 2K sweep's forward tokens, measured; short rows never pad that much); group_tokens: the padded
     spine tokens of a group of examples (None: batch_tokens)."""
     shares = shares_of(rows)
     budget = batch_tokens if group_tokens is None else min(group_tokens, batch_tokens)
@@ -155,7 +158,9 @@ def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple
         def close(part, it):
             both = part + [it]
             padded = work(sum(t[1] for t in both), max(t[2] for t in both), max(t[3] for t in both))
-            return padded * SLACK > sum(work(*t[1:]) for t in both) and sum(t[1] for t in part) * part[0][2] >= min_tokens
+            pad = it[1] * abs(max(t[2] for t in part) - it[2])  # the padding `it` adds (or makes the part take)
+            return (padded * SLACK > sum(work(*t[1:]) for t in both)
+                    and (sum(t[1] for t in part) * part[0][2] >= min_tokens or pad >= PAD_TOKENS))
 
         g.batches = [[t[0] for t in part] for part in _take(items, cost, batch_tokens, max_batch, close)]
     return groups
