@@ -134,5 +134,6 @@ def main() -> None:
     ratio = (res["capture"]["peak"] - res["capture"]["base"]) / plain
     print(f"target capture/plain <= 2: {'met' if ratio <= 2 else 'MISSED'} ({ratio:.2f}x)")
 
+
 if __name__ == "__main__":
     main()

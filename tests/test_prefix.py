@@ -118,6 +118,21 @@ def test_plan_closes_a_branch_batch_before_padding_wastes_its_work():
     assert sum(map(len, (g.batches for g in loose))) < sum(map(len, (g.batches for g in tight)))
 
 
+def test_a_small_batch_closes_rather_than_pad_a_row_by_a_chunk():
+    """The 2K needle sweep's case: a 1,008-token branch (under MIN_TOKENS) would carry a 505-token one padded to its
+    width; with PAD_TOKENS it closes, without it (and on an accelerator: pad_tokens None) it carries it."""
+    from types import SimpleNamespace
+
+    base = list(range(100, 2100))
+    rows = [SimpleNamespace(key=("ex", k), prompt_ids=base[:cut] + [7] + base[cut + 1:])
+            for k, cut in enumerate((1000, 1500, 1999))]  # the last is the spine: 1,008- and ~500-token branches
+    cost = lambda r, p: (1, len(r.prompt_ids) - p + 8)  # noqa: E731
+    split = plan_shared(rows, cost, batch_tokens=100000, max_batch=64)
+    joined = plan_shared(rows, cost, batch_tokens=100000, max_batch=64, pad_tokens=None)
+    assert [len(b) for b in split[0].batches] == [1, 1, 1]
+    assert sorted(map(len, joined[0].batches)) == [1, 2]
+
+
 def _branch_batch(model, kv, rows):
     """rows = [(spine, p, branch tokens), ...] -> a SharedKV over them and their branches left-padded: ids, positions,
     which columns are real."""

@@ -134,13 +134,14 @@ def work(seqs: int, width: int, p: int) -> float:
 
 
 def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple[int, int]], batch_tokens: int,
-                max_batch: int, min_tokens: int = MIN_TOKENS, group_tokens: int | None = None) -> list[Group]:
+                max_batch: int, min_tokens: int = MIN_TOKENS, group_tokens: int | None = None,
+                pad_tokens: int | None = PAD_TOKENS) -> list[Group]:
     """Groups of examples and their branch batches. branch_cost(row, p) -> (sequences, padded branch tokens per
     sequence) for a row reusing p spine tokens (teacher forcing: one sequence per accepted answer). A branch batch
     pads every sequence to its widest branch and its widest spine cut, so rows are taken costliest first and a
     batch closes when the padding would waste more than 1 - SLACK of its work (`work`); min_tokens: it never
     closes for that below this size (batch_tokens on an accelerator: fewer, larger forwards) unless the padding itself
-    would reach PAD_TOKENS tokens (a long-context sweep's 1,000-token branch would otherwise carry a 500-token one
+    would reach pad_tokens tokens (None on an accelerator: never) (a long-context sweep's 1,000-token branch would otherwise carry a 500-token one
     padded to its width: 7% of a 2K sweep's forward tokens, measured; short rows never pad that much); group_tokens: the padded
     spine tokens of a group of examples (None: batch_tokens)."""
     shares = shares_of(rows)
@@ -158,9 +159,11 @@ def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple
         def close(part, it):
             both = part + [it]
             padded = work(sum(t[1] for t in both), max(t[2] for t in both), max(t[3] for t in both))
-            pad = it[1] * abs(max(t[2] for t in part) - it[2])  # the padding `it` adds (or makes the part take)
+            wide = max(t[2] for t in part)  # the padding `it` takes, or makes the part take if it is wider
+            pad = it[1] * (wide - it[2]) if it[2] <= wide else sum(t[1] for t in part) * (it[2] - wide)
             return (padded * SLACK > sum(work(*t[1:]) for t in both)
-                    and (sum(t[1] for t in part) * part[0][2] >= min_tokens or pad >= PAD_TOKENS))
+                    and (sum(t[1] for t in part) * part[0][2] >= min_tokens
+                         or (pad_tokens is not None and pad >= pad_tokens)))
 
         g.batches = [[t[0] for t in part] for part in _take(items, cost, batch_tokens, max_batch, close)]
     return groups

@@ -274,7 +274,7 @@ class Scorer:
 
         branch = functools.partial(self.engine.branch, max_new_tokens=self.max_new_tokens)  # a branch's (tokens, cost)
         if launch_bound(self.loaded.model):
-            return plan_shared(rows, branch, self.batch_tokens, self.max_batch, self.batch_tokens)
+            return plan_shared(rows, branch, self.batch_tokens, self.max_batch, self.batch_tokens, pad_tokens=None)
         fast = self.loaded.info.get("dtype") == "bf16" and bool(cpu_kind().bf16)  # small groups where forwards are slow
         return plan_shared(rows, branch, self.batch_tokens, self.max_batch, MIN_TOKENS, None if fast else GROUP_TOKENS)
 
