@@ -100,7 +100,8 @@ def test_masked_queries_on_cpu_are_the_stock_result_bit_for_bit(dtype, n_rep, d,
     k, v = torch.randn(b, hkv, cols, d, dtype=dtype), torch.randn(b, hkv, cols, d, dtype=dtype)
     visible = torch.rand(b, 1, q_len, cols) > 0.3
     visible[..., -1] = True
-    mask = visible if mask_kind == "bool" else torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+    additive = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+    mask = visible if mask_kind == "bool" else additive
     module = types.SimpleNamespace(num_key_value_groups=n_rep, is_causal=True, training=False)
     stock = sdpa.sdpa_attention_forward
     copies = []

@@ -11,9 +11,9 @@ import torch
 
 from conftest import position_sensitive, random_seqs, tiny_loaded, tiny_model
 from posbias import SweepConfig, get_method, get_task, run_sweep
-from posbias.models.compat import attention_record
 from posbias.measure import Scorer
 from posbias.methods import MsPoE
+from posbias.models.compat import attention_record
 from posbias.models.prefix import SharedKV, prefill
 from posbias.scoring.encode import left_pad, right_pad
 from posbias.scoring.prefix import lcp, lcp_matrix, plan_shared, shares_of, tree_tokens, unique_ratio

@@ -140,10 +140,10 @@ def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple
     sequence) for a row reusing p spine tokens (teacher forcing: one sequence per accepted answer). A branch batch
     pads every sequence to its widest branch and its widest spine cut, so rows are taken costliest first and a
     batch closes when the padding would waste more than 1 - SLACK of its work (`work`); min_tokens: it never
-    closes for that below this size (batch_tokens on an accelerator: fewer, larger forwards) unless the padding itself
-    would reach pad_tokens tokens (None on an accelerator: never) (a long-context sweep's 1,000-token branch would otherwise carry a 500-token one
-    padded to its width: 7% of a 2K sweep's forward tokens, measured; short rows never pad that much); group_tokens: the padded
-    spine tokens of a group of examples (None: batch_tokens)."""
+    closes for that below this size (batch_tokens on an accelerator: fewer, larger forwards) unless the row joining
+    it would be padded by pad_tokens or more (None, on an accelerator: never; on CPU a 2K needle sweep's 1,008-token
+    branch carried a 500-token one padded to its width, 7% of its forward tokens; short rows never pad that much);
+    group_tokens: the padded spine tokens of a group of examples (None: batch_tokens)."""
     shares = shares_of(rows)
     budget = batch_tokens if group_tokens is None else min(group_tokens, batch_tokens)
     groups = [Group(g) for g in _take(shares, lambda g: len(g) * max(len(s.spine) for s in g), budget, max_batch)]
@@ -158,9 +158,10 @@ def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple
 
         def close(part, it):
             both = part + [it]
-            padded = work(sum(t[1] for t in both), max(t[2] for t in both), max(t[3] for t in both))
-            wide = max(t[2] for t in part)  # the padding `it` takes, or makes the part take if it is wider
-            pad = it[1] * (wide - it[2]) if it[2] <= wide else sum(t[1] for t in part) * (it[2] - wide)
+            seqs, wide = sum(t[1] for t in both), max(t[2] for t in both)
+            padded = work(seqs, wide, max(t[3] for t in both))
+            # the padding joining adds: `it` padded to the part's width, or the part to a wider `it`'s
+            pad = seqs * wide - sum(t[1] for t in part) * max(t[2] for t in part) - it[1] * it[2]
             return (padded * SLACK > sum(work(*t[1:]) for t in both)
                     and (sum(t[1] for t in part) * part[0][2] >= min_tokens
                          or (pad_tokens is not None and pad >= pad_tokens)))
