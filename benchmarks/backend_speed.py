@@ -326,7 +326,7 @@ def header(a, label: str) -> None:
     import transformers
 
     import posbias
-    from posbias.models.compat import release_packs_single_query
+    from posbias.models.compat import attention_record
 
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     la = os.getloadavg()
@@ -343,8 +343,8 @@ def header(a, label: str) -> None:
     print(f"versions: {vllm}torch {torch.__version__}, transformers {transformers.__version__}, "
           f"posbias {getattr(posbias, '__version__', '?')}; model {label} ({a.dtype} on {a.device}: {a.dtype_why}"
           + ("" if a.no_vllm else "; vLLM's engine the same") + ")")
-    print("single-query GQA attention at decode: " + ("transformers packs it itself" if release_packs_single_query() else
-          "posbias's backport of transformers 5.24's packing (models/compat.py; this release repeats the KV heads)"))
+    print("posbias's grouped-query attention (models/compat.py): "
+          + "; ".join(f"{k} {v}" for k, v in attention_record().items()))
     print(f"posbias: {a.threads} torch thread(s), batches of at most {a.max_batch} rows / {a.batch_tokens} tokens"
           + ("" if a.no_vllm else f"; VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB"))
 
