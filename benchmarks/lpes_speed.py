@@ -22,7 +22,6 @@ import json
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -85,11 +84,9 @@ def search_cost(a, loaded) -> None:
     from posbias.lpes import SearchConfig
     from posbias.mitigate.lpes import build_fitness, make_space
 
-    task = get_task(a.task)
     cfg = SearchConfig.from_preset("cpu", task=a.task)
-    cfg = replace(cfg, skip=cfg.split_start(task.pool_size))  # the search's own split, as run_search sets it
     space = make_space(cfg, loaded.model.config.num_hidden_layers)
-    fit = build_fitness(cfg, loaded, task, space)
+    fit = build_fitness(cfg, loaded, get_task(a.task), space)
     t0, c0 = time.perf_counter(), time.process_time()
     fit([space.initial()])
     one, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -157,14 +157,13 @@ def plan_shared(rows: list[Encoded], branch_cost: Callable[[Encoded, int], tuple
             return sum(t[1] for t in part) * (max(t[3] for t in part) + max(t[2] for t in part))
 
         def close(part, it):
-            both = part + [it]
-            seqs, wide = sum(t[1] for t in both), max(t[2] for t in both)
+            both, part_seqs = part + [it], sum(t[1] for t in part)
+            seqs, wide = part_seqs + it[1], max(t[2] for t in both)
             padded = work(seqs, wide, max(t[3] for t in both))
             # the padding joining adds: `it` padded to the part's width, or the part to a wider `it`'s
-            pad = seqs * wide - sum(t[1] for t in part) * max(t[2] for t in part) - it[1] * it[2]
+            pad = seqs * wide - part_seqs * max(t[2] for t in part) - it[1] * it[2]
             return (padded * SLACK > sum(work(*t[1:]) for t in both)
-                    and (sum(t[1] for t in part) * part[0][2] >= min_tokens
-                         or (pad_tokens is not None and pad >= pad_tokens)))
+                    and (part_seqs * part[0][2] >= min_tokens or (pad_tokens is not None and pad >= pad_tokens)))
 
         g.batches = [[t[0] for t in part] for part in _take(items, cost, batch_tokens, max_batch, close)]
     return groups

@@ -117,9 +117,10 @@ class Fitness:
 
 
 def build_fitness(cfg: SearchConfig, loaded: Loaded, task: Task, space) -> Fitness:
-    """The search rows of `cfg` (its split at the three positions), scored through one Scorer."""
+    """The search rows of `cfg` (its split, `skip` or where split_start puts it, at the three positions), scored
+    through one Scorer."""
     positions = search_positions(cfg, task)
     scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch,
                     cfg.prefix_sharing)
-    rows = scorer.rows(task.examples(cfg.n, cfg.seed, cfg.skip), positions)
+    rows = scorer.rows(task.examples(cfg.n, cfg.seed, cfg.split_start(task.pool_size)), positions)
     return Fitness(scorer, rows, positions, cfg.weights, space, fitness_key(cfg, loaded.info))
