@@ -1,7 +1,8 @@
 """LPES benchmarks: (a) per-example inference time of every method on the same prompts, as ratios
 to the unmodified model (LPES paper, Table 5: LPES 1.00x, Ms-PoE 1.45x, MoICE 2.42x, Buckets 4.8x;
 target here LPES <= 1.02x); (b) the search's cost: fitness evaluations per minute, cache hit rate
-and wall time of a finished search (read from its factors.json), and one fitness evaluation timed.
+and wall time of a finished search (read from its factors.json), and one fitness evaluation timed beside the
+raw-forward floor of its rows (benchmarks/floor.py: one forward over their unique tokens, teacher-forced tasks).
 
     python benchmarks/lpes_speed.py [--factors runs/lpes/factors.json] [--search-dir runs/lpes]
                                     [--moice runs/moice] [--n 16] [--rounds 3] [--max-new-tokens 8]
@@ -81,6 +82,8 @@ def inference(a, loaded) -> None:
 
 
 def search_cost(a, loaded) -> None:
+    from floor import needed, raw_forward, tree_token_ids
+
     from posbias.lpes import SearchConfig
     from posbias.mitigate.lpes import build_fitness, make_space
 
@@ -92,6 +95,16 @@ def search_cost(a, loaded) -> None:
     one, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(f"(b) one fitness evaluation (cpu preset: {cfg.n} examples x 3 positions = {len(fit.rows)} rows): {one:.1f} s "
           f"wall, {cpu:.1f} CPU s")
+    if fit.scorer.engine.name == "teacher-forced":  # a generation floor would need the generated tokens
+        # the raw-forward floor of the same rows (benchmarks/floor.py): what any engine on this torch build must spend
+        seqs = needed(fit.rows, "teacher-forced")
+        tree = tree_token_ids(seqs)
+        length = round(sum(len(r.prompt_ids) for r in fit.rows) / len(fit.rows))
+        c0 = time.process_time()
+        raw_forward(loaded.model, tree, length)
+        floor_cpu = time.process_time() - c0
+        print(f"    floor: {len(tree):,} unique tokens of {sum(map(len, seqs)):,} read, one raw forward over them in "
+              f"sequences of {length}: {floor_cpu:.1f} CPU s; the evaluation costs {cpu / floor_cpu:.2f}x that")
     if a.search_dir:
         rec = json.loads((Path(a.search_dir) / "factors.json").read_text())
         h = rec["history"][-1]
