@@ -266,12 +266,11 @@ def posbias_paths(model_dir: Path, task, examples, placements, a) -> tuple[list,
 def floor_rounds(loaded, rows, generated: list[str], rounds: int, batch: int = 1) -> tuple[list[dict], dict]:
     """(F): per protocol, one raw forward over the unique tokens the rows need, `rounds` times (benchmarks/floor.py);
     -> the records and the floor's runs by key."""
-    from floor import needed, raw_forward, tree_token_ids
+    from floor import raw_forward, unique_tokens
 
-    length = round(sum(len(r.prompt_ids) for r in rows) / len(rows))
-    seqs = {"Ftf": needed(rows, "teacher-forced"),
-            "Fgen": needed(rows, "generate", generated, loaded.tokenizer)}
-    recs, tokens = [], {key: tree_token_ids(ss) for key, ss in seqs.items()}
+    tf, _, length = unique_tokens(rows, "teacher-forced")
+    tokens = {"Ftf": tf, "Fgen": unique_tokens(rows, "generate", generated, loaded.tokenizer)[0]}
+    recs = []
     fns = {key: (lambda t=t: raw_forward(loaded.model, t, length, batch)) for key, t in tokens.items()}
     for rnd in range(rounds):
         for key, fn in fns.items():

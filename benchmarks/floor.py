@@ -57,3 +57,10 @@ def raw_forward(model, tokens: list[int], length: int, batch: int = 1) -> int:
         model(input_ids=torch.tensor([tokens[full:]], device=dev), use_cache=False, logits_to_keep=1)
         n += 1
     return n
+
+
+def unique_tokens(rows, protocol: str, generated: list[str] | None = None, tokenizer=None) -> tuple[list[int], int, int]:
+    """What the floor of `rows` under `protocol` runs: (the prefix tree's unique token ids, the tokens the rows read
+    in all, the floor's sequence length: the rows' mean prompt length)."""
+    seqs = needed(rows, protocol, generated, tokenizer)
+    return tree_token_ids(seqs), sum(map(len, seqs)), round(sum(len(r.prompt_ids) for r in rows) / len(rows))

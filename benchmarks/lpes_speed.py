@@ -82,7 +82,7 @@ def inference(a, loaded) -> None:
 
 
 def search_cost(a, loaded) -> None:
-    from floor import needed, raw_forward, tree_token_ids
+    from floor import raw_forward, unique_tokens
 
     from posbias.lpes import SearchConfig
     from posbias.mitigate.lpes import build_fitness, make_space
@@ -97,13 +97,11 @@ def search_cost(a, loaded) -> None:
           f"wall, {cpu:.1f} CPU s")
     if fit.scorer.engine.name == "teacher-forced":  # a generation floor would need the generated tokens
         # the raw-forward floor of the same rows (benchmarks/floor.py): what any engine on this torch build must spend
-        seqs = needed(fit.rows, "teacher-forced")
-        tree = tree_token_ids(seqs)
-        length = round(sum(len(r.prompt_ids) for r in fit.rows) / len(fit.rows))
+        tree, read, length = unique_tokens(fit.rows, "teacher-forced")
         c0 = time.process_time()
         raw_forward(loaded.model, tree, length)
         floor_cpu = time.process_time() - c0
-        print(f"    floor: {len(tree):,} unique tokens of {sum(map(len, seqs)):,} read, one raw forward over them in "
+        print(f"    floor: {len(tree):,} unique tokens of {read:,} read, one raw forward over them in "
               f"sequences of {length}: {floor_cpu:.1f} CPU s; the evaluation costs {cpu / floor_cpu:.2f}x that")
     if a.search_dir:
         rec = json.loads((Path(a.search_dir) / "factors.json").read_text())
