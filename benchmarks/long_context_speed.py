@@ -2,7 +2,7 @@
 the plain path (prefix_sharing=False) and the prefix-shared path, against the unique-token ideal, in CPU seconds.
 
     python benchmarks/long_context_speed.py [--lengths 2k,4k,8k] [--depths linear:5] [--n 2] [--threads 2]
-                                            [--model smollm2-135m] [--paths plain,shared]
+                                            [--model smollm2-135m] [--paths plain,shared] [--tensor-peak]
 
 Per length L (1k = 1024 tokens) and per path, one cold subprocess (this file with --child) loads the model, sets
 `--threads` torch threads and runs `posbias.run_sweep(SweepConfig(task="niah", task_options={"tokens": L},
@@ -12,8 +12,17 @@ examples x every depth; all depths of an example share the haystack up to the ne
   wall s, CPU s   the child's perf_counter and process_time around run_sweep only (the model already loaded)
   CPU s/row       that CPU over the rows
   child CPU       the whole child (interpreter start and model load included): this process's
-                  getrusage(RUSAGE_CHILDREN) user + system, before and after it
-  RSS MiB         the child's peak resident set (getrusage(RUSAGE_SELF).ru_maxrss)
+                  getrusage(RUSAGE_CHILDREN) user + system, before and after it (with --tensor-peak, the
+                  profiled second sweep too)
+  RSS MiB         the child's peak resident set (getrusage(RUSAGE_SELF).ru_maxrss), taken before any
+                  --tensor-peak run: the weights (as far as their pages were touched), torch's tensors at their
+                  peak, and what the C allocator keeps mapped after tensors are freed (glibc's heap retains freed
+                  chunks below its adaptive mmap threshold), so it moves with the order and sizes of allocations:
+                  +93 to +450 MiB at 8K between two commits whose tensors peak 36 MiB apart (docs/long-context.md)
+  tensor MiB      with --tensor-peak: the peak of torch's live CPU tensors during the sweep, weights excluded (the
+                  sweep run once more, after the timed run, under torch.profiler with profile_memory; the peak
+                  of its allocation events' running total); the same figure for the same code and rows (512 tokens,
+                  shared: 135 MiB as a process's first sweep and as its second)
   ideal s/row     plain CPU s/row x tree_tokens / total tokens of the same rows' prompts (posbias.scoring.prefix.
                   tree_tokens: the prefix tree's tokens, what a perfectly shared computation runs); the rows are
                   built here once more, after the timed children, with posbias's Scorer
@@ -67,7 +76,30 @@ def child(a) -> None:
                       "prompt_tokens": sum(r["prompt_tokens"] for r in rows) / len(rows),
                       "correct": sum(bool(r["correct"]) for r in rows),
                       "path": res.config.get("scoring_path"), "note": res.config.get("scoring_note"),
-                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "tensor_mib": tensor_peak(lambda: posbias.run_sweep(cfg, out=None, loaded=loaded, progress=False))
+                      if a.tensor_peak else None}))
+
+
+def tensor_peak(fn) -> float:
+    """MiB: the peak of torch's live CPU tensors allocated while fn() runs. Each allocation event of the profiler
+    carries the allocator's running total (alloc_size < 0 for a free); the total counts only what was allocated and
+    freed under a profiler, so the peak is taken against the total just before fn's first allocation."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if hasattr(node.extra_fields, "total_allocated"):  # allocation events only
+            events.append((node.start_time_ns, node.extra_fields.total_allocated, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    if not events:
+        return 0.0
+    events.sort()
+    base = events[0][1] - events[0][2]
+    return max(0, max(total for _, total, _ in events) - base) / 2**20
 
 
 def children_cpu() -> float:
@@ -78,7 +110,7 @@ def children_cpu() -> float:
 def run_child(a, path: str, L: int) -> dict:
     """Start one path cold in its own process; its JSON plus the whole child's CPU seconds."""
     cmd = [sys.executable, __file__, "--child", path, "--length", str(L), "--depths", a.depths, "--n", str(a.n),
-           "--model", a.model, "--threads", str(a.threads), "--dtype", a.dtype]
+           "--model", a.model, "--threads", str(a.threads), "--dtype", a.dtype] + (["--tensor-peak"] * a.tensor_peak)
     c0 = children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True)
     whole = children_cpu() - c0
@@ -141,7 +173,7 @@ def ideal_tokens(a, lengths: list[int]) -> dict[int, tuple[int, int, int, float]
 
 
 HEAD = (f"{'length':>6} {'path':>8} {'rows':>4} {'mean tok':>8} {'wall s':>7} {'CPU s':>7} {'CPU s/row':>9} "
-        f"{'x ideal':>7} {'x exact':>7} {'child CPU':>9} {'RSS MiB':>7}")
+        f"{'x ideal':>7} {'x exact':>7} {'child CPU':>9} {'RSS MiB':>7} {'tensor MiB':>10}")
 
 
 def lines(L: int, res: dict, tok: tuple[int, int, int, float]) -> list[str]:
@@ -161,7 +193,7 @@ def lines(L: int, res: dict, tok: tuple[int, int, int, float]) -> list[str]:
     for p, r in res.items():
         out.append(f"{L:6d} {p:>8} {r['rows']:4d} {r['prompt_tokens']:8.0f} {r['wall']:7.1f} {r['cpu']:7.1f} "
                    f"{per_row[p]:9.3f} {x(per_row[p], ideal)} {x(per_row[p], exact)} {r['child_cpu']:9.1f} "
-                   f"{r['rss_mib']:7.0f}")
+                   f"{r['rss_mib']:7.0f} {'-' if r['tensor_mib'] is None else round(r['tensor_mib']):>10}")
     if ideal is not None:
         out.append(f"{L:6d} {'ideal':>8} {n:4d} {total / n:8.0f} {'':>7} {'':>7} {ideal:9.3f} {x(ideal, ideal)} "
                    f"{x(ideal, exact)} {'':>9} {'':>7}   (prefix tree {tree} of {total} tokens, {tree / total:.3f})")
@@ -194,6 +226,9 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto",
                     help="every path's dtype (default auto: bf16 on a CPU with native bf16, else fp32)")
     ap.add_argument("--paths", default="plain,shared", help="plain and/or shared")
+    ap.add_argument("--tensor-peak", action="store_true",
+                    help="each child runs its sweep once more under torch.profiler and reports torch's peak of live "
+                         "tensors (tensor MiB; slower, after the timed run)")
     ap.add_argument("--child", choices=sorted(PATHS), help=argparse.SUPPRESS)
     ap.add_argument("--length", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
