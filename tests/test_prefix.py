@@ -11,10 +11,11 @@ import torch
 
 from conftest import position_sensitive, random_seqs, tiny_loaded, tiny_model
 from posbias import SweepConfig, get_method, get_task, run_sweep
+from posbias.errors import PosbiasError
 from posbias.measure import Scorer
 from posbias.methods import MsPoE
-from posbias.models.compat import attention_record
-from posbias.models.prefix import SharedKV, prefill
+from posbias.models.compat import attention_record, install_grouped_sdpa
+from posbias.models.prefix import SharedKV, prefill, split_attention
 from posbias.scoring.encode import left_pad, right_pad
 from posbias.scoring.prefix import lcp, lcp_matrix, plan_shared, shares_of, tree_tokens, unique_ratio
 
@@ -133,10 +134,22 @@ def test_a_small_batch_closes_rather_than_pad_a_row_by_a_chunk():
     assert sorted(map(len, joined[0].batches)) == [1, 2]
 
 
-def _branch_batch(model, kv, rows):
+def _split_or_why(model, split: bool, arch: str, attn: str = "sdpa") -> bool:
+    """Whether a test runs split attention: asked, and the model takes it; where it does not, the reason must be the
+    model's (a sliding window: gemma3, and mistral's default 4,096; eager attention), never a missing hook."""
+    if not split:
+        return False
+    install_grouped_sdpa()
+    why = split_attention(model)
+    expected = "attention implementation" if attn == "eager" else "sliding-window" if arch in ("gemma3", "mistral") else None
+    assert (why is None) if expected is None else (expected in why), why
+    return why is None
+
+
+def _branch_batch(model, kv, rows, split=False):
     """rows = [(spine, p, branch tokens), ...] -> a SharedKV over them and their branches left-padded: ids, positions,
     which columns are real."""
-    shared = SharedKV(model, kv, torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]))
+    shared = SharedKV(model, kv, torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]), split=split)
     width = max(len(b) for *_, b in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     pos, valid = torch.zeros_like(ids), torch.zeros_like(ids, dtype=torch.bool)
@@ -149,24 +162,27 @@ def _branch_batch(model, kv, rows):
 @pytest.mark.parametrize("arch", ARCHS)
 @torch.inference_mode()
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_shared_forward_equals_left_and_right_padded_plain(arch, attn):
+@pytest.mark.parametrize("split", [False, True], ids=["copy", "split"])
+def test_shared_forward_equals_left_and_right_padded_plain(arch, attn, split):
     """Logits of every branch token, and of one decode step, equal a plain forward (left and right padded);
     Gemma-3's window (8) is shorter than the spines, so the branch masks must apply it. SDPA gets boolean masks,
-    eager additive ones."""
+    eager additive ones. Asked for split attention, these rows (from two spines) run the copy path."""
     model = tiny_model(arch, 100)
     model.set_attn_implementation(attn)
+    split = _split_or_why(model, split, arch, attn)
     spines = random_seqs([30, 25], 100)
     rows = [(0, 5, [7, 8, 9]), (0, 20, [11, 12]), (1, 10, [13, 14, 15, 16, 17]), (1, 24, [5])]
     seqs = [spines[e][:p] + b for e, p, b in rows]
     kv = prefill(model, spines, 0)
-    shared, ids, pos, valid = _branch_batch(model, kv, rows)
+    shared, ids, pos, valid = _branch_batch(model, kv, rows, split)
+    assert shared.split is False  # several spines: their columns would be gathered, a copy either way
     width = ids.shape[1]
     got = shared.forward(ids, pos, valid)
     left, right = model(**left_pad(seqs, 0)).logits, model(**right_pad(seqs, 0)).logits
     for i, (s, (_, _, b)) in enumerate(zip(seqs, rows)):
         torch.testing.assert_close(got[i, width - len(b):], left[i, left.shape[1] - len(b):], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(got[i, width - len(b):], right[i, len(s) - len(b): len(s)], atol=1e-4, rtol=1e-4)
-    chunked = SharedKV(model, kv, torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]))
+    chunked = SharedKV(model, kv, torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]), split=split)
     torch.testing.assert_close(chunked.extend(ids, pos, valid, keep=3, chunk=2), got[:, -3:], atol=1e-4, rtol=1e-4)
     nxt = got[:, -1].argmax(-1)
     step = shared.forward(nxt[:, None], pos[:, -1:] + 1, torch.ones(len(rows), 1, dtype=torch.bool))[:, 0]
@@ -176,23 +192,26 @@ def test_shared_forward_equals_left_and_right_padded_plain(arch, attn):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @torch.inference_mode()
-def test_joined_rows_decode_as_plain(arch):
+@pytest.mark.parametrize("split", [False, True], ids=["copy", "split"])
+def test_joined_rows_decode_as_plain(arch, split):
     """SharedKV.joined: two parts of different widths (spine cuts and branches) stacked into one batch, the narrower
-    one's rows padded with hidden columns; two decode steps give each row the logits of its plain forward."""
+    one's rows padded with hidden columns; two decode steps give each row the logits of its plain forward. Split
+    parts (those reading one spine) are joined as copies of their spine's and own columns."""
     model = tiny_model(arch, 100)
+    split = _split_or_why(model, split, arch)
     spines = random_seqs([30, 12], 100)
     kv = prefill(model, spines, 0)
-    parts = [[(0, 25, [7, 8, 9, 10, 11, 12]), (1, 3, [13])], [(1, 10, [14, 15]), (0, 4, [16])]]
+    parts = [[(0, 25, [7, 8, 9, 10, 11, 12]), (1, 3, [13])], [(0, 10, [14, 15]), (0, 4, [16])], [(1, 8, [17, 18])]]
     kvs, nxt, seqs = [], [], []
     for rows in parts:
-        part, ids, pos, valid = _branch_batch(model, kv, rows)
+        part, ids, pos, valid = _branch_batch(model, kv, rows, split)
         part.forward(ids, pos, valid, keep=1)
         kvs.append(part)
         nxt.append(pos[:, -1:] + 1)
         seqs += [spines[e][:p] + b for e, p, b in rows]
-    assert kvs[0].kpos.shape[1] != kvs[1].kpos.shape[1]
+    assert kvs[0].kpos.shape[1] != kvs[1].kpos.shape[1] and [p.split for p in kvs] == [False, split, split]
     joined, pos = SharedKV.joined(kvs, room=2), torch.cat(nxt)
-    for tok in ([21, 22, 23, 24], [31, 32, 33, 34]):
+    for tok in ([21, 22, 23, 24, 25], [31, 32, 33, 34, 35]):
         got = joined.forward(torch.tensor(tok)[:, None], pos, torch.ones_like(pos, dtype=torch.bool))[:, 0]
         seqs = [s + [t] for s, t in zip(seqs, tok)]
         torch.testing.assert_close(got, model(**left_pad(seqs, 0)).logits[:, -1], atol=1e-4, rtol=1e-4)
@@ -289,12 +308,95 @@ def test_sweep_json_unchanged_by_prefix_sharing(loaded, tmp_path):
         rec = json.loads((tmp_path / str(on) / "sweep.json").read_text())
         assert rec["config"].pop("prefix_sharing") is on
         assert rec["config"].pop("scoring_path") == ("prefix-shared" if on else "plain")
+        # fp32 on a CPU, a full-attention model: split attention, recorded (a plain run records none)
+        assert rec["config"].pop("prefix_attention", None) == ("split" if on else None)
         records[on] = (rec, res.rows)
     assert records[True][0] == records[False][0]
     _assert_same(records[False][1], records[True][1])
     # the attention kernels are recorded beside the run (models/compat.py), not in its fingerprint
     assert records[True][0]["backend"]["settings"] == {"attention": "sdpa", **attention_record()}
     assert "attention" not in json.loads((tmp_path / "True" / "run.json").read_text())["fingerprint"]["config"]
+
+
+@pytest.mark.parametrize("arch", ("llama", "gpt2", "qwen2"))
+@torch.inference_mode()
+def test_split_attention_reads_one_spine_in_place_and_a_long_branch_in_one_forward(arch):
+    """The rows of one spine read its keys and values where prefill left them (views: same storage, the batch
+    broadcast), the cache holds only the rows' own columns, and an unpadded branch runs as one forward whose
+    logits are the plain forward's: what the copy path needs len / chunk forwards and a copy per batch for."""
+    model = tiny_model(arch, 100)
+    assert _split_or_why(model, True, arch)
+    spine = random_seqs([40], 100)[0]
+    kv = prefill(model, [spine], 0)
+    branch = random_seqs([23], 100, seed=3)[0]
+    rows = [(0, 17, branch), (0, 17, branch[::-1])]
+    shared, ids, pos, valid = _branch_batch(model, kv, rows, split=True)
+    for (k, v), (sk, sv) in zip(kv, shared.spine):
+        assert sk.data_ptr() == k.data_ptr() and sv.data_ptr() == v.data_ptr() and sk.stride(0) == 0
+        assert sk.shape[2] == 17 and shared.spine_mask is None  # every row cut at 17: nothing to hide
+    assert all(layer.keys.shape[2] == 0 for layer in shared.cache.layers)
+    calls = []
+    forward = shared.forward
+    shared.forward = lambda *a, **k: calls.append(a[0].shape[1]) or forward(*a, **k)
+    got = shared.extend(ids, pos, valid, keep=2, chunk=4)
+    assert calls == [23]  # one forward, though chunk=4 would cut the copy path's into 6
+    assert all(layer.keys.shape[2] == 23 for layer in shared.cache.layers)
+    plain = model(input_ids=torch.tensor([spine[:17] + b for *_, b in rows])).logits[:, -2:]
+    torch.testing.assert_close(got, plain, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@torch.inference_mode()
+def test_split_rows_of_one_spine_cut_at_different_places_equal_plain(arch):
+    """Split attention with both masks: rows of one spine cut at different places (the spine's columns past a
+    row's cut hidden) and branches of different widths (left padding hidden among the own columns), then a decode
+    step (own columns under a padding mask); the logits of a plain forward. Windowed models run the copy path."""
+    model = tiny_model(arch, 100)
+    split = _split_or_why(model, True, arch)
+    spine = random_seqs([30], 100)[0]
+    rows = [(0, 5, [7, 8, 9]), (0, 20, [11, 12]), (0, 12, [13, 14, 15, 16, 17]), (0, 29, [5])]
+    seqs = [spine[:p] + b for _, p, b in rows]
+    shared, ids, pos, valid = _branch_batch(model, prefill(model, [spine], 0), rows, split)
+    assert shared.split is split and (not split or shared.spine_mask is not None)
+    got = shared.extend(ids, pos, valid, keep=1, chunk=2)[:, -1]
+    torch.testing.assert_close(got, model(**left_pad(seqs, 0)).logits[:, -1], atol=1e-4, rtol=1e-4)
+    nxt = got.argmax(-1)
+    step = shared.forward(nxt[:, None], pos[:, -1:] + 1, torch.ones(len(rows), 1, dtype=torch.bool))[:, 0]
+    plain = model(**left_pad([s + [int(t)] for s, t in zip(seqs, nxt)], 0)).logits[:, -1]
+    torch.testing.assert_close(step, plain, atol=1e-4, rtol=1e-4)
+
+
+@torch.inference_mode()
+def test_split_attention_that_is_never_reached_fails_loudly(monkeypatch):
+    """Should anything replace posbias's registered sdpa after split was chosen, the stock function would attend to
+    the rows' own columns alone (wrong logits, no error): the forward counts the layers its hook saw and refuses."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model = tiny_model("llama", 100)
+    assert _split_or_why(model, True, "llama")
+    spine = random_seqs([12], 100)[0]
+    shared, ids, pos, valid = _branch_batch(model, prefill(model, [spine], 0), [(0, 6, [7, 8, 9])], split=True)
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"].__wrapped__)
+    with pytest.raises(RuntimeError, match="split attention reached 0 of 2 layers"):
+        shared.forward(ids, pos, valid)
+
+
+def test_scorer_records_the_prefix_attention_it_runs(tmp_path):
+    """Unset: split on a full-attention fp32 model, recorded; "copy": the copy path, nothing recorded (as every run
+    before split attention); "split" where the model cannot (gemma3's window): the copy path, and why, recorded.
+    Split and copy give the same verdicts and logprobs."""
+    task = _docs_task(tmp_path)
+    lo = tiny_loaded("llama")
+    rows = Scorer(lo, task).rows(task.examples(3), [0, 1, 2, 3])
+    auto, copy = Scorer(lo, task, "teacher-forced"), Scorer(lo, task, "teacher-forced", prefix_attention="copy")
+    assert auto.settings("none")["prefix_attention"] == "split" and "prefix_attention" not in copy.settings("none")
+    _assert_same(copy.score(rows), auto.score(rows))
+    gemma = Scorer(tiny_loaded("gemma3"), task, "teacher-forced", prefix_attention="split").settings("none")
+    assert gemma["prefix_attention"].startswith("copy (sliding-window")
+    with pytest.raises(PosbiasError, match="unknown prefix_attention 'fast'"):
+        Scorer(lo, task, prefix_attention="fast")
+    with pytest.raises(PosbiasError, match="unknown prefix_attention"):
+        SweepConfig(model="tiny", task="kv-lookup", prefix_attention="fast").validate()
 
 
 def test_method_that_is_not_prefix_safe_falls_back(monkeypatch):

@@ -271,6 +271,7 @@ SCORING = Group(
     batch_tokens=Opt(type=int),
     max_batch=Opt(type=int),
     prefix_sharing=Opt(type=bool, flags=("--prefix-sharing/--no-prefix-sharing",)),
+    prefix_attention=Opt(type=Optional[str]),
     # what the run may cost, where the config counts it (`costed`): under a heading of their own
     price_in=Opt(type=Optional[float], panel=COST, only=costed),
     price_out=Opt(type=Optional[float], panel=COST, only=costed),

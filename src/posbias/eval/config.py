@@ -13,7 +13,7 @@ from ..models.dtype import DTYPE_CHOICES
 from ..models.load import DEFAULT_MODEL, DEVICES, check_device_map
 from ..scoring.encode import BATCH_TOKENS, MAX_BATCH
 from ..scoring.engines import ENGINES
-from ..scoring.scorer import CHAT_MODES
+from ..scoring.scorer import CHAT_MODES, PREFIX_ATTENTION
 from ..specs import doc_entries
 from ..tasks import Task, split_task
 
@@ -111,6 +111,11 @@ class Scoring:
     max_batch: rows per batch at most.
     prefix_sharing: score each example's shared prompt prefix once and continue every slot from its cache
         (docs/sweep.md); False: the plain path, every prompt from scratch.
+    prefix_attention: how the prefix-shared path's branches attend to their spine: "split" (a batch of rows that
+        continue one spine reads its keys where they lie and its own causally, two attentions merged; batches from
+        several spines copy: docs/sweep.md, "Split attention"), "copy" (the spine's keys copied into each branch
+        batch, one masked attention); unset: split where it runs and its verdicts were checked (fp32 on a CPU,
+        full attention in every layer), else copy. The run records which ran.
     """
 
     engine: str | None = None
@@ -118,8 +123,12 @@ class Scoring:
     batch_tokens: int = BATCH_TOKENS
     max_batch: int = MAX_BATCH
     prefix_sharing: bool = True
+    prefix_attention: str | None = field(default=None, metadata={"record": "if set"})  # recorded only when set
 
     def _validate_scoring(self) -> None:
+        if self.prefix_attention not in (None, *PREFIX_ATTENTION):
+            raise PosbiasError(f"unknown prefix_attention '{self.prefix_attention}'",
+                               f"use `prefix_attention` {' or '.join(PREFIX_ATTENTION)}, or leave it unset")
         if self.engine is not None and self.engine not in ENGINES:
             raise PosbiasError(f"unknown engine '{self.engine}'", f"use `engine` {' or '.join(ENGINES)}")
         if self.max_new_tokens is not None and self.engine == "teacher-forced":

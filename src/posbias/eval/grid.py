@@ -205,7 +205,7 @@ def _sweep_config(cfg: GridConfig, size: int, slots: list[int], method: Method, 
     return SweepConfig(model=cfg.model, dtype=cfg.dtype, device=cfg.device, device_map=cfg.device_map, chat=cfg.chat,
                        task=cfg.task, task_options={**cfg.task_options, option: size, **extra}, data_dir=cfg.data_dir,
                        engine=cfg.engine, max_new_tokens=cfg.max_new_tokens, batch_tokens=cfg.batch_tokens,
-                       max_batch=cfg.max_batch, prefix_sharing=cfg.prefix_sharing,
+                       max_batch=cfg.max_batch, prefix_sharing=cfg.prefix_sharing, prefix_attention=cfg.prefix_attention,
                        positions=",".join(map(str, sorted(set(slots)))), n=cfg.n, seed=cfg.seed, skip=cfg.skip,
                        method=method)
 

@@ -11,10 +11,15 @@ without the copies."""
 from __future__ import annotations
 
 import inspect
+from contextvars import ContextVar
 from functools import lru_cache
 from typing import Callable
 
 CACHE_KEYS = ("cache", "past_key_values")  # newest first
+
+# An attention of posbias's own for the forward in progress (models/prefix.py's split attention sets it around one
+# model call): hook(module, query, key, value, attention_mask, kwargs) -> (output, None), for every layer's call
+ATTEND: ContextVar[Callable | None] = ContextVar("posbias_attend", default=None)
 
 
 @lru_cache(maxsize=None)
@@ -71,6 +76,7 @@ def grouped_sdpa(stock: Callable, use_gqa: Callable, pack: bool = True) -> Calla
                                                            of every key and value per layer and forward (the shared
                                                            path's branches: 15% of attention at 8K keys, docs/sweep.md)
 
+    A hook set in ATTEND for the forward in progress comes first (the shared path's split attention, models/prefix.py).
     Every other call (no grouping, a position bias, a softcap, extra positional arguments, a case where `use_gqa(mask,
     key, value)` lets SDPA group the heads itself, an accelerator, training) goes to `stock` unchanged."""
     import torch
@@ -78,6 +84,11 @@ def grouped_sdpa(stock: Callable, use_gqa: Callable, pack: bool = True) -> Calla
     masked_ok = _sdpa_groups_heads()
 
     def grouped(module, query, key, value, attention_mask, *args, **kwargs):
+        hook = ATTEND.get()
+        if hook is not None:  # every call of the forward in progress is the hook's (key, value hold only its columns)
+            if args:
+                raise RuntimeError(f"posbias's attention hook takes no positional arguments beyond the mask: {len(args)}")
+            return hook(module, query, key, value, attention_mask, kwargs)
         n_rep = getattr(module, "num_key_value_groups", 1)
         if (n_rep <= 1 or args or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
                 or use_gqa(attention_mask, key, value)):
@@ -103,7 +114,15 @@ def grouped_sdpa(stock: Callable, use_gqa: Callable, pack: bool = True) -> Calla
         return out.transpose(1, 2).contiguous(), None
 
     grouped.__wrapped__ = stock
+    grouped.takes_hook = True  # ATTEND is read (models/prefix.py asks before it sets one)
     return grouped
+
+
+def takes_hook() -> bool:
+    """Whether the registered `sdpa` reads ATTEND (install_grouped_sdpa has run)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return bool(getattr(ALL_ATTENTION_FUNCTIONS.get("sdpa"), "takes_hook", False))
 
 
 def release_packs_single_query() -> bool:

@@ -25,7 +25,7 @@ import inspect
 
 import torch
 
-from .compat import cache_key
+from .compat import ATTEND, cache_key, takes_hook
 from .rope import LENGTH_DEPENDENT
 
 
@@ -178,46 +178,102 @@ def _presized_layer(keys: torch.Tensor, values: torch.Tensor, room: int):
     return _presized_class()(k, v, w)
 
 
-def _joined_layer(layers: list, width: int, room: int):
-    """One cache layer with the rows of `layers` (Presized) stacked, each part's columns left-aligned in `width`,
-    with room for `room` more. The columns a part does not fill are zeros (its rows' masks hide them, and a
-    hidden column must not hold a NaN from uninitialised memory, which a masked softmax would still multiply)."""
-    first = layers[0].k
-    rows = sum(lay.k.shape[0] for lay in layers)
+def _joined_layer(layers: list[tuple[torch.Tensor, torch.Tensor]], width: int, room: int):
+    """One cache layer with the rows of `layers` ((keys, values) [R, H, columns, D] per part) stacked, each part's
+    columns left-aligned in `width`, with room for `room` more. The columns a part does not fill are zeros (its rows'
+    masks hide them, and a hidden column must not hold a NaN from uninitialised memory, which a masked softmax would
+    still multiply)."""
+    first, vfirst = layers[0]
+    rows = sum(keys.shape[0] for keys, _ in layers)
     k = first.new_zeros((rows, first.shape[1], width + room, first.shape[3]))
-    v = layers[0].v.new_zeros((rows, layers[0].v.shape[1], width + room, layers[0].v.shape[3]))
+    v = vfirst.new_zeros((rows, vfirst.shape[1], width + room, vfirst.shape[3]))
     r = 0
-    for lay in layers:
-        k[r:r + lay.k.shape[0], :, :lay.n], v[r:r + lay.k.shape[0], :, :lay.n] = lay.keys, lay.values
-        r += lay.k.shape[0]
+    for keys, values in layers:
+        k[r:r + keys.shape[0], :, :keys.shape[2]], v[r:r + keys.shape[0], :, :keys.shape[2]] = keys, values
+        r += keys.shape[0]
     return _presized_class()(k, v, width)
+
+
+def split_attention(model) -> str | None:
+    """None if SharedKV can run split attention for this model, else why not (one line). Split: a branch's queries
+    attend to its spine's keys and values where the spine holds them (no copy per branch) and to the branch's own
+    keys in a second call, causal by the kernel's own rule where nothing is padded (no mask, no masked upper
+    triangle, so a long branch needs no chunks); the two partial softmaxes are merged by their log-sum-exps, as
+    cascade attention does. It needs torch's CPU flash kernel (which returns the log-sum-exp), the registered sdpa
+    that reads ATTEND (models/compat.py), and full attention in every layer (a window would hide spine columns
+    per query)."""
+    if launch_bound(model):
+        return "an accelerator (its own kernels; one forward per branch batch)"
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return "attention implementation is not sdpa"
+    windows = _window_plan(model)[0]
+    if (windows is not None if not isinstance(windows, dict) else any(w is not None for w in windows.values())):
+        return "sliding-window layers"
+    if not hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        return "this torch has no CPU flash kernel that returns the log-sum-exp"
+    if not takes_hook():
+        return "the registered sdpa is not posbias's (models/compat.install_grouped_sdpa)"
+    return None
+
+
+def _merge(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
+    """Two attentions of the same queries over disjoint key sets, o [R, H, Q, D] with log-sum-exps l [R, H, Q]
+    (fp32), as one attention over both: each weighted by its share of the total softmax mass. -> [R, H, Q, D]
+    in o1's dtype."""
+    total = torch.logaddexp(l1, l2)
+    w1, w2 = torch.exp(l1 - total)[..., None], torch.exp(l2 - total)[..., None]
+    return (o1.float() * w1 + o2.float() * w2).to(o1.dtype)
+
+
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)  # -> (output, log-sum-exp)
 
 
 class SharedKV:
     """Rows that continue cached spines: `forward` appends tokens to every row and returns their logits."""
 
     def __init__(self, model, spine_kv: list[tuple[torch.Tensor, torch.Tensor]], owner: torch.Tensor,
-                 plen: torch.Tensor, room: int = 0):
+                 plen: torch.Tensor, room: int = 0, split: bool = False):
         """owner [R]: each row's spine (index into the prefill batch); plen [R]: how many spine columns it sees;
-        room: how many columns the rows will append in all (their branches, new tokens), allocated once."""
+        room: how many columns the rows will append in all (their branches, new tokens), allocated once.
+        split: split attention (`split_attention`; the caller has checked the model) where the rows continue one
+        spine: its columns are read where they lie (a view) and the cache holds only the rows' own columns.
+        Otherwise (copy) every row's spine columns are copied into its cache, and one masked attention reads both."""
         from transformers import DynamicCache
 
         self.model = model
         dev = next(model.parameters()).device  # the inputs' device (a spread model: each layer's KV stays on its own)
         plen = plen.to(dev)
         width = max(1, int(plen.max()))
+        # split only where every row reads one spine (a view; rows from several would need their spine columns
+        # gathered, a copy, and there one masked attention costs less than two: docs/sweep.md, "Split attention")
+        # and every row reads some of it (a row with no spine column would attend to nothing there)
+        self.split = split and bool((owner == owner[0]).all()) and bool((plen > 0).all())
 
         def rows(t: torch.Tensor) -> torch.Tensor:  # [E, H, P, D] -> [R, H, width, D], on the layer's device
+            if self.split:  # a view of the one spine, the batch broadcast
+                e = int(owner[0])
+                return t[e:e + 1, :, :width].expand(len(owner), -1, -1, -1)
             return t[:, :, :width].index_select(0, owner.to(t.device))
 
-        # a batch holds R x (width + room) columns of KV per layer, appended in place
-        self.cache = DynamicCache()
-        self.cache.layers = [_presized_layer(rows(k), rows(v), room) for k, v in spine_kv]
-        cols = torch.arange(width, device=dev)
-        self.kpos = torch.where(cols[None] < plen[:, None], cols[None], -1)  # [R, width]
         self.windows = _window_plan(model)[0]
         sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
         self.dtype = torch.bool if sdpa else spine_kv[0][0].dtype  # the mask's: boolean for SDPA, else additive
+        cols = torch.arange(width, device=dev)
+        spine_pos = torch.where(cols[None] < plen[:, None], cols[None], -1)  # [R, width]
+        self.cache = DynamicCache()
+        if self.split:
+            self.spine = [(rows(k), rows(v)) for k, v in spine_kv]
+            self.dtype = spine_kv[0][0].dtype  # the kernel called directly takes additive masks in the query's dtype
+            hidden = (spine_pos < 0)[:, None, None, :]  # [R, 1, 1, P]: columns past a row's cut
+            self.spine_mask = None if bool((plen == width).all()) else \
+                torch.zeros(hidden.shape, dtype=self.dtype, device=dev).masked_fill(hidden, torch.finfo(self.dtype).min)
+            self.spine_pos = spine_pos
+            empty = lambda t: t.new_empty((len(owner), t.shape[1], 0, t.shape[3]))  # noqa: E731
+            self.cache.layers = [_presized_layer(empty(k), empty(v), room) for k, v in spine_kv]
+            self.kpos = spine_pos[:, :0]  # [R, 0]: the rows' own columns, none yet
+        else:  # a batch holds R x (width + room) columns of KV per layer, appended in place
+            self.cache.layers = [_presized_layer(rows(k), rows(v), room) for k, v in spine_kv]
+            self.kpos = spine_pos
 
     @classmethod
     def joined(cls, parts: list["SharedKV"], room: int) -> "SharedKV":
@@ -228,13 +284,43 @@ class SharedKV:
         from transformers import DynamicCache
 
         out = cls.__new__(cls)
-        out.model, out.windows, out.dtype = parts[0].model, parts[0].windows, parts[0].dtype
-        width = max(p.kpos.shape[1] for p in parts)
-        out.kpos = torch.cat([torch.nn.functional.pad(p.kpos, (0, width - p.kpos.shape[1]), value=-1) for p in parts])
+        out.model, out.windows, out.dtype, out.split = parts[0].model, parts[0].windows, parts[0].dtype, False
+        kpos = [p.columns() for p in parts]
+        width = max(k.shape[1] for k in kpos)
+        out.kpos = torch.cat([torch.nn.functional.pad(k, (0, width - k.shape[1]), value=-1) for k in kpos])
         out.cache = DynamicCache()
-        out.cache.layers = [_joined_layer([p.cache.layers[i] for p in parts], width, room)
+        out.cache.layers = [_joined_layer([p.layer(i) for p in parts], width, room)
                             for i in range(len(parts[0].cache.layers))]
         return out
+
+    def columns(self) -> torch.Tensor:
+        """Every column's key position, spine's and own [R, K] (-1: hidden), as `layer` lays them out."""
+        return torch.cat([self.spine_pos, self.kpos], dim=1) if self.split else self.kpos
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's keys and values over `columns` [R, H, K, D] (split: the spine's and the own joined, a copy)."""
+        own = self.cache.layers[i]
+        if not self.split:
+            return own.keys, own.values
+        k, v = self.spine[i]
+        return torch.cat([k, own.keys], dim=2), torch.cat([v, own.values], dim=2)
+
+    def _attend(self, module, query, key, value, mask, kwargs):
+        """Split attention for one layer (split_attention): query [R, H, Q, D] over the spine's columns (every one
+        visible but those past a row's cut: spine_mask) and over key, value, the rows' own columns (mask, or
+        None: causal by the kernel's rule where the queries are all the columns, else all visible), merged.
+        -> (output [R, Q, H, D], None), as transformers' sdpa returns it."""
+        if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None or kwargs.get("output_attentions"):
+            raise RuntimeError("split attention takes no position bias, softcap or attention output")  # split_attention
+        self._reached += 1
+        sk, sv = self.spine[module.layer_idx]
+        scale, q = kwargs.get("scaling"), query.shape[2]
+        o1, l1 = _FLASH(query, sk, sv, attn_mask=self.spine_mask, scale=scale)
+        if mask is self._plain:
+            o2, l2 = _FLASH(query, key, value, is_causal=q > 1 and q == key.shape[2], scale=scale)
+        else:
+            o2, l2 = _FLASH(query, key, value, attn_mask=mask, scale=scale)
+        return _merge(o1, l1, o2, l2).transpose(1, 2).contiguous(), None
 
     def _masks(self, kpos: torch.Tensor, qpos: torch.Tensor):
         if isinstance(self.windows, dict):
@@ -249,8 +335,26 @@ class SharedKV:
         ids, qpos, valid = ids.to(dev), qpos.to(dev), valid.to(dev)
         kpos = torch.cat([self.kpos, torch.where(valid, qpos, -1)], dim=1)  # [R, K + Q]
         kw = {"logits_to_keep": keep} if keep and _keeps_logits(self.model) else {}
-        out = self.model(input_ids=ids, attention_mask=self._masks(kpos, qpos), position_ids=qpos.clamp(min=0),
-                         use_cache=True, **{cache_key(self.model): self.cache}, **kw)
+        if self.split:  # the own columns' mask; none where the kernel's causal rule (or no rule) is exact
+            plain = bool(valid.all()) and (self.kpos.shape[1] == 0 or (ids.shape[1] == 1 and bool((self.kpos >= 0).all())))
+            # a 4D stand-in the model passes through unread (create_causal_mask returns a 4D mask as is)
+            self._plain = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=dev).expand(
+                len(ids), 1, ids.shape[1], kpos.shape[1]) if plain else None
+            masks = self._plain if plain else _mask(kpos, qpos, None, self.dtype)
+            if isinstance(self.windows, dict):
+                masks = {t: masks for t in self.windows}
+            token, self._reached = ATTEND.set(self._attend), 0
+            try:
+                out = self.model(input_ids=ids, attention_mask=masks, position_ids=qpos.clamp(min=0), use_cache=True,
+                                 **{cache_key(self.model): self.cache}, **kw)
+            finally:
+                ATTEND.reset(token)
+            if self._reached != len(self.spine):  # an attention that never read the spine: wrong logits, so say so
+                raise RuntimeError(f"split attention reached {self._reached} of {len(self.spine)} layers (something "
+                                   "replaced posbias's registered sdpa after the check); pass prefix_attention='copy'")
+        else:
+            out = self.model(input_ids=ids, attention_mask=self._masks(kpos, qpos), position_ids=qpos.clamp(min=0),
+                             use_cache=True, **{cache_key(self.model): self.cache}, **kw)
         self.kpos = kpos
         return out.logits if keep is None else out.logits[:, -keep:]
 
@@ -259,6 +363,8 @@ class SharedKV:
         every (query, key) pair, so one long branch would pay for its whole upper triangle; chunks pay chunk / 2
         keys per query instead. -> logits of the last `keep` columns [R, keep, V]."""
         if launch_bound(self.model):  # an accelerator: one forward (its fixed cost dominates, not the triangle)
+            chunk = ids.shape[1]
+        elif self.split and self.kpos.shape[1] == 0 and bool(valid.all()):  # causal by the kernel: no triangle to skip
             chunk = ids.shape[1]
         width, chunk = ids.shape[1], max(chunk, keep)
         cuts = list(range(width - chunk, 0, -chunk))[::-1]  # chunk starts, counted from the right

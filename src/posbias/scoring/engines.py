@@ -73,7 +73,7 @@ class Engine(ABC):
 
     def score(self, scorer: ScorerView, batch: list[Encoded], active: Active, shared: tuple | None = None) -> list[dict]:
         """One dict per row: correct (the task's metric), prediction, the task's further metrics (and logprob
-        for teacher forcing). shared = (spine_kv, owner, plen): the rows continue cached spines (scoring/prefix.py)."""
+        for teacher forcing). shared = (spine_kv, owner, plen, split): the rows continue cached spines (scoring/prefix.py)."""
         return [self.also(scorer, r, row) for r, row in zip(self._predict(scorer, batch, active, shared), batch)]
 
     def score_shared(self, scorer: ScorerView, parts: list[tuple[list[Encoded], tuple]],
@@ -296,7 +296,7 @@ def _decode_runs(parts: list[tuple[list[Encoded], tuple]], batch_tokens: int, ma
     """Consecutive branch batches whose rows decode together: a run grows while its rows stay within max_batch and
     rows x (widest spine cut + widest branch + max_new_tokens) within batch_tokens (one batch alone always runs)."""
     def width(part) -> int:
-        rows, (_, _, plen) = part
+        rows, (_, _, plen, _) = part
         return max(1, max(plen)) + max(len(r.prompt_ids) - p for r, p in zip(rows, plen))
 
     runs: list[list] = []

@@ -45,7 +45,7 @@ def eos_ids(model, tokenizer) -> list[int]:
 def generate_greedy(model, tokenizer, rows: list[Encoded], pad_id: int, max_new_tokens: int,
                     multiline: bool = False, shared: tuple | None = None) -> list[str]:
     """Greedy continuations of each row's prompt, cut at the first newline (multiline: the whole text, for a
-    chain of thought, stopped by EOS or max_new_tokens only). shared = (spine_kv, owner, plen): the rows
+    chain of thought, stopped by EOS or max_new_tokens only). shared = (spine_kv, owner, plen, split): the rows
     continue cached spines (decode_shared)."""
     return [text for text, _ in generate_limited(model, tokenizer, rows, pad_id, max_new_tokens, multiline, shared)]
 
@@ -83,7 +83,7 @@ def generate_limited(model, tokenizer, rows: list[Encoded], pad_id: int, max_new
 def decode_shared(model, tokenizer, parts: list[tuple[list[Encoded], tuple]], max_new_tokens: int,
                   multiline: bool = False) -> list[tuple[str, bool]]:
     """As generate_limited, for rows continuing cached spines (scoring/prefix.py), parts = [(rows, (spine_kv, owner,
-    plen)), ...]: each part's branch prefill on its own (its padding, its spines), then one greedy loop over all their
+    plen, split)), ...]: each part's branch prefill on its own (its padding, its spines), then one greedy loop over all their
     rows (SharedKV.joined when there are several parts) with generate_greedy's stop rules (EOS, max_new_tokens, a
     newline unless multiline; a stopped row's token is kept, and dropped by skip_special_tokens if special, as there).
     Every decode step reads all the weights (SmolLM2's output layer alone is 57 MB in bf16) however few rows it
@@ -92,10 +92,10 @@ def decode_shared(model, tokenizer, parts: list[tuple[list[Encoded], tuple]], ma
     from .teacher_forced import left_pad_at
 
     kvs, logits, nxt_pos = [], [], []
-    for rows, (spine_kv, owner, plen) in parts:
+    for rows, (spine_kv, owner, plen, split) in parts:
         ids, qpos, valid = left_pad_at([r.prompt_ids[p:] for r, p in zip(rows, plen)], plen)
         room = ids.shape[1] + (max_new_tokens if len(parts) == 1 else 0)  # joined: the decode's room is the join's
-        kv = SharedKV(model, spine_kv, torch.tensor(owner), torch.tensor(plen), room)
+        kv = SharedKV(model, spine_kv, torch.tensor(owner), torch.tensor(plen), room, split=split)
         logits.append(kv.extend(ids, qpos, valid, keep=1)[:, -1])  # [R, V]
         nxt_pos.append(qpos[:, -1:].to(logits[-1].device) + 1)  # [R, 1]
         kvs.append(kv)

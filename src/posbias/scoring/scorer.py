@@ -31,6 +31,7 @@ from .spans import item_spans
 from .teacher_forced import token_details
 
 CHAT_MODES = ("auto", "on", "off")
+PREFIX_ATTENTION = ("split", "copy")  # how a branch attends to its spine (models/prefix.py, SharedKV)
 
 
 def use_chat(loaded: Loaded | Backend, chat: str | bool) -> bool:
@@ -53,7 +54,11 @@ class Scorer:
     """Builds and scores (example, position) rows; the engine, answer length and chat use are resolved once."""
 
     def __init__(self, loaded: Loaded | Backend, task: Task, engine: str | None = None, max_new_tokens: int | None = None,
-                 chat: str | bool = "auto", batch_tokens: int = BATCH_TOKENS, max_batch: int = MAX_BATCH, prefix_sharing: bool = True):
+                 chat: str | bool = "auto", batch_tokens: int = BATCH_TOKENS, max_batch: int = MAX_BATCH,
+                 prefix_sharing: bool = True, prefix_attention: str | None = None):
+        if prefix_attention not in (None, *PREFIX_ATTENTION):
+            raise PosbiasError(f"unknown prefix_attention '{prefix_attention}'",
+                               f"use {' or '.join(PREFIX_ATTENTION)}, or None (split where it runs and was checked)")
         if max_new_tokens is not None and max_new_tokens < 1:
             raise PosbiasError(f"`max_new_tokens` must be at least 1, got {max_new_tokens}", "pass `max_new_tokens=16` or so")
         if batch_tokens < 1 or max_batch < 1:
@@ -74,7 +79,8 @@ class Scorer:
         task.check_engine(self.engine.name)
         task.bind_tokens(*self._counters())  # a task sized in tokens (niah) counts with the model's own tokenizer
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
-        self.prefix_sharing = prefix_sharing
+        self.prefix_sharing, self.prefix_attention = prefix_sharing, prefix_attention
+        self._split: tuple[bool, str | None] | None = None  # (split attention?, why not where asked), once decided
         self._model_note: str | None = None  # why this model cannot share prefixes ("" if it can), once decided
         # the runner, chosen once: requests in flight to a served model, or padded batches in process
         self._runner = self._score_requests if self.backend.caps.batching == "requests" else self._score_padded
@@ -94,6 +100,9 @@ class Scorer:
             shared, note = self.path(method)
             out["scoring_path"] = "prefix-shared" if shared else "plain"
             out.update(self.engine.shared_settings if shared else {})
+            split, why = self.split() if shared else (False, None)
+            # recorded where split ran or was asked for (a run without the key used the copy path, as runs before it)
+            out.update({"prefix_attention": "split"} if split else {"prefix_attention": f"copy ({why})"} if why else {})
             out.update({"scoring_note": note} if note else {})
         return out
 
@@ -127,6 +136,20 @@ class Scorer:
         if not m.prefix_safe:
             return False, f"{m.label}: plain scoring path, no prefix sharing ({m.prefix_note})"
         return True, None
+
+    def split(self) -> tuple[bool, str | None]:
+        """(whether the prefix-shared path runs split attention, why not where `prefix_attention="split"` asked for
+        it): unset, split where it runs (models.prefix.split_attention) and its verdicts were checked (fp32:
+        docs/sweep.md, "Split attention"); "copy" never."""
+        from ..models.prefix import split_attention
+
+        if self._split is None:
+            why = None if self.prefix_attention == "copy" or self.loaded is None else split_attention(self.loaded.model)
+            if self.prefix_attention is None and why is None and self.loaded.info.get("dtype") != "fp32":
+                why = f"{self.loaded.info.get('dtype')}: split attention's verdicts not yet checked in this dtype"
+            use = self.prefix_attention != "copy" and self.loaded is not None and why is None
+            self._split = (use, why if self.prefix_attention == "split" else None)
+        return self._split
 
     def rows(self, examples: Iterable, positions: list[int]) -> list[Encoded]:
         """Tokenised rows, example-major; refuses (never truncates) a row over the context window."""
@@ -288,7 +311,8 @@ class Scorer:
                 continue
             kv = prefill(self.loaded.model, [s.spine for s in group.shares], pad_id)
             where = {i: (e, p) for e, s in enumerate(group.shares) for i, p in zip(s.rows, s.plen)}
-            parts = [([rows[i] for i in idx], (kv, [where[i][0] for i in idx], [where[i][1] for i in idx]))
+            split = self.split()[0]
+            parts = [([rows[i] for i in idx], (kv, [where[i][0] for i in idx], [where[i][1] for i in idx], split))
                      for idx in group.batches]  # every batch, done or not: the engine plans over the whole group
             finished = lambda batch: all(r.key in done for r in batch)  # noqa: E731
             for batch, scored in self.engine.score_shared(self, parts, finished):  # type: ignore[arg-type]

@@ -41,7 +41,7 @@ def score_teacher_forced(model, tokenizer, rows: list[Encoded], pad_id: int,
 
     prompt_end, if given, is told the column of each sequence's last prompt token before the
     forward (input-dependent methods such as Ms-PoE measure there, as generation would).
-    shared = (spine_kv, owner, plen): the rows continue cached spines (score_teacher_forced_shared)."""
+    shared = (spine_kv, owner, plen, split): the rows continue cached spines (score_teacher_forced_shared)."""
     if shared is not None:
         return score_teacher_forced_shared(model, tokenizer, rows, *shared)
     owner, answers = _sequences(rows)
@@ -52,16 +52,18 @@ def score_teacher_forced(model, tokenizer, rows: list[Encoded], pad_id: int,
 
 @torch.inference_mode()
 def score_teacher_forced_shared(model, tokenizer, rows: list[Encoded], spine_kv, owner: list[int],
-                                plen: list[int]) -> list[dict]:
+                                plen: list[int], split: bool = False) -> list[dict]:
     """As score_teacher_forced, each row continuing its spine's cache (scoring/prefix.py): row i reuses the first
-    plen[i] prompt tokens from spine owner[i] of `spine_kv` (models.prefix.prefill) and runs the rest."""
+    plen[i] prompt tokens from spine owner[i] of `spine_kv` (models.prefix.prefill) and runs the rest (split: with
+    split attention, models.prefix.SharedKV)."""
     from ..models.prefix import SharedKV
 
     seq_row, answers = _sequences(rows)
     branches = [rows[r].prompt_ids[plen[r]:] + a for r, a in zip(seq_row, answers)]
     starts = [plen[r] for r in seq_row]
     ids, qpos, valid = left_pad_at(branches, starts)
-    shared = SharedKV(model, spine_kv, torch.tensor([owner[r] for r in seq_row]), torch.tensor(starts), ids.shape[1])
+    shared = SharedKV(model, spine_kv, torch.tensor([owner[r] for r in seq_row]), torch.tensor(starts), ids.shape[1],
+                      split=split)
     a_max = max(map(len, answers))
     logits = shared.extend(ids, qpos, valid, keep=a_max + 1).float()  # [S, a_max+1, V]
     return verdicts(tokenizer, rows, seq_row, answers, logits)
