@@ -68,7 +68,7 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
     seed: example selection / generation seed.
     skip: start offset in the seeded example order (disjoint splits).
     method: a training-free method: a spec (`posbias.METHODS`; docs/mitigations.md) or a Method object.
-    engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing: see `Scoring`.
+    engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing, prefix_attention: see `Scoring`.
     task, task_options, data_dir: see `TaskChoice`.
     model, dtype, device, chat, device_map: see `ModelChoice`.
     """

@@ -56,7 +56,7 @@ class SweepConfig(Cost, Scoring, TaskChoice, ModelChoice):
     method: a training-free method: a spec (`posbias.METHODS`; docs/mitigations.md) or a Method object.
     model, dtype, device, chat, device_map: see `ModelChoice`.
     task, task_options, data_dir: see `TaskChoice`.
-    engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing: see `Scoring`.
+    engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing, prefix_attention: see `Scoring`.
     price_in, price_out, budget: see `Cost`.
     """
 

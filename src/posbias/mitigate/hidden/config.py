@@ -48,7 +48,7 @@ class HiddenSearchConfig(Scoring, TaskChoice, ModelChoice):
     seed: example seed.
     skip: the calibration split starts here; None: 1500, or a file task's last n examples (sweeps use 0..).
     positions: calibration slots; None: 0, the middle slot, the last.
-    engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing: see `Scoring`.
+    engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing, prefix_attention: see `Scoring`.
     task, task_options, data_dir: see `TaskChoice`.
     model, dtype, device, chat, device_map: see `ModelChoice`.
     """

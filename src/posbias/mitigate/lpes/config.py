@@ -45,7 +45,7 @@ class SearchConfig(Scoring, TaskChoice, ModelChoice):
         brute force) | random.
     budget: random search: individuals to draw (default: what the GA evaluates at most).
     ga: the genetic algorithm's settings (GAConfig; the preset's).
-    engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing: see `Scoring`.
+    engine, max_new_tokens, batch_tokens, max_batch, prefix_sharing, prefix_attention: see `Scoring`.
     task, task_options, data_dir: see `TaskChoice`.
     model, dtype, device, chat, device_map: see `ModelChoice`.
     """
