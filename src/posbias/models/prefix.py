@@ -335,26 +335,23 @@ class SharedKV:
         ids, qpos, valid = ids.to(dev), qpos.to(dev), valid.to(dev)
         kpos = torch.cat([self.kpos, torch.where(valid, qpos, -1)], dim=1)  # [R, K + Q]
         kw = {"logits_to_keep": keep} if keep and _keeps_logits(self.model) else {}
-        if self.split:  # the own columns' mask; none where the kernel's causal rule (or no rule) is exact
-            plain = bool(valid.all()) and (self.kpos.shape[1] == 0 or (ids.shape[1] == 1 and bool((self.kpos >= 0).all())))
-            # a 4D stand-in the model passes through unread (create_causal_mask returns a 4D mask as is)
-            self._plain = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=dev).expand(
-                len(ids), 1, ids.shape[1], kpos.shape[1]) if plain else None
-            masks = self._plain if plain else _mask(kpos, qpos, None, self.dtype)
-            if isinstance(self.windows, dict):
-                masks = {t: masks for t in self.windows}
-            token, self._reached = ATTEND.set(self._attend), 0
-            try:
-                out = self.model(input_ids=ids, attention_mask=masks, position_ids=qpos.clamp(min=0), use_cache=True,
-                                 **{cache_key(self.model): self.cache}, **kw)
-            finally:
-                ATTEND.reset(token)
-            if self._reached != len(self.spine):  # an attention that never read the spine: wrong logits, so say so
-                raise RuntimeError(f"split attention reached {self._reached} of {len(self.spine)} layers (something "
-                                   "replaced posbias's registered sdpa after the check); pass prefix_attention='copy'")
-        else:
-            out = self.model(input_ids=ids, attention_mask=self._masks(kpos, qpos), position_ids=qpos.clamp(min=0),
-                             use_cache=True, **{cache_key(self.model): self.cache}, **kw)
+        # split: the own columns' mask, none where the kernel's causal rule (or no rule) is exact; then a 4D stand-in
+        # the model passes through unread (create_causal_mask returns a 4D mask as is), which _attend recognises
+        plain = self.split and bool(valid.all()) and (
+            self.kpos.shape[1] == 0 or (ids.shape[1] == 1 and bool((self.kpos >= 0).all())))
+        self._plain = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=dev).expand(
+            len(ids), 1, ids.shape[1], kpos.shape[1]) if plain else None
+        masks = self._masks(kpos, qpos) if not plain else \
+            dict.fromkeys(self.windows, self._plain) if isinstance(self.windows, dict) else self._plain
+        token, self._reached = ATTEND.set(self._attend if self.split else None), 0
+        try:
+            out = self.model(input_ids=ids, attention_mask=masks, position_ids=qpos.clamp(min=0), use_cache=True,
+                             **{cache_key(self.model): self.cache}, **kw)
+        finally:
+            ATTEND.reset(token)
+        if self.split and self._reached != len(self.spine):  # an attention that never read the spine: wrong logits
+            raise RuntimeError(f"split attention reached {self._reached} of {len(self.spine)} layers (something "
+                               "replaced posbias's registered sdpa after the check); pass prefix_attention='copy'")
         self.kpos = kpos
         return out.logits if keep is None else out.logits[:, -keep:]
 

@@ -143,12 +143,13 @@ class Scorer:
         docs/sweep.md, "Split attention"); "copy" never."""
         from ..models.prefix import split_attention
 
-        if self._split is None:
-            why = None if self.prefix_attention == "copy" or self.loaded is None else split_attention(self.loaded.model)
-            if self.prefix_attention is None and why is None and self.loaded.info.get("dtype") != "fp32":
+        if self._split is None and (self.prefix_attention == "copy" or self.loaded is None):
+            self._split = (False, None)
+        elif self._split is None:
+            why = split_attention(self.loaded.model)
+            if why is None and self.prefix_attention is None and self.loaded.info.get("dtype") != "fp32":
                 why = f"{self.loaded.info.get('dtype')}: split attention's verdicts not yet checked in this dtype"
-            use = self.prefix_attention != "copy" and self.loaded is not None and why is None
-            self._split = (use, why if self.prefix_attention == "split" else None)
+            self._split = (why is None, why if self.prefix_attention == "split" else None)
         return self._split
 
     def rows(self, examples: Iterable, positions: list[int]) -> list[Encoded]:
