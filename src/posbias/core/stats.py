@@ -80,9 +80,11 @@ def _binom_tail(k: int, n: int, p: float) -> float:
     return float(min(1.0, math.exp(top) * np.exp(terms - top).sum()))
 
 
+@lru_cache(maxsize=8192)
 def exact_ci(k: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
     """Clopper-Pearson's exact interval for k/n: coverage at least 1 - alpha at every n and p (Wilson's dips to
-    91% at n = 10, p = 0.05, below the 93% posbias holds every interval to). Bisection on the binomial tails."""
+    91% at n = 10, p = 0.05, below the 93% posbias holds every interval to). Bisection on the binomial tails, ~0.8 ms
+    a call, so the results are kept: a curve, a compare or a coverage simulation asks for the same (k, n) often."""
     if n == 0:
         return (float("nan"), float("nan"))
 
