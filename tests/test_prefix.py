@@ -196,7 +196,9 @@ def test_shared_forward_equals_left_and_right_padded_plain(arch, attn, split):
 def test_joined_rows_decode_as_plain(arch, split):
     """SharedKV.joined: two parts of different widths (spine cuts and branches) stacked into one batch, the narrower
     one's rows padded with hidden columns; two decode steps give each row the logits of its plain forward. Split
-    parts (those reading one spine) are joined as copies of their spine's and own columns."""
+    parts are joined as copies of their spine's and own columns where they read different spines, and stay split
+    (the spine read in place, its columns past a row's cut hidden; only the own columns joined) where one spine
+    is under them all."""
     model = tiny_model(arch, 100)
     split = _split_or_why(model, split, arch)
     spines = random_seqs([30, 12], 100)
@@ -210,12 +212,20 @@ def test_joined_rows_decode_as_plain(arch, split):
         nxt.append(pos[:, -1:] + 1)
         seqs += [spines[e][:p] + b for e, p, b in rows]
     assert kvs[0].kpos.shape[1] != kvs[1].kpos.shape[1] and [p.split for p in kvs] == [False, split, split]
-    joined, pos = SharedKV.joined(kvs, room=2), torch.cat(nxt)
-    for tok in ([21, 22, 23, 24, 25], [31, 32, 33, 34, 35]):
-        got = joined.forward(torch.tensor(tok)[:, None], pos, torch.ones_like(pos, dtype=torch.bool))[:, 0]
-        seqs = [s + [t] for s, t in zip(seqs, tok)]
-        torch.testing.assert_close(got, model(**left_pad(seqs, 0)).logits[:, -1], atol=1e-4, rtol=1e-4)
-        pos = pos + 1
+    one = [(0, 20, [19, 20, 21]), (0, 30, [22])]  # a third part on spine 0, wider in both its cut and its own columns
+    part, ids, pos, valid = _branch_batch(model, kv, one, split)
+    part.forward(ids, pos, valid, keep=1)
+    cases = [(kvs, torch.cat(nxt), seqs, False),
+             ([kvs[1], part], torch.cat([nxt[1], pos[:, -1:] + 1]), seqs[2:4] + [spines[0][:p] + b for _, p, b in one], split)]
+    for parts_, pos, seqs, stays_split in cases:
+        joined = SharedKV.joined(parts_, room=2)
+        assert joined.split == stays_split
+        for tok in ([21, 22, 23, 24, 25], [31, 32, 33, 34, 35]):
+            tok = tok[:len(seqs)]
+            got = joined.forward(torch.tensor(tok)[:, None], pos, torch.ones_like(pos, dtype=torch.bool))[:, 0]
+            seqs = [s + [t] for s, t in zip(seqs, tok)]
+            torch.testing.assert_close(got, model(**left_pad(seqs, 0)).logits[:, -1], atol=1e-4, rtol=1e-4)
+            pos = pos + 1
 
 
 @pytest.mark.parametrize("arch", ARCHS)

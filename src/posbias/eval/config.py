@@ -114,7 +114,7 @@ class Scoring:
     prefix_attention: how the prefix-shared path's branches attend to their spine: "split" (a batch of rows that
         continue one spine reads its keys where they lie and its own causally, two attentions merged; batches from
         several spines copy: docs/sweep.md, "Split attention"), "copy" (the spine's keys copied into each branch
-        batch, one masked attention); unset: split where it runs and its verdicts were checked (fp32 on a CPU,
+        batch, one masked attention); unset: split where it runs and keeps verdicts (fp32 on a CPU,
         full attention in every layer), else copy. The run records which ran.
     """
 

@@ -250,9 +250,6 @@ class SharedKV:
         self.split = split and bool((owner == owner[0]).all()) and bool((plen > 0).all())
 
         def rows(t: torch.Tensor) -> torch.Tensor:  # [E, H, P, D] -> [R, H, width, D], on the layer's device
-            if self.split:  # a view of the one spine, the batch broadcast
-                e = int(owner[0])
-                return t[e:e + 1, :, :width].expand(len(owner), -1, -1, -1)
             return t[:, :, :width].index_select(0, owner.to(t.device))
 
         self.windows = _window_plan(model)[0]
@@ -262,12 +259,7 @@ class SharedKV:
         spine_pos = torch.where(cols[None] < plen[:, None], cols[None], -1)  # [R, width]
         self.cache = DynamicCache()
         if self.split:
-            self.spine = [(rows(k), rows(v)) for k, v in spine_kv]
-            self.dtype = spine_kv[0][0].dtype  # the kernel called directly takes additive masks in the query's dtype
-            hidden = (spine_pos < 0)[:, None, None, :]  # [R, 1, 1, P]: columns past a row's cut
-            self.spine_mask = None if bool((plen == width).all()) else \
-                torch.zeros(hidden.shape, dtype=self.dtype, device=dev).masked_fill(hidden, torch.finfo(self.dtype).min)
-            self.spine_pos = spine_pos
+            self._read_in_place(spine_kv, int(owner[0]), spine_pos)
             empty = lambda t: t.new_empty((len(owner), t.shape[1], 0, t.shape[3]))  # noqa: E731
             self.cache.layers = [_presized_layer(empty(k), empty(v), room) for k, v in spine_kv]
             self.kpos = spine_pos[:, :0]  # [R, 0]: the rows' own columns, none yet
@@ -284,14 +276,34 @@ class SharedKV:
         from transformers import DynamicCache
 
         out = cls.__new__(cls)
-        out.model, out.windows, out.dtype, out.split = parts[0].model, parts[0].windows, parts[0].dtype, False
-        kpos = [p.columns() for p in parts]
+        out.model, out.windows, out.dtype = parts[0].model, parts[0].windows, parts[0].dtype
+        # split parts that all continue one spine stay split: the spine read in place for every row, only the parts'
+        # own columns joined; otherwise every row's spine and own columns are copied into the joined cache
+        out.split = all(p.split and p.source[0] is parts[0].source[0] and p.source[1] == parts[0].source[1]
+                        for p in parts)
+        pad = lambda k, width: torch.nn.functional.pad(k, (0, width - k.shape[1]), value=-1)  # noqa: E731
+        if out.split:
+            width = max(p.spine_pos.shape[1] for p in parts)
+            out._read_in_place(*parts[0].source, torch.cat([pad(p.spine_pos, width) for p in parts]))
+        kpos = [p.kpos if out.split else p.columns() for p in parts]
         width = max(k.shape[1] for k in kpos)
-        out.kpos = torch.cat([torch.nn.functional.pad(k, (0, width - k.shape[1]), value=-1) for k in kpos])
+        out.kpos = torch.cat([pad(k, width) for k in kpos])
         out.cache = DynamicCache()
-        out.cache.layers = [_joined_layer([p.layer(i) for p in parts], width, room)
-                            for i in range(len(parts[0].cache.layers))]
+        own = (lambda p, i: (p.cache.layers[i].keys, p.cache.layers[i].values)) if out.split else (lambda p, i: p.layer(i))
+        out.cache.layers = [_joined_layer([own(p, i) for p in parts], width, room) for i in range(len(parts[0].cache.layers))]
         return out
+
+    def _read_in_place(self, spine_kv: list[tuple[torch.Tensor, torch.Tensor]], e: int, spine_pos: torch.Tensor) -> None:
+        """Split: the rows read spine e's columns where the prefill left them (a view, the batch broadcast: no copy);
+        spine_pos [R, P]: each row's key positions there, -1 past its cut (hidden by spine_mask, None if none is)."""
+        self.source, self.spine_pos = (spine_kv, e), spine_pos
+        r, width = spine_pos.shape
+        self.spine = [(k[e:e + 1, :, :width].expand(r, -1, -1, -1), v[e:e + 1, :, :width].expand(r, -1, -1, -1))
+                      for k, v in spine_kv]
+        self.dtype = spine_kv[0][0].dtype  # the kernel called directly takes additive masks in the query's dtype
+        hidden = (spine_pos < 0)[:, None, None, :]  # [R, 1, 1, P]: columns past a row's cut
+        self.spine_mask = None if not bool(hidden.any()) else \
+            torch.zeros(hidden.shape, dtype=self.dtype, device=spine_pos.device).masked_fill(hidden, torch.finfo(self.dtype).min)
 
     def columns(self) -> torch.Tensor:
         """Every column's key position, spine's and own [R, K] (-1: hidden), as `layer` lays them out."""
