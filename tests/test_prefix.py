@@ -391,10 +391,12 @@ def test_split_attention_that_is_never_reached_fails_loudly(monkeypatch):
         shared.forward(ids, pos, valid)
 
 
-def test_scorer_records_the_prefix_attention_it_runs(tmp_path):
+def test_scorer_records_the_prefix_attention_it_runs(tmp_path, monkeypatch):
     """Unset: split on a full-attention fp32 model, recorded; "copy": the copy path, nothing recorded (as every run
     before split attention); "split" where the model cannot (gemma3's window): the copy path, and why, recorded.
-    Split and copy give the same verdicts and logprobs."""
+    Split and copy give the same verdicts and logprobs. In bf16 unset means copy (split moves verdicts there), and
+    "split" runs it."""
+    install_grouped_sdpa()  # as every load_model does (tiny_loaded builds the Loaded itself): the test runs alone too
     task = _docs_task(tmp_path)
     lo = tiny_loaded("llama")
     rows = Scorer(lo, task).rows(task.examples(3), [0, 1, 2, 3])
@@ -403,6 +405,9 @@ def test_scorer_records_the_prefix_attention_it_runs(tmp_path):
     _assert_same(copy.score(rows), auto.score(rows))
     gemma = Scorer(tiny_loaded("gemma3"), task, "teacher-forced", prefix_attention="split").settings("none")
     assert gemma["prefix_attention"].startswith("copy (sliding-window")
+    monkeypatch.setitem(lo.info, "dtype", "bf16")  # the rule reads the dtype the model was loaded in
+    assert "prefix_attention" not in Scorer(lo, task, "teacher-forced").settings("none")
+    assert Scorer(lo, task, "teacher-forced", prefix_attention="split").settings("none")["prefix_attention"] == "split"
     with pytest.raises(PosbiasError, match="unknown prefix_attention 'fast'"):
         Scorer(lo, task, prefix_attention="fast")
     with pytest.raises(PosbiasError, match="unknown prefix_attention"):

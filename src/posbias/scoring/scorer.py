@@ -147,10 +147,9 @@ class Scorer:
             self._split = (False, None)
         elif self._split is None:
             why = split_attention(self.loaded.model)
-            if why is None and self.prefix_attention is None and self.loaded.info.get("dtype") != "fp32":
-                why = (f"{self.loaded.info.get('dtype')}: split attention keeps verdicts in fp32 only (in bf16 it moved 6% "
-                       "of NQ's: docs/sweep.md)")
-            self._split = (why is None, why if self.prefix_attention == "split" else None)
+            # unset: fp32 only (in bf16 split moved 6 of 100 NQ verdicts against the copy path: docs/sweep.md)
+            kept = self.prefix_attention == "split" or self.loaded.info.get("dtype") == "fp32"
+            self._split = (why is None and kept, why if self.prefix_attention == "split" else None)
         return self._split
 
     def rows(self, examples: Iterable, positions: list[int]) -> list[Encoded]:
