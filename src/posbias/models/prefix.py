@@ -279,18 +279,19 @@ class SharedKV:
         out.model, out.windows, out.dtype = parts[0].model, parts[0].windows, parts[0].dtype
         # split parts that all continue one spine stay split: the spine read in place for every row, only the parts'
         # own columns joined; otherwise every row's spine and own columns are copied into the joined cache
-        out.split = all(p.split and p.source[0] is parts[0].source[0] and p.source[1] == parts[0].source[1]
-                        for p in parts)
+        spine, e = getattr(parts[0], "source", (None, None))
+        out.split = all(p.split and p.source[0] is spine and p.source[1] == e for p in parts)
         pad = lambda k, width: torch.nn.functional.pad(k, (0, width - k.shape[1]), value=-1)  # noqa: E731
         if out.split:
             width = max(p.spine_pos.shape[1] for p in parts)
-            out._read_in_place(*parts[0].source, torch.cat([pad(p.spine_pos, width) for p in parts]))
-        kpos = [p.kpos if out.split else p.columns() for p in parts]
+            out._read_in_place(spine, e, torch.cat([pad(p.spine_pos, width) for p in parts]))
+            kpos, kv = [p.kpos for p in parts], lambda p, i: (p.cache.layers[i].keys, p.cache.layers[i].values)
+        else:
+            kpos, kv = [p.columns() for p in parts], lambda p, i: p.layer(i)
         width = max(k.shape[1] for k in kpos)
         out.kpos = torch.cat([pad(k, width) for k in kpos])
         out.cache = DynamicCache()
-        own = (lambda p, i: (p.cache.layers[i].keys, p.cache.layers[i].values)) if out.split else (lambda p, i: p.layer(i))
-        out.cache.layers = [_joined_layer([own(p, i) for p in parts], width, room) for i in range(len(parts[0].cache.layers))]
+        out.cache.layers = [_joined_layer([kv(p, i) for p in parts], width, room) for i in range(len(parts[0].cache.layers))]
         return out
 
     def _read_in_place(self, spine_kv: list[tuple[torch.Tensor, torch.Tensor]], e: int, spine_pos: torch.Tensor) -> None:
