@@ -501,6 +501,24 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(env, tmp_path, monke
     hints.check(argv, err[0], out, scratch, rerun=argv[0] in RERUN and not served)
 
 
+ANNOUNCED = [  # refused by the command's config, which the "loading ..." line (printed without --quiet) comes after
+    (["sweep", "--prefix-attention", "fast"], "unknown prefix_attention 'fast'"),
+    (["grid", "--sizes", "4", "--depths", "0%", "--fill", "10%"], "--fill and --threshold are for lengths in tokens"),
+    (["lpes", "search", "--space", "grid"], "unknown search --space 'grid'"),
+]
+
+
+@pytest.mark.parametrize("args, message", ANNOUNCED, ids=[" ".join(a[:2]) for a, _ in ANNOUNCED])
+def test_a_refused_config_prints_no_loading_line(env, tmp_path, monkeypatch, capsys, args, message):
+    head = 2 if args[0] == "lpes" else 1
+    argv = args[:head] + ["--model", env["MODEL"], "--n", "2", "--dtype", "fp32"] + args[head:] + ["--out", str(tmp_path / "o")]
+    monkeypatch.setattr(sys, "argv", ["posbias", *argv])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert e.value.code == 2 and len(err) == 1 and message in err[0], err
+
+
 # ----------------------------------------------------------------------------- output places, before the model loads
 
 WRITERS = [

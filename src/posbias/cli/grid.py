@@ -36,7 +36,7 @@ def grid(model: Args, task: Args, split: Args, scoring: Args, run: Args,
     cfg = GridConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring), sizes=sizes,
                      depths=depths, method=method, fill=fill, threshold=threshold)
     if not run.quiet:
-        typer.echo(announce(model), err=True)
+        typer.echo(announce(model, cfg), err=True)
     res = run_grid(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())
     refs = ", the closed-book and needle-alone references" if res.record.get("references") else ""

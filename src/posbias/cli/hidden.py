@@ -67,7 +67,7 @@ def search(
                                    layers=_layers(layers), select=select,
                                    positions=tuple(int(x) for x in pos) if pos else None)
     if not run.quiet:
-        typer.echo(announce(model), err=True)
+        typer.echo(announce(model, cfg), err=True)
     res = run_search(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())
     typer.echo(f"wrote {run.out}/hidden.json; use it with --methods none,hidden:{run.out}")

@@ -44,7 +44,7 @@ def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positi
     cfg = SweepConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
                       positions=placements(task, positions), method=method)
     if not run.quiet:
-        typer.echo(announce(model), err=True)
+        typer.echo(announce(model, cfg), err=True)
     res = run_sweep(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())
     typer.echo(f"wrote {run.out}/sweep.json, examples.jsonl, curve.png")

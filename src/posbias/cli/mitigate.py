@@ -86,7 +86,7 @@ def search(
                                    positions=tuple(pos) if pos else None,
                                    weights=floats(weights, 3, "weights", "0.2,0.3,0.5"), space=space, budget=budget)
     if not run.quiet:
-        typer.echo(announce(model), err=True)
+        typer.echo(announce(model, cfg), err=True)
     res = run_search(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())
     typer.echo(f"wrote {run.out}/factors.json and factors.png; use it with --method lpes:{run.out}/factors.json")
@@ -126,7 +126,7 @@ def _distill(stage: str, model: Args, task: Args, split: Args, train: Args, run:
     cfg = DistillConfig.from_preset(train.preset, stage=stage, **model_fields(model), **task_fields(task), **vars(split),
                                     **{k: v for k, v in vars(train).items() if k != "preset"}, **method)
     if not run.quiet:
-        typer.echo(announce(model), err=True)
+        typer.echo(announce(model, cfg), err=True)
     res = run_distill(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())
     typer.echo(f"wrote {res.model_dir}; evaluate it with: posbias sweep --model {res.model_dir} --task {task.task}")

@@ -42,7 +42,7 @@ def train(
                                  bases=floats(bases, None, "bases", "100000,175000,250000"),
                                  aux_coef=aux, router_seed=router_seed)
     if not run.quiet:
-        typer.echo(announce(model), err=True)
+        typer.echo(announce(model, cfg), err=True)
     res = run_train(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())
     typer.echo(f"wrote {run.out}/moice.json; use it with --method moice:{run.out}")

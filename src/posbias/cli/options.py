@@ -321,10 +321,12 @@ def run_kwargs(a: Args) -> dict:
     return {"resume": a.resume, "overwrite": a.overwrite, "progress": not a.quiet}
 
 
-def announce(a: Args) -> str:
+def announce(a: Args, cfg) -> str:
     """What a command prints before it opens the model (MODEL group): `loading NAME (dtype, device) ...` (dtype auto:
     its choice and the CPU it read, `auto -> fp32: AMD EPYC (x86_64, AVX2, no native bf16)`); for a model
-    on a server, `connecting to openai:NAME at BASE_URL ...` (dtype and device do not apply there)."""
+    on a server, `connecting to openai:NAME at BASE_URL ...` (dtype and device do not apply there). The command's
+    config `cfg` is validated first, so a bad option is refused before the line, not after it."""
+    cfg.validate()
     try:
         spec = parse_spec(a.model)
     except PosbiasError:  # the command's own validation says what is wrong with it
