@@ -67,12 +67,15 @@ llama-env: $(LLAMA_VENV)/.ready
 sweep: install
 	$(BIN)/posbias sweep --model smollm2-135m --task kv-lookup --positions all --n 100 --out runs/default
 
+# the suite in TEST_WORKERS pytest-xdist workers (each on its share of the cores; the served tests all in one, beside
+# its one vLLM and one llama.cpp server: tests/conftest.py); TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
 test: install vllm-env llama-env
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # the inner loop: no real model, no browser, no vLLM server, no test of 10 s or more (docs/development.md, "Tests")
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not real and not browser and not served and not slow"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not real and not browser and not served and not slow"
 
 bench: install vllm-env
 	$(BIN)/python benchmarks/sweep_speed.py

@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# `make test` runs the suite in pytest-xdist workers (two on two cores, docs/development.md): each computes on its
+# share of the cores, so two workers do not oversubscribe them; a plain `pytest` run keeps two threads
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = max(1, 2 // WORKERS)
+torch.set_num_threads(THREADS)
 torch.manual_seed(0)
 
 PLUGIN = Path(__file__).parent / "plugin"
@@ -148,7 +152,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # The served-backend tests (test_served.py) need a real vLLM server, whose start takes about a minute on these CPUs
 # (eager mode, see served.server_cmd): it is launched (export included) as soon as collection shows those tests will
 # run, so it starts while earlier modules run; the `vllm_server` fixture waits for it and stops it at the end of the
-# session.
+# session. Under pytest-xdist every worker collects every test, so there a server is launched by the first test that
+# asks for it, in the one worker that runs them all (the `servers` group, `--dist loadgroup`).
 _SERVER: dict = {}
 _LLAMA: dict = {}  # the same for llama.cpp's server (tests/llamacpp.py; the `llama_server` fixture)
 
@@ -188,31 +193,39 @@ def pytest_collection_modifyitems(config, items):
         if item.module.__name__ == "test_served" or used & {"vllm_server", "llama_server"}:
             item.add_marker(pytest.mark.served)
             item.add_marker(pytest.mark.real)
+            item.add_marker(pytest.mark.xdist_group("servers"))  # one worker runs them all: one server each
+
+
+def _launch_vllm() -> None:
+    import tempfile
+
+    from served import launch
+
+    root = Path(tempfile.mkdtemp(prefix="posbias-served-"))
+    proc, url = launch(root / "smollm2", root / "vllm.log", export=True, eager=True)
+    _SERVER.update(proc=proc, url=url, root=root)
+
+
+def _launch_llama() -> None:
+    import tempfile
+
+    from llamacpp import launch
+
+    root = Path(tempfile.mkdtemp(prefix="posbias-llama-"))
+    proc, url = launch(root / "llama.log")
+    _LLAMA.update(proc=proc, url=url, root=root)
 
 
 def pytest_collection_finish(session):
-    from served import launch, vllm_missing
+    from llamacpp import llama_missing
+    from served import vllm_missing
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # launched on first use, by the worker that runs the `servers` group
     if vllm_missing() is None and any(item.get_closest_marker("served") for item in session.items):
-        import tempfile
-        from pathlib import Path
-
-        root = Path(tempfile.mkdtemp(prefix="posbias-served-"))
-        proc, url = launch(root / "smollm2", root / "vllm.log", export=True, eager=True)
-        _SERVER.update(proc=proc, url=url, root=root)
-    _launch_llama(session)
-
-
-def _launch_llama(session) -> None:
-    import tempfile
-    from pathlib import Path
-
-    from llamacpp import launch, llama_missing
-
+        _launch_vllm()
     if llama_missing() is None and any("llama_server" in getattr(i, "fixturenames", ()) for i in session.items):
-        root = Path(tempfile.mkdtemp(prefix="posbias-llama-"))
-        proc, url = launch(root / "llama.log")
-        _LLAMA.update(proc=proc, url=url, root=root)
+        _launch_llama()
 
 
 def pytest_sessionfinish(session):
@@ -225,9 +238,11 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture(scope="session")
 def vllm_server():
-    """{url, dir, root} of the session's vLLM server (launched at collection), once it answers."""
-    from served import ready
+    """{url, dir, root} of the session's vLLM server (launched at collection, or here under xdist), once it answers."""
+    from served import ready, vllm_missing
 
+    if not _SERVER and vllm_missing() is None and os.environ.get("PYTEST_XDIST_WORKER"):
+        _launch_vllm()
     if not _SERVER:
         pytest.skip("the vLLM server was not launched (no vLLM environment)")
     ready(_SERVER["proc"], _SERVER["url"], _SERVER["root"] / "vllm.log")
@@ -236,9 +251,12 @@ def vllm_server():
 
 @pytest.fixture(scope="session")
 def llama_server():
-    """{url, root} of the session's llama.cpp server (launched at collection), once it answers."""
+    """{url, root} of the session's llama.cpp server (launched at collection, or here under xdist), once it answers."""
+    from llamacpp import llama_missing
     from served import ready
 
+    if not _LLAMA and llama_missing() is None and os.environ.get("PYTEST_XDIST_WORKER"):
+        _launch_llama()
     if not _LLAMA:
         pytest.skip("the llama.cpp server was not launched (no llama.cpp environment: make llama-env)")
     ready(_LLAMA["proc"], _LLAMA["url"], _LLAMA["root"] / "llama.log", timeout=300)

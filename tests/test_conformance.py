@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import char_tokenizer, method_examples, tiny_model
+from conftest import THREADS, char_tokenizer, method_examples, tiny_model
 from posbias import (METHODS, TASKS, Loaded, PosbiasError, SweepConfig, build_report, get_method, get_task, run_compare,
                      run_sweep)
 from posbias.measure import ENGINES
@@ -271,4 +271,4 @@ def _served_policy(task, root: Path) -> Path:
     return f
 
 
-torch.set_num_threads(2)
+torch.set_num_threads(THREADS)

@@ -396,7 +396,6 @@ def test_scorer_records_the_prefix_attention_it_runs(tmp_path, monkeypatch):
     before split attention); "split" where the model cannot (gemma3's window): the copy path, and why, recorded.
     Split and copy give the same verdicts and logprobs. In bf16 unset means copy (split moves verdicts there), and
     "split" runs it."""
-    install_grouped_sdpa()  # as every load_model does (tiny_loaded builds the Loaded itself): the test runs alone too
     task = _docs_task(tmp_path)
     lo = tiny_loaded("llama")
     rows = Scorer(lo, task).rows(task.examples(3), [0, 1, 2, 3])

@@ -70,8 +70,10 @@ def save_tiny_llama(d):
 
 
 def tiny_loaded(arch: str = "llama", chat: bool = True, max_pos: int = 2048):
+    from posbias.models.compat import install_grouped_sdpa
     from posbias.models.load import Loaded
 
+    install_grouped_sdpa()  # as load_model and wrap_model do: a test on this model runs alone as in the suite
     tok = char_tokenizer(chat)
     model = tiny_model(arch, len(tok), max_pos)
     info = {"name": f"tiny-{arch}", "context_window": max_pos, "dtype": "fp32", "device": "cpu"}
