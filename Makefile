@@ -71,7 +71,7 @@ sweep: install
 # its one vLLM and one llama.cpp server: tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 test: install vllm-env llama-env
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # the inner loop: no real model, no browser, no vLLM server, no test of 10 s or more (docs/development.md, "Tests")
 test-fast: install

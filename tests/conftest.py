@@ -153,7 +153,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # (eager mode, see served.server_cmd): it is launched (export included) as soon as collection shows those tests will
 # run, so it starts while earlier modules run; the `vllm_server` fixture waits for it and stops it at the end of the
 # session. Under pytest-xdist every worker collects every test, so there a server is launched by the first test that
-# asks for it, in the one worker that runs them all (the `servers` group, `--dist loadgroup`).
+# asks for it, in the one worker that runs them all (`pytest_xdist_make_scheduler`).
 _SERVER: dict = {}
 _LLAMA: dict = {}  # the same for llama.cpp's server (tests/llamacpp.py; the `llama_server` fixture)
 
@@ -181,7 +181,9 @@ SLOW = (
 def pytest_collection_modifyitems(config, items):
     """The markers `make test-fast` deselects, set from what a test uses, so a new test cannot forget them: the
     real model (the `smollm2` fixture), the browser (`chromium`), the vLLM server (tests/test_served.py and every
-    test that uses the `vllm_server` fixture); and `slow` on the tests listed in SLOW."""
+    test that uses the `vllm_server` fixture); and `slow` on the tests listed in SLOW. Under xdist the ids of the
+    tests that use a server go to the scheduler, which gives them all to one worker."""
+    served = []
     for item in items:
         if item.nodeid.removeprefix("tests/").startswith(SLOW):
             item.add_marker(pytest.mark.slow)
@@ -193,7 +195,44 @@ def pytest_collection_modifyitems(config, items):
         if item.module.__name__ == "test_served" or used & {"vllm_server", "llama_server"}:
             item.add_marker(pytest.mark.served)
             item.add_marker(pytest.mark.real)
-            item.add_marker(pytest.mark.xdist_group("servers"))  # one worker runs them all: one server each
+            served.append(item.nodeid)
+    if os.environ.get("PYTEST_XDIST_WORKER") and SERVED_IDS in os.environ:  # for the scheduler (below)
+        tmp = Path(os.environ[SERVED_IDS] + f".{os.environ['PYTEST_XDIST_WORKER']}")
+        tmp.write_text("\n".join(served))
+        tmp.replace(os.environ[SERVED_IDS])
+
+
+SERVED_IDS = "POSBIAS_TEST_SERVED_IDS"  # a file: the ids of the tests that use a server, written by the workers
+
+
+def pytest_configure(config):
+    """Under xdist, the controller names the file its workers write the served tests' ids to."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") and SERVED_IDS not in os.environ:
+        import tempfile
+
+        os.environ[SERVED_IDS] = str(Path(tempfile.mkdtemp(prefix="posbias-xdist-")) / "served.txt")
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, present or not
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's load scheduling with every test that uses a server in one work unit, scheduled first (the largest
+    unit): one worker runs them all, beside its one vLLM and one llama.cpp server, while the other workers share
+    the rest test by test. (xdist's own `--dist loadgroup` reads `xdist_group` marks by rewriting `item._nodeid`,
+    which pytest 9.2's node ids no longer read: it groups nothing there.)"""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ServersTogether(LoadScopeScheduling):
+        served: set[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.served is None:  # first called once every worker has collected (and written the file)
+                f = Path(os.environ[SERVED_IDS])
+                self.served = set(f.read_text().splitlines()) if f.is_file() else set()
+            return "servers" if nodeid in self.served else nodeid
+
+    return ServersTogether(config, log)
 
 
 def _launch_vllm() -> None:
