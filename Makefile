@@ -67,8 +67,8 @@ llama-env: $(LLAMA_VENV)/.ready
 sweep: install
 	$(BIN)/posbias sweep --model smollm2-135m --task kv-lookup --positions all --n 100 --out runs/default
 
-# the suite in TEST_WORKERS pytest-xdist workers (each on its share of the cores; the served tests all in one, beside
-# its one vLLM and one llama.cpp server: tests/conftest.py); TEST_WORKERS=0 runs it in one process
+# the suite in TEST_WORKERS pytest-xdist workers (each on its share of the cores; the tests of each server in one
+# worker, beside that server: tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 test: install vllm-env llama-env
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)

@@ -153,7 +153,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # (eager mode, see served.server_cmd): it is launched (export included) as soon as collection shows those tests will
 # run, so it starts while earlier modules run; the `vllm_server` fixture waits for it and stops it at the end of the
 # session. Under pytest-xdist every worker collects every test, so there a server is launched by the first test that
-# asks for it, in the one worker that runs them all (`pytest_xdist_make_scheduler`).
+# asks for it, in the one worker that runs all of that server's tests (`pytest_xdist_make_scheduler`).
 _SERVER: dict = {}
 _LLAMA: dict = {}  # the same for llama.cpp's server (tests/llamacpp.py; the `llama_server` fixture)
 
@@ -182,7 +182,7 @@ def pytest_collection_modifyitems(config, items):
     """The markers `make test-fast` deselects, set from what a test uses, so a new test cannot forget them: the
     real model (the `smollm2` fixture), the browser (`chromium`), the vLLM server (tests/test_served.py and every
     test that uses the `vllm_server` fixture); and `slow` on the tests listed in SLOW. Under xdist the ids of the
-    tests that use a server go to the scheduler, which gives them all to one worker."""
+    tests that use a server go to the scheduler, which gives each server's tests to one worker."""
     served = []
     for item in items:
         if item.nodeid.removeprefix("tests/").startswith(SLOW):
@@ -195,7 +195,8 @@ def pytest_collection_modifyitems(config, items):
         if item.module.__name__ == "test_served" or used & {"vllm_server", "llama_server"}:
             item.add_marker(pytest.mark.served)
             item.add_marker(pytest.mark.real)
-            served.append(item.nodeid)
+            # its server: the vLLM and the llama.cpp tests form two units, each in one worker with its one server
+            served.append(("llama" if "llama_server" in used else "vllm") + "\t" + item.nodeid)
     if os.environ.get("PYTEST_XDIST_WORKER") and SERVED_IDS in os.environ:  # for the scheduler (below)
         tmp = Path(os.environ[SERVED_IDS] + f".{os.environ['PYTEST_XDIST_WORKER']}")
         tmp.write_text("\n".join(served))
@@ -215,9 +216,9 @@ def pytest_configure(config):
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, present or not
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's load scheduling with every test that uses a server in one work unit, scheduled first (the largest
-    unit): one worker runs them all, beside its one vLLM and one llama.cpp server, while the other workers share
-    the rest test by test. (xdist's own `--dist loadgroup` reads `xdist_group` marks by rewriting `item._nodeid`,
+    """xdist's load scheduling with the tests that use vLLM's server as one work unit and those that use llama.cpp's
+    as another, scheduled first (the largest units): each runs in one worker, beside its one server, while the
+    workers share the rest test by test. (xdist's own `--dist loadgroup` reads `xdist_group` marks by rewriting `item._nodeid`,
     which pytest 9.2's node ids no longer read: it groups nothing there.)"""
     if config.getvalue("dist") != "load":
         return None
@@ -229,10 +230,21 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             if self.served is None:  # first called once every worker has collected (and written the file)
                 f = Path(os.environ[SERVED_IDS])
-                self.served = set(f.read_text().splitlines()) if f.is_file() else set()
-            return "servers" if nodeid in self.served else nodeid
+                pairs = [line.split("\t", 1) for line in f.read_text().splitlines()] if f.is_file() else []
+                self.served = {nodeid: f"servers: {server}" for server, nodeid in pairs}
+            return self.served.get(nodeid, nodeid)
 
     return ServersTogether(config, log)
+
+
+def _one_launch(name: str) -> None:
+    """Under xdist, refuse a second launch of a server in the session (its tests were split over workers: two
+    servers would share the cores, and the scheduler above has failed)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and SERVED_IDS in os.environ:
+        try:
+            Path(f"{os.environ[SERVED_IDS]}.{name}").open("x").close()
+        except FileExistsError:
+            pytest.fail(f"a second {name} server in this session: the tests that use it ran in two xdist workers")
 
 
 def _launch_vllm() -> None:
@@ -240,6 +252,7 @@ def _launch_vllm() -> None:
 
     from served import launch
 
+    _one_launch("vllm")
     root = Path(tempfile.mkdtemp(prefix="posbias-served-"))
     proc, url = launch(root / "smollm2", root / "vllm.log", export=True, eager=True)
     _SERVER.update(proc=proc, url=url, root=root)
@@ -250,6 +263,7 @@ def _launch_llama() -> None:
 
     from llamacpp import launch
 
+    _one_launch("llama")
     root = Path(tempfile.mkdtemp(prefix="posbias-llama-"))
     proc, url = launch(root / "llama.log")
     _LLAMA.update(proc=proc, url=url, root=root)
