@@ -225,7 +225,7 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class ServersTogether(LoadScopeScheduling):
-        served: set[str] | None = None
+        served: dict[str, str] | None = None  # a served test's id -> its unit
 
         def _split_scope(self, nodeid: str) -> str:
             if self.served is None:  # first called once every worker has collected (and written the file)
@@ -274,7 +274,7 @@ def pytest_collection_finish(session):
     from served import vllm_missing
 
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # launched on first use, by the worker that runs the `servers` group
+        return  # launched on first use, by the worker that runs that server's tests
     if vllm_missing() is None and any(item.get_closest_marker("served") for item in session.items):
         _launch_vllm()
     if llama_missing() is None and any("llama_server" in getattr(i, "fixturenames", ()) for i in session.items):
