@@ -14,6 +14,7 @@ import torch
 # `make test` runs the suite in pytest-xdist workers (two on two cores, docs/development.md): each computes on its
 # share of the cores, so two workers do not oversubscribe them; a plain `pytest` run keeps two threads
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # this process's name as an xdist worker (gw0, ...), else None
 THREADS = max(1, 2 // WORKERS)
 torch.set_num_threads(THREADS)
 torch.manual_seed(0)
@@ -197,8 +198,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real)
             # its server: the vLLM and the llama.cpp tests form two units, each in one worker with its one server
             served.append(("llama" if "llama_server" in used else "vllm") + "\t" + item.nodeid)
-    if os.environ.get("PYTEST_XDIST_WORKER") and SERVED_IDS in os.environ:  # for the scheduler (below)
-        tmp = Path(os.environ[SERVED_IDS] + f".{os.environ['PYTEST_XDIST_WORKER']}")
+    if WORKER and SERVED_IDS in os.environ:  # for the scheduler (below)
+        tmp = Path(os.environ[SERVED_IDS] + f".{WORKER}")
         tmp.write_text("\n".join(served))
         tmp.replace(os.environ[SERVED_IDS])
 
@@ -208,7 +209,7 @@ SERVED_IDS = "POSBIAS_TEST_SERVED_IDS"  # a file: the ids of the tests that use 
 
 def pytest_configure(config):
     """Under xdist, the controller names the file its workers write the served tests' ids to."""
-    if not os.environ.get("PYTEST_XDIST_WORKER") and SERVED_IDS not in os.environ:
+    if getattr(config.option, "numprocesses", None) and not WORKER and SERVED_IDS not in os.environ:
         import tempfile
 
         os.environ[SERVED_IDS] = str(Path(tempfile.mkdtemp(prefix="posbias-xdist-")) / "served.txt")
@@ -240,7 +241,7 @@ def pytest_xdist_make_scheduler(config, log):
 def _one_launch(name: str) -> None:
     """Under xdist, refuse a second launch of a server in the session (its tests were split over workers: two
     servers would share the cores, and the scheduler above has failed)."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and SERVED_IDS in os.environ:
+    if WORKER and SERVED_IDS in os.environ:
         try:
             Path(f"{os.environ[SERVED_IDS]}.{name}").open("x").close()
         except FileExistsError:
@@ -270,11 +271,11 @@ def _launch_llama() -> None:
 
 
 def pytest_collection_finish(session):
+    if WORKER:
+        return  # launched on first use, by the worker that runs that server's tests
     from llamacpp import llama_missing
     from served import vllm_missing
 
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # launched on first use, by the worker that runs that server's tests
     if vllm_missing() is None and any(item.get_closest_marker("served") for item in session.items):
         _launch_vllm()
     if llama_missing() is None and any("llama_server" in getattr(i, "fixturenames", ()) for i in session.items):
@@ -294,7 +295,7 @@ def vllm_server():
     """{url, dir, root} of the session's vLLM server (launched at collection, or here under xdist), once it answers."""
     from served import ready, vllm_missing
 
-    if not _SERVER and vllm_missing() is None and os.environ.get("PYTEST_XDIST_WORKER"):
+    if not _SERVER and WORKER and vllm_missing() is None:
         _launch_vllm()
     if not _SERVER:
         pytest.skip("the vLLM server was not launched (no vLLM environment)")
@@ -308,7 +309,7 @@ def llama_server():
     from llamacpp import llama_missing
     from served import ready
 
-    if not _LLAMA and llama_missing() is None and os.environ.get("PYTEST_XDIST_WORKER"):
+    if not _LLAMA and WORKER and llama_missing() is None:
         _launch_llama()
     if not _LLAMA:
         pytest.skip("the llama.cpp server was not launched (no llama.cpp environment: make llama-env)")
