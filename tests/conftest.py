@@ -182,9 +182,10 @@ SLOW = (
 def pytest_collection_modifyitems(config, items):
     """The markers `make test-fast` deselects, set from what a test uses, so a new test cannot forget them: the
     real model (the `smollm2` fixture), the browser (`chromium`), the vLLM server (tests/test_served.py and every
-    test that uses the `vllm_server` fixture); and `slow` on the tests listed in SLOW. Under xdist the ids of the
-    tests that use a server go to the scheduler, which gives each server's tests to one worker."""
-    served = []
+    test that uses the `vllm_server` fixture); and `slow` on the tests listed in SLOW. Under xdist the work units go
+    to the scheduler: each server's tests in one, and the tests of a module that share a module-scoped fixture of
+    that module in one (`work_unit`)."""
+    units = []
     for item in items:
         if item.nodeid.removeprefix("tests/").startswith(SLOW):
             item.add_marker(pytest.mark.slow)
@@ -193,18 +194,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real)
         if "chromium" in used:
             item.add_marker(pytest.mark.browser)
-        if item.module.__name__ == "test_served" or used & {"vllm_server", "llama_server"}:
+        unit = work_unit(item, used)
+        if unit and unit.startswith("servers"):
             item.add_marker(pytest.mark.served)
             item.add_marker(pytest.mark.real)
-            # its server: the vLLM and the llama.cpp tests form two units, each in one worker with its one server
-            served.append(("llama" if "llama_server" in used else "vllm") + "\t" + item.nodeid)
+        if unit:
+            units.append(unit + "\t" + item.nodeid)
     if WORKER and SERVED_IDS in os.environ:  # for the scheduler (below)
         tmp = Path(os.environ[SERVED_IDS] + f".{WORKER}")
-        tmp.write_text("\n".join(served))
+        tmp.write_text("\n".join(units))
         tmp.replace(os.environ[SERVED_IDS])
 
 
-SERVED_IDS = "POSBIAS_TEST_SERVED_IDS"  # a file: the ids of the tests that use a server, written by the workers
+def work_unit(item, used: set[str]) -> str | None:
+    """The xdist work unit a test must share with others, None for a test any worker may take alone: each server's
+    tests form one unit (one worker, beside its one server); the tests of a module that use a module-scoped fixture
+    defined in that module form one (built once, in one worker: the report's run folders, the two-process jobs, a
+    fixture per architecture; shared test by test, each worker built it again, and a parametrised one as often as
+    its parameters alternated there). The conftest's module fixtures (a tiny model saved, 1 s) do not group."""
+    if item.module.__name__ == "test_served" or used & {"vllm_server", "llama_server"}:
+        return "servers: " + ("llama" if "llama_server" in used else "vllm")
+    module = item.nodeid.split("::")[0]
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(d.scope == "module" and d.baseid == module for ds in defs.values() for d in ds):
+        return "module: " + module
+    return None
+
+
+SERVED_IDS = "POSBIAS_TEST_SERVED_IDS"  # a file: the work units of the tests that share one (`work_unit`), by the workers
 
 
 def pytest_configure(config):
@@ -217,25 +234,34 @@ def pytest_configure(config):
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, present or not
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's load scheduling with the tests that use vLLM's server as one work unit and those that use llama.cpp's
-    as another, scheduled first (the largest units): each runs in one worker, beside its one server, while the
-    workers share the rest test by test. (xdist's own `--dist loadgroup` reads `xdist_group` marks by rewriting `item._nodeid`,
-    which pytest 9.2's node ids no longer read: it groups nothing there.)"""
+    """xdist's load scheduling over the work units `work_unit` names (the tests that use vLLM's server, those that use
+    llama.cpp's, a module's tests that share its module fixture), the largest first: each runs in one worker, while
+    the workers share the other tests test by test. (xdist's own `--dist loadgroup` reads `xdist_group` marks by
+    rewriting `item._nodeid`, which pytest 9.2's node ids no longer read: it groups nothing there.)"""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class ServersTogether(LoadScopeScheduling):
-        served: dict[str, str] | None = None  # a served test's id -> its unit
+    class UnitsTogether(LoadScopeScheduling):
+        units: dict[str, str] | None = None  # a grouped test's id -> its unit
 
         def _split_scope(self, nodeid: str) -> str:
-            if self.served is None:  # first called once every worker has collected (and written the file)
+            if self.units is None:  # first called once every worker has collected (and written the file)
                 f = Path(os.environ[SERVED_IDS])
                 pairs = [line.split("\t", 1) for line in f.read_text().splitlines()] if f.is_file() else []
-                self.served = {nodeid: f"servers: {server}" for server, nodeid in pairs}
-            return self.served.get(nodeid, nodeid)
+                self.units = {nodeid: unit for unit, nodeid in pairs}
+            return self.units.get(nodeid, nodeid)
 
-    return ServersTogether(config, log)
+        def _assign_work_unit(self, node) -> None:
+            if not getattr(self, "ordered", False):  # the first assignment: the servers' units first (the longest
+                # chains of work), then the other shared units by size, then the single tests in collection order
+                rank = lambda unit: (not unit.startswith("servers"), -len(self.workqueue[unit]))  # noqa: E731
+                units = sorted(self.workqueue, key=rank)  # stable: single tests keep their order
+                self.workqueue = type(self.workqueue)((u, self.workqueue[u]) for u in units)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return UnitsTogether(config, log)
 
 
 def _one_launch(name: str) -> None:
