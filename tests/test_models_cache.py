@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posbias.models.load import READY, cache_root, gguf_cache_dir, load_model
+from posbias.models.gguf_cache import READY, cache_root, gguf_cache_dir
+from posbias.models.load import load_model
 
 
 def test_the_cache_root_follows_the_environment(monkeypatch, tmp_path):
@@ -76,3 +77,51 @@ def test_a_cached_load_is_the_gguf_load_and_a_damaged_cache_is_rebuilt(monkeypat
                                                                           cached.tokenizer.eos_token_id)
     assert read.model.generation_config.to_dict() == cached.model.generation_config.to_dict()
     assert read.info == cached.info and read.model.config.to_dict() == cached.model.config.to_dict()
+
+
+@pytest.mark.parametrize("locked", [True, False])
+def test_two_loads_started_together_read_the_gguf_file_once(monkeypatch, tmp_path, locked):
+    """Two loads of one GGUF file at once (two commands on a new machine, a sweep beside a vLLM export, two test
+    workers): one de-quantizes the file and writes the cache while the other waits for its lock, then reads the cache.
+    The file's read is a tiny model directory standing in, slowed so that the second load starts during it; without
+    the lock (locked=False) both read the file, which is what the test would catch."""
+    import contextlib
+    import threading
+    import time
+
+    import transformers
+
+    import posbias.models.load as load
+    from conftest import save_tiny_llama
+
+    monkeypatch.delenv("POSBIAS_NO_CACHE", raising=False)
+    monkeypatch.setenv("POSBIAS_CACHE_DIR", str(tmp_path / "c"))
+    src = save_tiny_llama(tmp_path / "m")
+    (src / "m.gguf").write_bytes(b"GGUF")  # the file the cache's key names
+    monkeypatch.setattr(load, "_source", lambda name: (str(src), "m.gguf", "path", {}))
+    if not locked:
+        monkeypatch.setattr(load, "converting", lambda d, progress: contextlib.nullcontext())
+    real, reads = transformers.AutoModelForCausalLM.from_pretrained, []
+
+    def read(path, *a, **k):
+        if str(path) == str(src):  # the GGUF file's read, not the cache's
+            reads.append(threading.get_ident())
+            time.sleep(1.0)
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", read)
+    got = [None, None]
+
+    def run(i):
+        got[i] = load.load_model("m", "fp32", "cpu", progress=False)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)
+    for t in threads:
+        t.join()
+    assert len(reads) == (1 if locked else 2), reads
+    assert (gguf_cache_dir(str(src), "m.gguf", "fp32") / READY).exists()
+    a, b = (g.model.state_dict() for g in got)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -10,7 +10,8 @@ import torch
 from ..errors import PosbiasError
 from ..runs import check_out_dir
 from .dtype import choose_dtype
-from .load import READY, _locate, gguf_cache_dir, load_model
+from .gguf_cache import READY, gguf_cache_dir
+from .load import _locate, load_model
 
 
 def engine_dir(name: str, dtype: str = "auto", progress: bool = True) -> str:

@@ -6,7 +6,6 @@ This module (with the rest of `models/`) is the only place that knows transforme
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import io
 import logging
@@ -14,7 +13,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -22,6 +21,7 @@ from ..errors import PosbiasError
 from ..runs import num_processes
 from .compat import install_grouped_sdpa
 from .dtype import DTYPES, choose_dtype, cpu_kind
+from .gguf_cache import READY, converting, gguf_cache_dir, write_cache
 
 DEVICES = ("cpu", "cuda", "auto")
 DEVICE_MAPS = ("auto",)  # transformers' device_map="auto": the layers spread over every visible device
@@ -180,21 +180,6 @@ def _gguf_hint(record: logging.LogRecord) -> bool:
     return not (record.getMessage().startswith("Loading a GGUF checkpoint") and bool(cpu_kind().bf16))
 
 
-@contextlib.contextmanager
-def library_bars(enabled: bool) -> Iterator[None]:
-    """transformers' and huggingface_hub's own progress bars (writing shards, ...) on or off for a block."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    if not enabled:
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was and not enabled:
-            hf_logging.enable_progress_bar()
-
-
 def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", device: str = "cpu", progress: bool = True,
                device_map: str | None = None) -> Loaded:
     """Load a causal LM and its tokenizer, offline: a registered name (see REGISTRY), a local
@@ -213,31 +198,33 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", device: str = "cp
     cached = gguf_cache_dir(src, gguf, dtype) if gguf else None
     placement = {"device_map": device_map} if device_map else {}
     hit = cached is not None and (cached / READY).exists()  # what an earlier load of this file de-quantized
-    try:
-        with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
-            if hit:
-                try:
-                    tok = AutoTokenizer.from_pretrained(cached)
-                    model = AutoModelForCausalLM.from_pretrained(cached, dtype=DTYPES[dtype], **placement)
-                    model.config._name_or_path = src  # as the GGUF path names it
-                except Exception:  # a damaged cache (a file deleted by hand): dropped, and the GGUF file read again
-                    shutil.rmtree(cached, ignore_errors=True)
-                    hit = False
-            if not hit:
-                tok = AutoTokenizer.from_pretrained(src, **kw)
-                model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **kw, **placement)
-    except Exception as e:  # corrupt or incomplete files, an architecture transformers does not know, ...
-        raise PosbiasError(f"could not load model '{name}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
-                           "check that the model files are complete (or pass another `model`)") from e
-    if gguf:
-        # transformers de-quantizes GGUF weights into plain float Linear layers but keeps the quantizer
-        # marker (hf_quantizer / is_quantized), so Trainer would refuse to train the model and
-        # save_pretrained would write a quantization_config; the quantizer's own method clears it.
-        quantizer = getattr(model, "hf_quantizer", None)
-        if quantizer is not None:
-            quantizer.remove_quantization_config(model)
-        if cached is not None and not hit and not device_map:
-            _write_cache(cached, model, tok)
+    with converting(None if hit or device_map else cached, progress):  # one process at a time de-quantizes a file
+        hit = hit or (cached is not None and (cached / READY).exists())  # written by the one this load waited for
+        try:
+            with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
+                if hit:
+                    try:
+                        tok = AutoTokenizer.from_pretrained(cached)
+                        model = AutoModelForCausalLM.from_pretrained(cached, dtype=DTYPES[dtype], **placement)
+                        model.config._name_or_path = src  # as the GGUF path names it
+                    except Exception:  # a damaged cache (a file deleted by hand): dropped, and the GGUF file read again
+                        shutil.rmtree(cached, ignore_errors=True)
+                        hit = False
+                if not hit:
+                    tok = AutoTokenizer.from_pretrained(src, **kw)
+                    model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **kw, **placement)
+        except Exception as e:  # corrupt or incomplete files, an architecture transformers does not know, ...
+            raise PosbiasError(f"could not load model '{name}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                               "check that the model files are complete (or pass another `model`)") from e
+        if gguf:
+            # transformers de-quantizes GGUF weights into plain float Linear layers but keeps the quantizer
+            # marker (hf_quantizer / is_quantized), so Trainer would refuse to train the model and
+            # save_pretrained would write a quantization_config; the quantizer's own method clears it.
+            quantizer = getattr(model, "hf_quantizer", None)
+            if quantizer is not None:
+                quantizer.remove_quantization_config(model)
+            if cached is not None and not hit and not device_map:
+                write_cache(cached, model, tok)
     if device_map:  # placed by the loader (accelerate's hooks move activations between devices)
         dev = next(model.parameters()).device
     else:
@@ -288,58 +275,6 @@ def wrap_model(model, tokenizer, name: str = "model") -> Loaded:
     dtype = next((k for k, v in DTYPES.items() if v == param.dtype), str(param.dtype).removeprefix("torch."))
     info = _info(name, "wrapped", name, None, model, tokenizer, dtype, param.device)
     return Loaded(model=model, tokenizer=tokenizer, info=info)
-
-
-# -- the de-quantized GGUF cache ----------------------------------------------------------
-# transformers reads a GGUF file's metadata three times (config, tokenizer, weights) and de-quantizes every tensor in
-# numpy: 26 s for SmolLM2-135M and 54 s for Gemma-3-270M on these CPUs, on every load. The first load of a file in a
-# dtype writes what it produced (save_pretrained: the same tensors, config, generation config and tokenizer) to a
-# cache; later loads read that directory in 0.3 s and 5.3 s (benchmarks/load_speed.py). The key is the file (path, size, mtime), the dtype
-# and the transformers release, so a new file or a new converter never reads a stale copy; tests/test_models_cache.py
-# shows a cached load gives the same tensors, logits, tokenizer and run record as the GGUF path.
-
-READY = "posbias-cache-ready"  # written last: a directory without it is incomplete and is not read
-CACHE_FORMAT = 1
-
-
-def cache_root() -> Path | None:
-    """Where posbias keeps de-quantized GGUF models: $POSBIAS_CACHE_DIR, else ~/.cache/posbias (or
-    $XDG_CACHE_HOME/posbias); None when POSBIAS_NO_CACHE=1 (every load reads the GGUF file)."""
-    if os.environ.get("POSBIAS_NO_CACHE", "") not in ("", "0"):
-        return None
-    if os.environ.get("POSBIAS_CACHE_DIR"):
-        return Path(os.environ["POSBIAS_CACHE_DIR"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "posbias"
-
-
-def gguf_cache_dir(src: str, gguf: str | None, dtype: str) -> Path | None:
-    """The cache directory of one GGUF file in one dtype (None: caching off)."""
-    root = cache_root()
-    if root is None or not gguf:
-        return None
-    import transformers
-
-    f = (Path(src) / gguf).resolve()
-    st = f.stat()
-    key = f"{f}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}|{CACHE_FORMAT}"
-    return root / "gguf" / f"{f.stem}-{dtype}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-
-
-def _write_cache(d: Path, model, tok) -> None:
-    """Save into a private folder, then rename it into place (two processes converting at once both succeed, one
-    copy stays). A cache that cannot be written (full disk, read-only home) is skipped: the load already succeeded."""
-    tmp = d.with_name(f"{d.name}.tmp-{os.getpid()}")
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        with library_bars(False):
-            model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        (tmp / READY).write_text(f"{CACHE_FORMAT}\n")
-        os.rename(tmp, d)
-    except Exception as e:  # best effort: a full disk, a read-only home, another process that renamed first
-        logging.getLogger("posbias").info("de-quantized model not cached in %s: %s", d, e)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _info(name: str, kind: str, src: str, gguf: str | None, model, tok, dtype: str, dev) -> dict:

@@ -19,7 +19,8 @@ from ...backends import open_model
 from ...errors import PosbiasError
 from ...models.decoding import decoding_record
 from ...models.dtype import choose_dtype
-from ...models.load import Loaded, library_bars, resolve_device
+from ...models.gguf_cache import library_bars
+from ...models.load import Loaded, resolve_device
 from ...runs import MARKER, RunFolder, is_main_process, num_processes, read_json, write_json_atomic
 from ...scoring.generate import eos_ids
 from ...scoring.scorer import use_chat
