@@ -85,7 +85,8 @@ def converting(d: Path | None, progress: bool = True) -> Iterator[None]:
     """Hold the cache directory d's lock while this process de-quantizes its GGUF file and writes d: another process
     about to do the same waits, then reads what this one wrote (two `posbias` commands started together on a new
     machine, a sweep beside `vllm:` export, test workers: one de-quantization, not one each). d None: no lock. Where
-    no lock can be taken (no fcntl, a read-only cache), each process converts on its own, as before."""
+    no lock can be taken (no fcntl, a read-only cache, a file system without locks), each process converts on its
+    own, as before."""
     f = None
     if d is not None:
         try:
@@ -99,14 +100,18 @@ def converting(d: Path | None, progress: bool = True) -> Iterator[None]:
         yield
         return
     with f:
+        locked = True
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:  # held by another process
             if progress:
                 print(f"posbias: another process is de-quantizing this model into {d.parent}; waiting for it",
                       file=sys.stderr)
             fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (some network mounts): convert without one
+            locked = False
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(f, fcntl.LOCK_UN)
