@@ -244,6 +244,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class UnitsTogether(LoadScopeScheduling):
         units: dict[str, str] | None = None  # a grouped test's id -> its unit
+        ordered = False  # the work queue put in order (at the first assignment)
 
         def _split_scope(self, nodeid: str) -> str:
             if self.units is None:  # first called once every worker has collected (and written the file)
@@ -253,7 +254,7 @@ def pytest_xdist_make_scheduler(config, log):
             return self.units.get(nodeid, nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            if not getattr(self, "ordered", False):  # the first assignment: the servers' units first (the longest
+            if not self.ordered:  # the first assignment: the servers' units first (the longest
                 # chains of work), then the other shared units by size, then the single tests in collection order
                 rank = lambda unit: (not unit.startswith("servers"), -len(self.workqueue[unit]))  # noqa: E731
                 units = sorted(self.workqueue, key=rank)  # stable: single tests keep their order
