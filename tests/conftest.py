@@ -200,10 +200,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real)
         if unit:
             units.append(unit + "\t" + item.nodeid)
-    if WORKER and SERVED_IDS in os.environ:  # for the scheduler (below)
-        tmp = Path(os.environ[SERVED_IDS] + f".{WORKER}")
+    if WORKER and UNITS in os.environ:  # for the scheduler (below)
+        tmp = Path(os.environ[UNITS] + f".{WORKER}")
         tmp.write_text("\n".join(units))
-        tmp.replace(os.environ[SERVED_IDS])
+        tmp.replace(os.environ[UNITS])
 
 
 def work_unit(item, used: set[str]) -> str | None:
@@ -221,15 +221,15 @@ def work_unit(item, used: set[str]) -> str | None:
     return None
 
 
-SERVED_IDS = "POSBIAS_TEST_SERVED_IDS"  # a file: the work units of the tests that share one (`work_unit`), by the workers
+UNITS = "POSBIAS_TEST_UNITS"  # a file: the work units of the tests that share one (`work_unit`), by the workers
 
 
 def pytest_configure(config):
-    """Under xdist, the controller names the file its workers write the served tests' ids to."""
-    if getattr(config.option, "numprocesses", None) and not WORKER and SERVED_IDS not in os.environ:
+    """Under xdist, the controller names the file its workers write the shared work units to."""
+    if getattr(config.option, "numprocesses", None) and not WORKER and UNITS not in os.environ:
         import tempfile
 
-        os.environ[SERVED_IDS] = str(Path(tempfile.mkdtemp(prefix="posbias-xdist-")) / "served.txt")
+        os.environ[UNITS] = str(Path(tempfile.mkdtemp(prefix="posbias-xdist-")) / "units.txt")
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, present or not
@@ -248,7 +248,7 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _split_scope(self, nodeid: str) -> str:
             if self.units is None:  # first called once every worker has collected (and written the file)
-                f = Path(os.environ[SERVED_IDS])
+                f = Path(os.environ[UNITS])
                 pairs = [line.split("\t", 1) for line in f.read_text().splitlines()] if f.is_file() else []
                 self.units = {nodeid: unit for unit, nodeid in pairs}
             return self.units.get(nodeid, nodeid)
@@ -268,9 +268,9 @@ def pytest_xdist_make_scheduler(config, log):
 def _one_launch(name: str) -> None:
     """Under xdist, refuse a second launch of a server in the session (its tests were split over workers: two
     servers would share the cores, and the scheduler above has failed)."""
-    if WORKER and SERVED_IDS in os.environ:
+    if WORKER and UNITS in os.environ:
         try:
-            Path(f"{os.environ[SERVED_IDS]}.{name}").open("x").close()
+            Path(f"{os.environ[UNITS]}.{name}").open("x").close()
         except FileExistsError:
             pytest.fail(f"a second {name} server in this session: the tests that use it ran in two xdist workers")
 

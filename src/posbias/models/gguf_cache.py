@@ -95,7 +95,7 @@ def converting(d: Path | None, progress: bool = True) -> Iterator[None]:
             d.parent.mkdir(parents=True, exist_ok=True)
             f = open(d.with_name(d.name + ".lock"), "a")
         except (ImportError, OSError):  # no lock to be had: convert without one
-            f = None
+            pass
     if f is None:
         yield
         return
