@@ -19,7 +19,7 @@ from posbias.errors import PosbiasError
 from posbias.mitigate.pos2distill import DistillConfig, build_trainer, run_distill
 from posbias.mitigate.pos2distill.collator import Collator, QuestionData, prompt_ids
 from posbias.mitigate.pos2distill.data import build_records, default_skip, record_prompts, resolve_anchor, sample_trivial
-from posbias.mitigate.pos2distill.trainer import logits_of, step_plan
+from posbias.mitigate.pos2distill.trainer import logits_of, make_student, step_plan
 from posbias.models.load import load_model
 from posbias.tasks import get_task
 
@@ -202,6 +202,22 @@ def test_lora_teacher_is_the_base_model_under_disable_adapter(model_dir, tmp_pat
     assert trained and all("lora_" in n for n in trained)
 
 
+def test_lora_adapters_follow_the_seed_not_the_global_generator(loaded):
+    """peft draws lora_A from torch's global generator: make_student draws it under the run's seed, so a test or
+    a caller that used the generator before cannot change the run, and the caller's stream is left as it was."""
+    def adapters(seed, noise):
+        torch.manual_seed(noise)
+        before = torch.random.get_rng_state()
+        student, _ = make_student(loaded.model, {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj"]},
+                                  copy_base=True, seed=seed)
+        assert torch.equal(torch.random.get_rng_state(), before)
+        return [p.detach().clone() for n, p in student.named_parameters() if "lora_A" in n]
+
+    a, b, c = adapters(0, 1), adapters(0, 2), adapters(1, 1)
+    assert a and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not any(torch.equal(x, y) for x, y in zip(a, c))
+
+
 class _Stop(TrainerCallback):
     """Simulates a kill right after checkpoint `at` was written."""
 
@@ -222,7 +238,9 @@ def _weights(d: Path) -> dict:
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(model_dir, tmp_path, lora):
     cfg = _cfg(n=4, epochs=2, lora=lora, lora_r=4, lr=1e-3 if lora else 1e-4)  # 1 question per step: 8 steps
+    torch.manual_seed(1)  # each run starts from another global generator state: only the run's seed may count
     whole = run_distill(cfg, tmp_path / "a", progress=False, loaded=load_model(str(model_dir), "fp32"))
+    torch.manual_seed(2)
     with pytest.raises(KeyboardInterrupt):
         run_distill(cfg, tmp_path / "b", progress=False, loaded=load_model(str(model_dir), "fp32"), callbacks=[_Stop(3)])
     assert not (tmp_path / "b" / "model").exists() and (tmp_path / "b" / "run.json").exists()

@@ -171,11 +171,13 @@ def _trainer_class():
     return type("DistillTrainer", (DistillLoss, Trainer), {})
 
 
-def make_student(model, lora: dict | None, copy_base: bool):
+def make_student(model, lora: dict | None, copy_base: bool, seed: int = 0):
     """(student, teacher). Full: student = float32 copy, teacher = `model` frozen in eval mode.
 
     LoRA (`lora` = dict(r, alpha, dropout, targets)): student = peft model over `model` (or over a
-    copy when copy_base, so a caller's model stays untouched), adapters in float32; teacher None.
+    copy when copy_base, so a caller's model stays untouched), adapters in float32; teacher None. peft draws
+    the A matrices from torch's global generator, so they are drawn under `seed` in a forked generator: the
+    same seed gives the same adapters whatever ran before in the process, and the caller's stream is untouched.
     """
     if lora is None:
         student = copy.deepcopy(model).to(torch.float32)
@@ -186,7 +188,9 @@ def make_student(model, lora: dict | None, copy_base: bool):
     base = copy.deepcopy(model) if copy_base else model
     cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                      target_modules=lora["targets"], task_type="CAUSAL_LM")
-    student = get_peft_model(base, cfg, autocast_adapter_dtype=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        student = get_peft_model(base, cfg, autocast_adapter_dtype=True)
     student.train()
     return student, None
 
