@@ -3,6 +3,8 @@ GGUF load, bit for bit (weights, logits, tokenizer, generation config, the run r
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -125,3 +127,112 @@ def test_two_loads_started_together_read_the_gguf_file_once(monkeypatch, tmp_pat
     assert (gguf_cache_dir(str(src), "m.gguf", "fp32") / READY).exists()
     a, b = (g.model.state_dict() for g in got)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's byte-to-unicode alphabet: the 256 base tokens of a byte-level BPE vocabulary."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in keep]
+    return [chr(b) for b in keep] + [chr(256 + i) for i in range(len(moved))]
+
+
+def _tiny_gguf(path):
+    """A 2-layer Llama GGUF file written with gguf-py: a byte-level BPE vocabulary of 264 tokens with a chat template,
+    some tensors quantized to Q8_0, tied embeddings. Loads in about a second, through transformers' own GGUF path."""
+    import gguf
+    import numpy as np
+
+    H, FF, L, NH, NKV = 32, 64, 2, 4, 2
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *_byte_chars(), "Ġt", "he", "Ġthe", "in", "Ġa"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(L)
+    w.add_context_length(256)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(NH)
+    w.add_head_count_kv(NKV)
+    w.add_rope_dimension_count(H // NH)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(2)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    rng = np.random.default_rng(0)
+
+    def tensor(name, *shape, q8=False):
+        a = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        if q8:
+            w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, a)
+
+    tensor("token_embd.weight", len(tokens), H, q8=True)
+    for i in range(L):
+        tensor(f"blk.{i}.attn_norm.weight", H)
+        tensor(f"blk.{i}.ffn_norm.weight", H)
+        tensor(f"blk.{i}.attn_q.weight", H, H, q8=True)
+        tensor(f"blk.{i}.attn_k.weight", H * NKV // NH, H, q8=True)
+        tensor(f"blk.{i}.attn_v.weight", H * NKV // NH, H)
+        tensor(f"blk.{i}.attn_output.weight", H, H, q8=True)
+        tensor(f"blk.{i}.ffn_gate.weight", FF, H, q8=True)
+        tensor(f"blk.{i}.ffn_up.weight", FF, H)
+        tensor(f"blk.{i}.ffn_down.weight", H, FF, q8=True)
+    tensor("output_norm.weight", H)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_shared_reads_parse_the_file_once_and_load_the_same_model(monkeypatch, tmp_path):
+    """models/gguf_cache.py `shared_reads`: the GGUF path's three reads of a file become one parse and one tensor-name
+    map per architecture, and the model, config and tokenizer are those of transformers' own path, bit for bit; the
+    gguf module's functions are its own again afterwards."""
+    import gguf
+    import transformers.modeling_gguf_pytorch_utils as hf_gguf
+
+    import posbias.models.load as load
+
+    monkeypatch.setenv("POSBIAS_NO_CACHE", "1")
+    f = _tiny_gguf(tmp_path / "tiny.gguf")
+    counts = {"reader": 0, "names": 0, "metadata": 0}
+
+    def counted(module, attr, what, when=lambda *a, **k: True):
+        real = getattr(module, attr)
+
+        def call(*a, **k):
+            counts[what] += bool(when(*a, **k))
+            return real(*a, **k)
+
+        monkeypatch.setattr(module, attr, call)
+        return call
+
+    funcs = [counted(gguf, "GGUFReader", "reader"), counted(gguf, "get_tensor_name_map", "names"),
+             counted(hf_gguf, "load_gguf_checkpoint", "metadata", lambda p, return_tensors=False, **k: not return_tensors)]
+    shared = load.load_model(str(f), "fp32", progress=False)
+    seen = dict(counts)
+    assert [gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf.load_gguf_checkpoint] == funcs  # put back
+    monkeypatch.setattr(load, "shared_reads", contextlib.nullcontext)  # transformers' own path
+    plain = load.load_model(str(f), "fp32", progress=False)
+    assert seen == {"reader": 1, "names": 1, "metadata": 1}
+    assert counts["reader"] - seen["reader"] == 3 and counts["names"] - seen["names"] > 3
+    assert counts["metadata"] - seen["metadata"] >= 2
+    a, b = shared.model.state_dict(), plain.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert shared.model.config.to_dict() == plain.model.config.to_dict()
+    msgs = [{"role": "user", "content": "the value is in the text"}]
+    text = plain.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert shared.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == text
+    assert shared.tokenizer(text).input_ids == plain.tokenizer(text).input_ids
+    assert len(plain.tokenizer(" the").input_ids) == 1  # the merges reached the tokenizer

@@ -21,7 +21,7 @@ from ..errors import PosbiasError
 from ..runs import num_processes
 from .compat import install_grouped_sdpa
 from .dtype import DTYPES, choose_dtype, cpu_kind
-from .gguf_cache import READY, converting, gguf_cache_dir, write_cache
+from .gguf_cache import READY, converting, gguf_cache_dir, shared_reads, write_cache
 
 DEVICES = ("cpu", "cuda", "auto")
 DEVICE_MAPS = ("auto",)  # transformers' device_map="auto": the layers spread over every visible device
@@ -211,8 +211,9 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", device: str = "cp
                         shutil.rmtree(cached, ignore_errors=True)
                         hit = False
                 if not hit:
-                    tok = AutoTokenizer.from_pretrained(src, **kw)
-                    model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **kw, **placement)
+                    with shared_reads() if gguf else contextlib.nullcontext():  # one parse of the GGUF file, not three
+                        tok = AutoTokenizer.from_pretrained(src, **kw)
+                        model = AutoModelForCausalLM.from_pretrained(src, dtype=DTYPES[dtype], **kw, **placement)
         except Exception as e:  # corrupt or incomplete files, an architecture transformers does not know, ...
             raise PosbiasError(f"could not load model '{name}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
                                "check that the model files are complete (or pass another `model`)") from e
@@ -244,7 +245,11 @@ def load_tokenizer(name: str, progress: bool = True):
     ready = [d for d in (gguf_cache_dir(src, gguf, t) for t in DTYPES) if d and (d / READY).exists()]
     try:
         with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
-            tok = AutoTokenizer.from_pretrained(ready[0]) if ready else AutoTokenizer.from_pretrained(src, **kw)
+            if ready:
+                tok = AutoTokenizer.from_pretrained(ready[0])
+            else:
+                with shared_reads() if gguf else contextlib.nullcontext():
+                    tok = AutoTokenizer.from_pretrained(src, **kw)
     except Exception as e:
         raise PosbiasError(f"could not load the tokenizer of '{name}': {type(e).__name__}: {str(e).splitlines()[0][:200]}",
                            "pass the served model's directory (or its registered name) as tokenizer=... in the model spec") from e
