@@ -236,3 +236,17 @@ def test_shared_reads_parse_the_file_once_and_load_the_same_model(monkeypatch, t
     assert shared.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == text
     assert shared.tokenizer(text).input_ids == plain.tokenizer(text).input_ids
     assert len(plain.tokenizer(" the").input_ids) == 1  # the merges reached the tokenizer
+
+
+def test_shared_reads_step_aside_when_a_library_lacks_what_they_share(monkeypatch):
+    """A gguf release without get_tensor_name_map (or a transformers without load_gguf_checkpoint) loads through the
+    library's own path: the block runs, nothing is swapped."""
+    import gguf
+
+    from posbias.models.gguf_cache import shared_reads
+
+    monkeypatch.delattr(gguf, "get_tensor_name_map")
+    reader = gguf.GGUFReader
+    with shared_reads():
+        assert gguf.GGUFReader is reader
+    assert gguf.GGUFReader is reader and not hasattr(gguf, "get_tensor_name_map")
