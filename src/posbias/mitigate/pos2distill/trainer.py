@@ -188,7 +188,8 @@ def make_student(model, lora: dict | None, copy_base: bool, seed: int = 0):
     base = copy.deepcopy(model) if copy_base else model
     cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                      target_modules=lora["targets"], task_type="CAUSAL_LM")
-    with torch.random.fork_rng(devices=[]):
+    cuda = sorted({p.device.index or 0 for p in base.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=cuda):  # CPU and the model's GPUs: manual_seed seeds both
         torch.manual_seed(seed)
         student = get_peft_model(base, cfg, autocast_adapter_dtype=True)
     student.train()
