@@ -138,7 +138,7 @@ def _byte_chars() -> list[str]:
 
 def _tiny_gguf(path):
     """A 2-layer Llama GGUF file written with gguf-py: a byte-level BPE vocabulary of 264 tokens with a chat template,
-    some tensors quantized to Q8_0, tied embeddings. Loads in about a second, through transformers' own GGUF path."""
+    some tensors quantized to Q8_0, tied embeddings. Loads in a few seconds, through transformers' own GGUF path."""
     import gguf
     import numpy as np
 

@@ -169,8 +169,7 @@ def build_trainer(loaded: Loaded, cfg: DistillConfig, records: list[dict], out: 
     data = QuestionData(records, loaded.tokenizer, chat, spec.target, spec.with_anchor, end, loaded.context_window)
     plan = step_plan(cfg.batch_size, len(data[0]["students"]), cfg.micro_batch, num_processes())
     lora = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout, "targets": cfg.lora_targets}
-    student, teacher = make_student(loaded.model, lora if cfg.lora else None, copy_base=copy_base,
-                                    seed=cfg.seed)
+    student, teacher = make_student(loaded.model, lora if cfg.lora else None, copy_base=copy_base, seed=cfg.seed)
     args = training_args(cfg, Path(out), plan, lr, progress, bf16=loaded.info.get("dtype") == "bf16")
     collator = Collator(loaded.tokenizer.pad_token_id, cfg.padding_side)
     return make_trainer(student, teacher, spec, args, data, collator, callbacks), plan
