@@ -62,7 +62,7 @@ class DistillConfig(TaskChoice, ModelChoice):
     correct_only: keep only questions answered correctly at the anchor (released code).
     max_draw: examples looked at for n kept (default 10 n).
     skip: the training split starts here; None: 2000, or the middle of a file task's pool (sweeps use 0..).
-    seed: example selection seed.
+    seed: example selection seed; also the LoRA adapters' initialisation and Trainer's seed.
     max_new_tokens: anchor response length; None: the task's.
     lora: train LoRA adapters (merged into the saved model) instead of every weight (full fine-tuning: the
         paper's).
