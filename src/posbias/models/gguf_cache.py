@@ -105,16 +105,15 @@ def shared_reads() -> Iterator[None]:
     tiny GGUF file's.
     A lock keeps two threads of one process from swapping the attributes at once. Why not a converter of our own:
     transformers' mapping (tensor names, permutations, config keys) stays the one place those rules live."""
-    try:
-        import gguf
-        import transformers.modeling_gguf_pytorch_utils as hf_gguf
+    with _PATCH:
+        try:
+            import gguf
+            import transformers.modeling_gguf_pytorch_utils as hf_gguf
 
-        reader, names, checkpoint = gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf.load_gguf_checkpoint
-    except (ImportError, AttributeError):  # another gguf or transformers release: its own path, unchanged
-        yield
-        return
-    with _PATCH:  # read again under the lock: another thread's block may have been swapping them
-        reader, names, checkpoint = gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf.load_gguf_checkpoint
+            reader, names, checkpoint = gguf.GGUFReader, gguf.get_tensor_name_map, hf_gguf.load_gguf_checkpoint
+        except (ImportError, AttributeError):  # another gguf or transformers release: its own path, unchanged
+            yield
+            return
         readers: dict = {}
         parsed: dict = {}
 
