@@ -150,6 +150,84 @@ def _no_hub(monkeypatch):
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+# Benchmark data (docs/data.md): a test reads a data set from posbias's lookup order (--data-dir / POSBIAS_DATA, the
+# user cache, a development checkout's ../shared/data). Where a set is absent, a test that needs it is skipped with one
+# reason naming `posbias data fetch NAME`, so a stranger's clone passes its own tests; under CI=true (our CI always
+# has ../shared beside the checkout) a missing set fails the test instead, naming the files. A test says what it needs
+# with `@pytest.mark.data("nq", ...)` or `need_data(...)`; one that reaches a task whose data is missing without
+# saying so (a registry-driven suite) is handled the same way, by the DataMissing it raises (`_data_missing`).
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def missing_data(*names: str) -> list[str]:
+    import posbias.data
+
+    return [n for n in names if posbias.data.locate(n) is None]
+
+
+def _no_data(names) -> None:
+    import posbias.data
+
+    files = ", ".join(f.name for n in names for f in posbias.data.DATASETS[n].files)
+    if IN_CI:
+        pytest.fail(f"data set(s) {', '.join(names)} missing under CI=true ({files}): CI checks out ../shared beside "
+                    "the project", pytrace=False)
+    pytest.skip(f"needs data set {', '.join(names)}: posbias data fetch {' '.join(names)}")
+
+
+def need_data(*names: str) -> None:
+    """Skip (fail under CI=true) unless every named data set is in the lookup order."""
+    missing = missing_data(*names)
+    if missing:
+        _no_data(missing)
+
+
+def task_data(spec: str, **options) -> tuple[str, ...]:
+    """The data sets a task spec reads (its registry entry's declaration)."""
+    from posbias.tasks import TASKS, split_task
+
+    name, opts = split_task(spec, options)
+    entry = TASKS.get(name.partition(":")[0])
+    return entry.data_sets(opts) if entry else ()
+
+
+def skip_if_data_refused(text: str) -> None:
+    """A command's output that refused for missing data (`data set NAME is not here`): skipped as above."""
+    import re
+
+    found = re.search(r"data set (\S+) is not here", text or "")
+    if found:
+        _no_data([found[1]])
+
+
+def _data_missing(excinfo) -> None:
+    from posbias.data import DataMissing
+
+    if excinfo is not None and isinstance(excinfo.value, DataMissing):
+        _no_data([excinfo.value.dataset])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("data")
+    if marker is not None:
+        need_data(*marker.args)
+    try:
+        return (yield)
+    except BaseException:
+        _data_missing(pytest.ExceptionInfo.from_current())
+        raise
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    try:
+        return (yield)
+    except BaseException:
+        _data_missing(pytest.ExceptionInfo.from_current())
+        raise
+
+
 # The served-backend tests (test_served.py) need a real vLLM server, whose start takes about a minute on these CPUs
 # (eager mode, see served.server_cmd): it is launched (export included) as soon as collection shows those tests will
 # run, so it starts while earlier modules run; the `vllm_server` fixture waits for it and stops it at the end of the

@@ -23,6 +23,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "posbias"
 LAYERS = [  # lowest first; units in one layer may not import each other
     ("version", "errors"),
     ("runs", "specs", "registry"),
+    ("data",),  # the benchmark data sets: registry, lookup order, fetch (no torch)
     ("core",),
     ("policy",),  # reads the position test's level (core/metrics.py ALPHA)
     ("report",),
@@ -37,9 +38,10 @@ LAYERS = [  # lowest first; units in one layer may not import each other
     ("cli",),
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
-# what the CLI may import: the public API and its sub-namespaces (synth's package itself, not its modules)
-PUBLIC = {"posbias", *(f"posbias.{u}" for u in LAYERS[-3]), "posbias.synth"}
-PURE = ("posbias.version", "posbias.errors", "posbias.runs", "posbias.specs", "posbias.core.metrics", "posbias.core.bezier",
+# what the CLI may import: the public API and its sub-namespaces (synth's and data's packages themselves, not their
+# modules)
+PUBLIC = {"posbias", *(f"posbias.{u}" for u in LAYERS[-3]), "posbias.synth", "posbias.data"}
+PURE = ("posbias.version", "posbias.errors", "posbias.runs", "posbias.specs", "posbias.data", "posbias.core.metrics", "posbias.core.bezier",
         "posbias.core.ga", "posbias.core.ga_space", "posbias.tasks", "posbias.report")  # (prefixes) no torch, no transformers
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import THREADS, char_tokenizer, method_examples, tiny_model
+from conftest import THREADS, char_tokenizer, method_examples, missing_data, need_data, task_data, tiny_model
 from posbias import (METHODS, TASKS, Loaded, PosbiasError, SweepConfig, build_report, get_method, get_task, run_compare,
                      run_sweep)
 from posbias.measure import ENGINES
@@ -153,11 +153,14 @@ def _assign(examples: dict[str, str], root: Path) -> dict[tuple[str, str], str]:
     at the cell's index), so every method lands where it applies."""
     names = sorted(n for n in examples if n != "none")
     used = dict.fromkeys(names, 0)
-    configs = [_config(*cell, root) for cell in CELLS]
-    fit = {cell: {n for n in names if _applies(examples[n], task, cfg)} for cell, (cfg, task) in zip(CELLS, configs)}
+    cells = [c for c in CELLS if not missing_data(*task_data(_spec(c[0], root)))]  # all of them where the data is here
+    configs = [_config(*cell, root) for cell in cells]
+    fit = {cell: {n for n in names if _applies(examples[n], task, cfg)} for cell, (cfg, task) in zip(cells, configs)}
     reach = {n: sum(n in f for f in fit.values()) for n in names}
     out = {}
     for i, cell in enumerate(CELLS):
+        if cell not in fit:
+            continue
         fits = [n for n in names[i % len(names):] + names[: i % len(names)] if n in fit[cell]]
         assert fits, f"no registered method applies to {cell}"
         best = min(fits, key=lambda n: (used[n], reach[n]))
@@ -177,6 +180,7 @@ def test_every_registration_is_in_the_matrix(examples, assigned):
     assert {n for n, e in TASKS.items() if e.arg} == {task for task, _ in FILE_SCHEMAS.values()}, \
         "a task that reads a file has no format in FILE_SCHEMAS"
     assert set(examples) - {"mspoe-query"} == set(METHODS), "a registered method has no example"
+    need_data(*{d for name in CASES for d in task_data(CASES[name].spec)})  # which cells run depends on every one
     ran = {get_method(s).name for s in assigned.values()}
     assert ran == set(METHODS) - {"none"}, f"methods no cell runs: {sorted(set(METHODS) - {'none'} - ran)}"
 
@@ -214,6 +218,7 @@ def list_or_int(p):
 @pytest.mark.parametrize("cell", CELLS, ids=[f"{t}-{e}" for t, e in CELLS])
 def test_cell_runs_right_on_both_paths_then_compare_and_report(cell, loaded, assigned, root, tmp_path):
     name, engine = cell
+    need_data(*task_data(_spec(name, root)))
     method = assigned[cell]
     by_path = {}
     for shared in (True, False):

@@ -109,7 +109,7 @@ def test_an_over_window_size_is_refused_before_anything_is_written(model_dir, lo
     ({"depths": "50%,50"}, "listed twice"),
     ({"task": "kv-2hop"}, "two-hop task"),
     ({"task": "jsonl:x.jsonl"}, "has no size option"),
-    ({"task": "nq", "sizes": "10,15"}, "nq has no size 15"),
+    pytest.param({"task": "nq", "sizes": "10,15"}, "nq has no size 15", marks=pytest.mark.data("nq")),
     ({"task_options": {"facts": 5}}, "sets `facts` itself"),
 ])
 def test_bad_grids_are_refused_by_validation(model_dir, change, text):
@@ -125,7 +125,7 @@ TINY = ["--n", "2", "--dtype", "fp32", "--quiet", "--digits", "3"]
     (["--depths", "0%,200%"], "depth 200% is outside 0%..100%"),
     (["--task", "kv-2hop"], "kv-2hop is a two-hop task"),
     (["--task", "jsonl:/nonexistent.jsonl"], "task jsonl has no size option to grow (a depth grid grows the context of one gold item) -- use a task with a size"),
-    (["--task", "nq", "--sizes", "10,30"], "nq has no size 30"),
+    pytest.param(["--task", "nq", "--sizes", "10,30"], "nq has no size 30", marks=pytest.mark.data("nq")),
     (["--sizes", "3,100"], "context window is 2048 -- drop 100 from --sizes, e.g. --sizes 3"),
     (["--facts", "5"], "the grid sets --facts itself"),
 ])

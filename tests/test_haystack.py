@@ -114,6 +114,7 @@ def test_references_drop_the_haystack(loaded):
     assert len(closed[0].prompt_ids) < len(needle[0].prompt_ids) < len(full[0].prompt_ids) - 200
 
 
+@pytest.mark.data("nq")  # niah's default haystack
 @pytest.mark.parametrize("opts, fix", [
     ({"tokens": 80}, "tokens="), ({"keys": 2, "values": 2}, "only one"), ({"needle": "nq", "values": 2}, "needle=kv"),
     ({"overlap": "none"}, "nq-sentence"), ({"context": "half"}, "context ="), ({"haystack": "/nope"}, "haystack=nq"),
@@ -131,6 +132,7 @@ def test_bad_options_are_refused_in_one_line(loaded, opts, fix, tmp_path):
     assert fix in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.data("nq")  # niah's default haystack
 def test_multi_value_needs_generation(loaded):
     with pytest.raises(PosbiasError, match="engine=generate"):
         Scorer(loaded, get_task("niah", values=2), "teacher-forced")
@@ -303,6 +305,7 @@ def test_the_needle_never_lands_inside_a_sentence_of_hard_wrapped_essays(loaded,
         assert not after or re.match(r"[\"'(\[]?[A-Z0-9]", after), after[:80]
 
 
+@pytest.mark.data("nq")  # niah's default haystack
 def test_repeated_needle_lines_are_examples_of_their_own_with_their_own_haystack_window(loaded, tmp_path):
     lines = tmp_path / "sf3.jsonl"
     lines.write_text(SF.read_text() * 3)
@@ -351,6 +354,7 @@ def test_a_needle_file_s_generation_limit_leaves_room_for_its_answers(loaded):
     assert Scorer(loaded, get_task("niah", needle="nq")).max_new_tokens == 24
 
 
+@pytest.mark.data("nq")  # niah's default haystack
 @pytest.mark.parametrize("line, message, fix", [
     ({"answers": 5}, '"answers" must be a list of non-empty strings, got 5', '"answers": ["5521"]'),
     ({"answers": [5521]}, "got [5521]", 'write answers as strings, e.g. "answers": ["5521"]'),
@@ -399,6 +403,7 @@ def test_smollm2_finds_niah_s_needle_in_hard_wrapped_essays_at_a_sentence_bounda
     assert refs["closed"]["accuracy"] < refs["needle"]["accuracy"]
 
 
+@pytest.mark.data("nq")  # niah's default haystack
 def test_an_empty_needle_file_is_refused_in_one_line(tmp_path):
     (tmp_path / "none.jsonl").write_text("\n")
     with pytest.raises(PosbiasError, match="holds no line -- add one JSON object per line"):

@@ -24,7 +24,7 @@ from posbias.models.load import Loaded
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MAX_TOP = 36  # 35, and register_backend beside register_task and register_method (one registration shape)
-NAMESPACES = ("lpes", "hidden", "moice", "distill", "explain", "synth", "measure")
+NAMESPACES = ("lpes", "hidden", "moice", "distill", "explain", "synth", "measure", "data")
 RESULTS = {  # every public result class, by where a notebook finds it
     "posbias.SweepResult", "posbias.CompareResult", "posbias.GridResult", "posbias.ReportResult",
     "posbias.lpes.SearchResult", "posbias.lpes.GainResult", "posbias.hidden.SearchResult", "posbias.moice.TrainResult",

@@ -115,7 +115,7 @@ def test_the_question_before_and_after_the_documents_is_the_query_aware_prompt(t
 def test_nq_unknown_docs_and_missing_file(tmp_path):
     with pytest.raises(PosbiasError, match="10 or 20"):
         get_task("nq", docs=15)
-    with pytest.raises(PosbiasError, match="does not exist"):
+    with pytest.raises(PosbiasError, match=r"data set nq is not here .* `posbias data fetch nq`"):
         get_task("nq", data_dir=str(tmp_path))
 
 

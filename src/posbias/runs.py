@@ -281,8 +281,9 @@ class RunFolder:
             raise
 
     @contextmanager
-    def open(self, fingerprint: dict, resume: bool, overwrite: bool) -> Iterator["RunFolder"]:
-        """Lock the folder, then resume (same fingerprint) or start afresh; the lock is released on exit."""
+    def open(self, fingerprint: dict, resume: bool, overwrite: bool, inputs: list[dict] | None = None) -> Iterator["RunFolder"]:
+        """Lock the folder, then resume (same fingerprint, and the same data: `inputs`, the files the run reads with
+        their SHA-256, recorded in run.json) or start afresh; the lock is released on exit."""
         self.check(resume, overwrite)
         if self.path is None or not is_main_process():
             self.resuming = resume and self.path is not None
@@ -291,11 +292,12 @@ class RunFolder:
         self.path.mkdir(parents=True, exist_ok=True)
         with self._lock():
             if resume:  # run.json stays as the run's first command wrote it (same fingerprint: checked)
-                self._compare(fingerprint)
+                self._compare(fingerprint, inputs)
             else:
                 self._clear()
                 write_json_atomic(self.file(MARKER), {"kind": self.kind, "result": self.result, "fingerprint": fingerprint,
-                                                      "command": command_line()}, indent=2)
+                                                      "command": command_line(), **({"inputs": inputs} if inputs else {})},
+                                  indent=2)
             self.resuming = resume
             yield self
 
@@ -307,7 +309,7 @@ class RunFolder:
     def read_result(self) -> dict:
         return read_json(self.file(self.result), f"{self.kind} result")
 
-    def _compare(self, fingerprint: dict) -> None:
+    def _compare(self, fingerprint: dict, inputs: list[dict] | None = None) -> None:
         marker = self.file(MARKER)
         if not marker.exists():
             raise PosbiasError(f"{self.path} has no {MARKER}, so it cannot be resumed (an older posbias wrote it?)",
@@ -317,6 +319,13 @@ class RunFolder:
         if diffs:
             raise PosbiasError(f"{self.path} holds a {self.kind} with a different configuration ({'; '.join(diffs[:3])})",
                                "rerun it with the same options, or pass `overwrite=True`")
+        was = {i.get("file") or i.get("path"): i.get("sha256") for i in old.get("inputs") or ()}
+        for now in inputs or ():
+            key = now.get("file") or now.get("path")
+            if key in was and was[key] != now.get("sha256"):  # the same file name, other bytes: other data
+                raise PosbiasError(f"{self.path} holds a {self.kind} of other data: {key} had SHA-256 {was[key][:12]}..., "
+                                   f"{now['path']} has {now['sha256'][:12]}...",
+                                   "resume it with the data it started on (`posbias data verify`), or pass `overwrite=True`")
 
     def _clear(self) -> None:
         for p in self._paths():

@@ -19,6 +19,7 @@ try:  # typer >= 0.20 carries its own copy of click; older ones use click itself
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click.exceptions import NoArgsIsHelpError, UsageError
+from .data import data_app
 from .explain import analyze_app, synth_app, theory
 from .grid import grid
 from .hidden import hidden_app
@@ -40,11 +41,13 @@ app.add_typer(moice_app, name="moice")
 app.add_typer(hidden_app, name="hidden")
 app.add_typer(analyze_app, name="analyze")
 app.add_typer(policy_app, name="policy")
+app.add_typer(data_app, name="data")
 
 # Python parameter -> flag, where the flag is not --the-parameter-name
 _FLAGS = {"n_parents": "--parents", "n_crossover": "--crossovers", "n_mutation": "--mutations", "n_points": "--points",
           "n_tokens": "--tokens", "n_items": "--items", "n_classes": "--classes", "n_labels": "--labels",
-          "component_std": "--std", "eval_seqs": "--eval-seqs", "aux_coef": "--aux", "template": "--judge-template"}
+          "component_std": "--std", "eval_seqs": "--eval-seqs", "aux_coef": "--aux", "template": "--judge-template",
+          "base": "--base-url"}
 _FLAG_VALUES = {("correct_only", "False"): "--keep-all", ("correct_only", "True"): "--correct-only",
                 ("lora", "False"): "--full"}
 

@@ -15,7 +15,7 @@ from ..scoring.encode import BATCH_TOKENS, MAX_BATCH
 from ..scoring.engines import ENGINES
 from ..scoring.scorer import CHAT_MODES, PREFIX_ATTENTION
 from ..specs import doc_entries
-from ..tasks import Task, split_task
+from ..tasks import Task, check_data, split_task
 
 
 @dataclass
@@ -86,7 +86,8 @@ class TaskChoice:
         lists them and their options.
     task_options: the task's size and variants, e.g. {"facts": 20} (kv-lookup: facts, digits; nq: docs, answers;
         two-hop: pairs, style / prompt); `posbias tasks` lists each task's options.
-    data_dir: the benchmark data directory; None: ../shared/data or $POSBIAS_DATA.
+    data_dir: a folder holding the benchmark data sets (`nq/...`, `kv/...`, `musique/...`); None: $POSBIAS_DATA, else
+        the user cache `posbias data fetch` fills, else a development checkout's ../shared/data (docs/data.md).
     """
 
     task: str | Task = "kv-lookup"
@@ -99,6 +100,7 @@ class TaskChoice:
         both ways with different values is refused."""
         if isinstance(self.task, str):
             self.task, self.task_options = split_task(self.task, self.task_options)
+            check_data(self.task, self.task_options, self.data_dir)  # missing data refused before a model loads
 
 
 @dataclass

@@ -24,6 +24,7 @@ from ..backends import Backend, as_backend, check_method, open_backend
 from ..core.metrics import curve_shape, format_effect, format_gap, format_shape, summarize_curve
 from ..core.order import format_no_gold
 from ..core.stats import exact_ci
+from ..data import provenance
 from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded
@@ -175,6 +176,7 @@ class SweepRun:
     scorer: Scorer | None = None
     label: str = ""  # the model's short name (titles, progress), set by `open`
     identity: object = None  # what run.json records for the model, set by `open`
+    inputs: list[dict] | None = None  # the data files the task read, each with its SHA-256 (run.json, sweep.json)
 
     @classmethod
     def plan(cls, cfg: SweepConfig | None = None, out: str | Path | None = None, *, resume: bool = False,
@@ -194,7 +196,8 @@ class SweepRun:
         folder.check(resume, overwrite)
         if resume and out is not None and is_main_process():  # a row log a resume cannot read: refused here
             JsonlLog(folder.file("examples.jsonl")).read(ROW_KEYS)
-        return cls(cfg, task, method, positions, examples, calibration, meter, folder, resume, overwrite, progress, scored)
+        return cls(cfg, task, method, positions, examples, calibration, meter, folder, resume, overwrite, progress, scored,
+                   inputs=provenance(task.inputs))
 
     def run(self, loaded: Loaded | Backend | None = None) -> SweepResult:
         self.open(loaded)
@@ -202,7 +205,7 @@ class SweepRun:
             rows = self.scorer.rows(self.examples, self.positions) + self.scorer.rows(self.calibration,
                                                                                        self.task.all_placements())
             fingerprint = self.fingerprint()
-            with self.folder.open(fingerprint, self.resume, self.overwrite):
+            with self.folder.open(fingerprint, self.resume, self.overwrite, self.inputs):
                 all_rows, timing = self.score(rows)
                 all_rows, record = self.summarise(all_rows, fingerprint, timing)
                 if self.folder.path is not None and is_main_process():
@@ -318,7 +321,7 @@ class SweepRun:
         if decision:
             summary["decision"] = {k: v for k, v in decision.items() if k != "calibration_items"}
         record = {**fingerprint, "task_kind": task.kind, "versions": versions(), "per_position": per, "summary": summary,
-                  **({"decision": decision} if decision else {})}
+                  **({"decision": decision} if decision else {}), **({"inputs": self.inputs} if self.inputs else {})}
         # how the backend ran (not compared on resume): in process its attention kernels; served, how requests went
         record["backend"] = {"settings": self.backend.settings(),
                              **(timing.backend_record() if self.backend.caps.batching == "requests" else {})}

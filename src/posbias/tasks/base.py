@@ -73,6 +73,7 @@ class Task(ABC):
     slot_label: str | None = None  # a regex, e.g. r"Document \[\d+\]"
     dummy: str = "This line holds no information."
     shrink: str = "fewer facts/documents/pairs"  # how a prompt over the context window is made shorter
+    inputs: tuple[Path, ...] = ()  # the data files (or folders) the task read: a run records each with its SHA-256
 
     def generation_limit(self, count_tokens) -> tuple[int, str | None]:
         """(the default max_new_tokens of generation on this task, how it was derived or None for the task's fixed
@@ -222,7 +223,7 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
     if p.is_dir():
         raise PosbiasError(f"data file '{p}' is a folder", "pass the .jsonl or .jsonl.gz file inside it")
     if not p.is_file():
-        raise PosbiasError(f"data file '{p}' does not exist", "check the path (shared data lives in ../shared/data)")
+        raise PosbiasError(f"data file '{p}' does not exist", "check the path")
     opener = gzip.open if p.suffix == ".gz" else open
     lineno = 0
     try:
@@ -244,18 +245,3 @@ def _record(p: Path, lineno: int, line: str) -> dict:
     if not isinstance(rec, dict):
         raise PosbiasError(f"{p}:{lineno}: expected a JSON object", "each line must be one object")
     return rec
-
-
-def shared_data_dir() -> Path:
-    """../shared/data relative to the checkout, or $POSBIAS_DATA."""
-    import os
-
-    env = os.environ.get("POSBIAS_DATA")
-    if env:
-        return Path(env)
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        cand = parent.parent / "shared" / "data"
-        if cand.is_dir():
-            return cand
-    return Path.cwd().parent / "shared" / "data"

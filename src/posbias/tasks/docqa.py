@@ -9,8 +9,9 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data import data_file
 from ..errors import PosbiasError
-from .base import Doc, Prompt, RecordsTask, file_stamp, move, read_jsonl, shared_data_dir
+from .base import Doc, Prompt, RecordsTask, file_stamp, move, read_jsonl
 from .twohop import HopExample, TwoHopQA
 
 # The study's qa.prompt, verbatim.
@@ -108,8 +109,10 @@ def nq_task(docs: int = 10, data_dir: str | Path | None = None, answers: str = "
     """
     if docs not in (10, 20):
         raise PosbiasError(f"nq has 10 or 20 documents, not {docs}", "use `docs=10` or `docs=20`")
-    path = Path(data_dir or shared_data_dir()) / "nq" / "nq-open-20docs-gold_at_0.jsonl.gz"
-    return DocQA("nq", list(_nq_records(path, docs, file_stamp(path))), docs, answers, question)
+    path = data_file("nq", "nq/nq-open-20docs-gold_at_0.jsonl.gz", data_dir)
+    task = DocQA("nq", list(_nq_records(path, docs, file_stamp(path))), docs, answers, question)
+    task.inputs = (path,)
+    return task
 
 
 @functools.lru_cache(maxsize=4)

@@ -8,7 +8,7 @@ al. 2025) put a needle at a depth percent of a context of T tokens of natural te
              100%, and every row records its true count (prompt_tokens) and its needles' true depths
   depth      slot k = depth k/10 % (1001 slots, so `positions=50%` is slot 500): the needle goes to the boundary
              between two sentences whose token offset in the haystack is nearest to that percent of its tokens
-  haystack   `nq`: the Wikipedia passages of ../shared/data/nq (both files, ~9,000 passages, ~1.3M tokens) in a
+  haystack   `nq`: the Wikipedia passages of the nq data set (both files, ~9,000 passages, ~1.3M tokens) in a
              seeded order per example; or PATH: a text file or a folder of .txt / .md files, read from a seeded
              sentence offset (wrapping round). Sentences holding the needle's key or an answer are dropped.
   needle     `kv`: RULER's "One of the special magic numbers for {key} is: {value}."; `nq`: an NQ-open gold
@@ -41,13 +41,15 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.metrics import normalize_answer
+from ..data import data_file
 from ..errors import PosbiasError
-from .base import Prompt, Task, file_stamp, read_jsonl, shared_data_dir
+from .base import Prompt, Task, file_stamp, read_jsonl
 from .text import content_words, nq_passages, sentences, text_units
 
 SLOTS = 1001  # slot k = depth k/10 percent
 RULER_TOKENS = 128  # RULER's niah tasks generate up to 128 tokens (scripts/data/synthetic/constants.py)
 DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
+NQ_FILES = ("nq-open-20docs-gold_at_0.jsonl.gz", "nq-open-oracle.jsonl.gz")  # the haystack's passages; [1]: needles
 NEEDLES, CONTEXTS, OVERLAPS = ("kv", "nq", "nq-sentence"), ("full", "needle", "none"), ("any", "none")
 # RULER's niah template (Hsieh et al. 2024, App. B), the answer prefix as its own prompt ends
 KV_INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
@@ -128,7 +130,10 @@ class Haystack(Task):
         self.tokens, self.needle, self.haystack = tokens, needle, haystack
         self.answer_prefix = (answer_prefix or "").rstrip(" ") or None
         self.keys, self.values, self.queries, self.overlap, self.context = keys, values, queries, overlap, context
-        self.data_dir = str(data_dir or shared_data_dir())
+        nq = needle in ("nq", "nq-sentence") or (haystack == "nq" and context == "full")
+        self._nq = tuple(data_file("nq", f"nq/{f}", data_dir) for f in NQ_FILES) if nq else ()
+        files = (needle if needle not in NEEDLES else None, haystack if haystack != "nq" and context == "full" else None)
+        self.inputs = (*self._nq, *(Path(p) for p in files if p))
         self.multi = values > 1 or queries > 1
         self.metric = "ruler_all" if self.multi else "substring" if needle == "kv" else "best_subspan_em"
         self.max_new_tokens = max(RULER_TOKENS, 12 * values * queries) if needle == "kv" else 24
@@ -244,7 +249,7 @@ class Haystack(Task):
 
     def _read_needles(self) -> list[NiahExample]:
         if self.needle in ("nq", "nq-sentence"):
-            path = Path(self.data_dir) / "nq" / "nq-open-oracle.jsonl.gz"
+            path = self._nq[1]
             recs = [(f"nq{i}", r["question"], r["answers"], f"{r['ctxs'][0]['title']}. {r['ctxs'][0]['text']}", "",
                      f"`needle={self.needle}`") for i, (_, r) in enumerate(read_jsonl(path))]
         else:
@@ -274,9 +279,7 @@ class Haystack(Task):
     def _units(self) -> tuple[tuple[str, ...], bool]:
         """(the haystack's units, whether they are passages to shuffle (nq) or sentences read in order (a file))."""
         if self.haystack == "nq":
-            d = Path(self.data_dir) / "nq"
-            stamps = tuple(file_stamp(d / n) for n in ("nq-open-20docs-gold_at_0.jsonl.gz", "nq-open-oracle.jsonl.gz"))
-            return nq_passages(self.data_dir, stamps), True
+            return nq_passages(tuple(map(str, self._nq)), tuple(file_stamp(p) for p in self._nq)), True
         p = Path(self.haystack)
         if not p.exists():
             raise PosbiasError(f"haystack '{p}' does not exist", "use `haystack=nq` or a text file / folder of .txt files")

@@ -7,8 +7,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data import data_file
 from ..errors import PosbiasError
-from .base import Prompt, Task, move, read_jsonl, shared_data_dir
+from .base import Prompt, Task, move, read_jsonl
 
 SHARED_PAIRS = (75, 140)
 
@@ -59,8 +60,9 @@ class KVUUID(Task):
         self.pairs, self.source = pairs, source
         self._records: list[KVRecords] | None = None
         if source == "file":
-            path = Path(data_dir or shared_data_dir()) / "kv" / f"kv-retrieval-{pairs}_keys.jsonl.gz"
+            path = data_file("kv-uuid", f"kv/kv-retrieval-{pairs}_keys.jsonl.gz", data_dir)
             self._records = [self._parse(path, n, r) for n, r in read_jsonl(path)]
+            self.inputs = (path,)
 
     @staticmethod
     def _parse(path: Path, lineno: int, r: dict) -> KVRecords:

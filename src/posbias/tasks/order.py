@@ -24,8 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.metrics import best_subspan_em, normalize_answer
+from ..data import data_file
 from ..errors import PosbiasError
-from .base import Prompt, Task, file_stamp, read_jsonl, shared_data_dir
+from .base import Prompt, Task, file_stamp, read_jsonl
 from .judge_template import ASKS, JudgeTemplate, builtin, load_template
 
 LABELS = {"letters": tuple(string.ascii_uppercase[:10]), "digits": tuple("123456789")}
@@ -173,12 +174,14 @@ def nq_order_task(style: str, k: int, data_dir=None, reference: str = "yes", lab
     judge), `no` asks closed-book."""
     if reference not in ("yes", "no"):
         raise PosbiasError(f"reference must be yes or no, got {reference!r}", "use `reference=yes` or `reference=no`")
-    path = Path(data_dir or shared_data_dir()) / "nq" / "nq-open-oracle.jsonl.gz"
     tpl = template_for(style, ask, template, labels)
     if tpl is not None and reference == "yes" and not tpl.shows_context:
         raise unseen_context(f"{style}-nq shows each question's gold passage as its context", tpl, "use `reference=no`")
-    return OrderTask(f"{style}-nq", list(_nq_items(path, file_stamp(path), k, reference == "yes")), k, style,
+    path = data_file("nq", "nq/nq-open-oracle.jsonl.gz", data_dir)
+    task = OrderTask(f"{style}-nq", list(_nq_items(path, file_stamp(path), k, reference == "yes")), k, style,
                      labels or "letters", ask=ask or "correct", template=tpl)
+    task.inputs = (path,)
+    return task
 
 
 def template_for(style: str, ask: str | None, template, labels: str | None) -> JudgeTemplate | None:

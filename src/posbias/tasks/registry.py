@@ -23,8 +23,10 @@ import inspect
 import re
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
+from ..data import require
 from ..errors import PosbiasError
 from ..registry import Registry
 from ..specs import Param, bind, convert, doc_entries, is_pairs, parameters, split_pairs
@@ -59,6 +61,9 @@ class TaskEntry:
     # allows (None: any); None: the task has none (a file's, a two-hop task's)
     size: tuple[str, tuple[int, ...] | None] | None = None
     data_dir: bool = False  # whether the builder takes the data folder
+    # the registered data sets (posbias.data) the task reads, given its options (the builder's defaults filled in):
+    # checked before a model loads (`check_data`), so missing data is refused first, naming the fetch command
+    data: Callable[[dict], tuple[str, ...]] = lambda options: ()
 
     def usage(self, name: str) -> str:
         return f"{name}:{self.arg}" if self.arg else name
@@ -79,7 +84,14 @@ class TaskEntry:
 
     def make(self, arg: str, data_dir: str | None, **options: Any) -> Task:
         given = {**({self.arg.lower(): arg} if self.arg else {}), **({"data_dir": data_dir} if self.data_dir else {})}
-        return self.build(**given, **options)
+        task = self.build(**given, **options)
+        if self.arg == "PATH" and not task.inputs:  # a user's file: the run records it with its hash
+            task.inputs = (Path(arg),)
+        return task
+
+    def data_sets(self, options: dict) -> tuple[str, ...]:
+        """The data sets the task reads with these options (the others at their defaults)."""
+        return self.data({**{o: opt.default for o, opt in self.options.items()}, **options})
 
 
 TASKS = Registry("task")  # name -> TaskEntry
@@ -126,11 +138,13 @@ def _options(name: str, build: Callable, arg: str | None) -> tuple[dict[str, Tas
 
 
 def register_task(name: str, build: Callable[..., Task], description: str, *, arg: str | None = None,
-                  size: str | tuple[str, tuple[int, ...] | None] | None = None) -> None:
+                  size: str | tuple[str, tuple[int, ...] | None] | None = None,
+                  data: tuple[str, ...] | Callable[[dict], tuple[str, ...]] = ()) -> None:
     """Add a task family built by `build` (a Task class or a function returning a Task): its parameters are the
     task's options (module docstring), each documented in its docstring; `arg` names the part after ':' (`PATH`:
-    the builder's `path`); `size` the option a depth x length grid grows (with the values it allows, if not any).
-    A taken name is refused."""
+    the builder's `path`); `size` the option a depth x length grid grows (with the values it allows, if not any);
+    `data` the registered data sets it reads (posbias.data), or a function of its options giving them. A taken name
+    is refused."""
     if name in TASKS:  # refused first (Registry.add names both origins), before the builder is read
         TASKS.add(name, build, owner=build)
     options, data_dir = _options(name, build, arg)
@@ -138,26 +152,31 @@ def register_task(name: str, build: Callable[..., Task], description: str, *, ar
     if grows is not None and grows[0] not in options:
         raise PosbiasError(f"task {name}'s size option {grows[0]!r} is not one of its options",
                            "name a parameter of its builder")
-    TASKS.add(name, TaskEntry(build, description, options, arg, grows, data_dir), owner=build)
+    needs = data if callable(data) else (lambda options, sets=tuple(data): sets)
+    TASKS.add(name, TaskEntry(build, description, options, arg, grows, data_dir, needs), owner=build)
 
 
 register_task("kv-lookup", KVLookup, "N facts 'The code for 482913 is 771204.' and a question about one", size="facts")
-register_task("kv-uuid", KVUUID, "Lost in the Middle JSON UUID key-value retrieval", size="pairs")
-# the shared data holds 20 passages per question; 10 = gold + the first 9
-register_task("nq", nq_task, "Lost in the Middle NQ-open multi-document QA", size=("docs", (10, 20)))
+register_task("kv-uuid", KVUUID, "Lost in the Middle JSON UUID key-value retrieval", size="pairs",
+              data=lambda o: ("kv-uuid",) if o["source"] == "file" or (o["source"] == "auto" and o["pairs"] in (75, 140))
+              else ())
+# the data set holds 20 passages per question; 10 = gold + the first 9
+register_task("nq", nq_task, "Lost in the Middle NQ-open multi-document QA", size=("docs", (10, 20)), data=("nq",))
 register_task("jsonl", jsonl_task, "your own multi-document QA or two-hop data (schema below)", arg="PATH")
-register_task("musique", musique_task, "MuSiQue 2-hop reasoning, 20 paragraphs, the two hops placed")
+register_task("musique", musique_task, "MuSiQue 2-hop reasoning, 20 paragraphs, the two hops placed", data=("musique",))
 register_task("niah", Haystack, "a needle at a depth of a natural haystack of `tokens` model tokens (RULER / NIAH)",
-              size="tokens")  # lengths in the model's own tokens (tasks/haystack.py): 1k = 1024
+              size="tokens",  # lengths in the model's own tokens (tasks/haystack.py): 1k = 1024
+              data=lambda o: ("nq",) if o["needle"] in ("nq", "nq-sentence") or (o["haystack"] == "nq"
+                                                                                  and o["context"] == "full") else ())
 register_task("kv-2hop", KV2Hop, "chain lookup 'The code for A is B.' ... 'The code for B is C.', two hops placed")
 # order bias (tasks/order.py): the correct candidate moved through the slots
 register_task("judge-nq", judge_nq, "order bias, pairwise judge: which of two candidate answers is correct, NQ-open "
-              "questions, wrong candidates answers to other questions of the same kind")
+              "questions, wrong candidates answers to other questions of the same kind", data=("nq",))
 register_task("judge-kv", judge_kv, "order bias, pairwise judge: which of two candidate answers is correct, "
               "generated facts, wrong candidates one digit off")
 register_task("judge", judge_file, "order bias on your own pairwise judge file (schemas below)", arg="PATH")
 register_task("mc-nq", mc_nq, "order bias, multiple choice, NQ-open questions, wrong candidates answers to other "
-              "questions of the same kind")
+              "questions of the same kind", data=("nq",))
 register_task("mc-kv", mc_kv, "order bias, multiple choice, generated facts, wrong candidates one digit off")
 register_task("mc", mc_file, "order bias on your own multiple-choice file (schemas below)", arg="PATH")
 
@@ -198,6 +217,21 @@ def split_task(spec: str, options: dict | None = None) -> tuple[str, dict]:
     rank = {o: i for i, o in enumerate(entry.options)}
     ordered = {k: options[k] for k in sorted(options, key=lambda k: rank.get(k, len(rank)))}
     return (f"{name}:{path}" if entry.arg else name), ordered
+
+
+def check_data(spec: str | Task, options: dict | None = None, data_dir: str | None = None) -> None:
+    """Refuse, in one line naming the fetch command (posbias.data.DataMissing), a task whose data sets are not in the
+    lookup order: what every pipeline checks before it loads a model. A Task object or an unknown name passes (the
+    build says what is wrong with it)."""
+    if isinstance(spec, Task):
+        return
+    name = str(spec).partition(":")[0]
+    entry = TASKS.get(name)
+    if entry is None:
+        return
+    given = {k: v for k, v in (options or {}).items() if v is not None and k in entry.options}
+    for data_set in entry.data_sets(given):
+        require(data_set, data_dir)
 
 
 def get_task(spec: str | Task, data_dir: str | None = None, **options) -> Task:

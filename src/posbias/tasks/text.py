@@ -78,11 +78,11 @@ def content_words(text: str) -> set[str]:
 
 
 @functools.lru_cache(maxsize=4)
-def nq_passages(data_dir: str, stamps: tuple) -> tuple[str, ...]:
-    """Every distinct passage "Title. text" of the shared NQ files."""
+def nq_passages(paths: tuple[str, ...], stamps: tuple) -> tuple[str, ...]:
+    """Every distinct passage "Title. text" of the NQ files at `paths` (stamps: their versions)."""
     seen: dict[str, None] = {}
-    for name in ("nq-open-20docs-gold_at_0.jsonl.gz", "nq-open-oracle.jsonl.gz"):
-        for _, rec in read_jsonl(Path(data_dir) / "nq" / name):
+    for path in paths:
+        for _, rec in read_jsonl(path):
             for c in rec.get("ctxs", []):
                 seen.setdefault(f"{c['title']}. {c['text']}", None)
     return tuple(seen)

@@ -21,8 +21,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data import data_file
 from ..errors import PosbiasError
-from .base import Doc, FactsTask, Prompt, RecordsTask, Task, read_jsonl, shared_data_dir
+from .base import Doc, FactsTask, Prompt, RecordsTask, Task, read_jsonl
 from .placement import positions_spec, resolve_pairs
 
 REASONING = ("Let's first identify the relevant information from the long context and list it. Then, carry out "
@@ -120,9 +121,11 @@ def musique_task(data_dir: str | Path | None = None, docs: int = 20, prompt: str
     """
     if docs not in (10, 20):
         raise PosbiasError(f"musique has 20 paragraphs (or a cut to 10), not {docs}", "use `docs=20` or `docs=10`")
-    path = Path(data_dir or shared_data_dir()) / "musique" / "musique_2hop_answerable.jsonl.gz"
+    path = data_file("musique", "musique/musique_2hop_answerable.jsonl.gz", data_dir)
     records = [_cut(_musique_record(f"{path}:{lineno}", r), docs) for lineno, r in read_jsonl(path)]
-    return TwoHopQA("musique", records, docs, prompt)
+    task = TwoHopQA("musique", records, docs, prompt)
+    task.inputs = (path,)
+    return task
 
 
 def _cut(ex: HopExample, docs: int) -> HopExample:
