@@ -51,7 +51,7 @@ class Case:
 # every registered task that takes no file; `test_every_registration_is_in_the_matrix` keeps this complete
 CASES = {
     "kv-lookup": Case("kv-lookup"),
-    "kv-uuid": Case("kv-uuid"),  # 75 pairs: the study's shared file
+    "kv-uuid": Case("kv-uuid"),  # 75 pairs: the study's file (data set kv-uuid)
     "nq": Case("nq"),  # 10 documents, the default
     "musique": Case("musique:docs=10"),
     "kv-2hop": Case("kv-2hop"),
@@ -59,7 +59,7 @@ CASES = {
     "mc-nq": Case("mc-nq"),
     "judge-kv": Case("judge-kv"),
     "mc-kv": Case("mc-kv"),
-    "niah": Case("niah:tokens=1200,keys=2"),  # a haystack of shared NQ sentences, a distractor needle beside the gold
+    "niah": Case("niah:tokens=1200,keys=2"),  # a haystack of NQ sentences (data set nq), a distractor needle beside the gold
 }
 
 

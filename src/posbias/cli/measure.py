@@ -122,6 +122,9 @@ def tasks() -> None:
     and the JSONL schema for your own data."""
     for name, entry in TASKS.items():
         typer.echo(f"{entry.usage(name):12s} {entry.description}{_origin(TASKS, name)}")
+        sets = entry.data_sets({})
+        if sets:  # at its defaults (docs/data.md)
+            typer.echo(f"  reads data set {', '.join(sets)}: posbias data fetch {' '.join(sets)}")
         for o, opt in entry.options.items():
             flag = f"{task_flag(o)}, " if task_flag(o) != "--" + o.replace("_", "-") else ""
             default = f", default {opt.default}" if opt.default is not None else ""

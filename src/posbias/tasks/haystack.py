@@ -89,7 +89,7 @@ class Haystack(Task):
     tokens: the prompt's length in the model's tokens (a depth x length grid sets it)
     needle: kv (RULER's magic number) | nq (an NQ gold passage) | nq-sentence (its answer-bearing sentences) | PATH
       (a JSONL file of needle, question, answers: one example per line, repeat a line for more)
-    haystack: nq (Wikipedia passages of the shared NQ files) | PATH (a text file or a folder of .txt/.md files)
+    haystack: nq (Wikipedia passages of the nq data set) | PATH (a text file or a folder of .txt/.md files)
     keys: needles of the same form, the gold one and keys-1 distractors (multi-key), 1 to 16
     values: values of the one key, all asked (multi-value; engine generate), 1 to 16
     queries: keys asked at once, all to be answered (multi-query; engine generate), 1 to 16

@@ -38,11 +38,11 @@ class KVRecords:
 
 
 class KVUUID(Task):
-    """UUID key-value retrieval. pairs=75 or 140 reads the shared files (500 examples each);
+    """UUID key-value retrieval. pairs=75 or 140 reads the study's files (data set kv-uuid: 500 examples each);
     any other number (or source='generate') draws seeded random UUIDs.
 
-    pairs: key-value pairs per example (75 and 140 read the shared files; other counts are drawn from the seed)
-    source: auto (the shared files for 75 or 140 pairs, else drawn) | file | generate (seeded random UUIDs)
+    pairs: key-value pairs per example (75 and 140 read the study's files, data set kv-uuid; other counts are drawn from the seed)
+    source: auto (the study's files for 75 or 140 pairs, else drawn) | file | generate (seeded random UUIDs)
     """
 
     name = "kv-uuid"
@@ -56,7 +56,7 @@ class KVUUID(Task):
         if source == "auto":
             source = "file" if pairs in SHARED_PAIRS else "generate"
         if source == "file" and pairs not in SHARED_PAIRS:
-            raise PosbiasError(f"the shared kv files have 75 or 140 pairs, not {pairs}", "use `pairs=75` or `pairs=140`")
+            raise PosbiasError(f"the study's kv files have 75 or 140 pairs, not {pairs}", "use `pairs=75` or `pairs=140`")
         self.pairs, self.source = pairs, source
         self._records: list[KVRecords] | None = None
         if source == "file":

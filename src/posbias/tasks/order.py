@@ -6,7 +6,7 @@ slot s holds candidate (s - p) mod k: for k = 2 the swap of MT-Bench / FairEval,
 permutations of PriDe. The model answers with an option label; core/order.py turns the choices into the
 consistency, conflict and fairness figures.
 
-    judge-nq, mc-nq   NQ-open questions (the shared oracle file: question, gold passage, answers); the wrong
+    judge-nq, mc-nq   NQ-open questions (the nq data set's oracle file: question, gold passage, answers); the wrong
                       candidates are answers to other questions of the same kind (who / when / how many ...)
     judge-kv, mc-kv   generated facts "The code for K is V."; the wrong candidates are near misses of V
                       (one digit changed)
@@ -170,7 +170,7 @@ def _kind(question: str) -> str:
 
 def nq_order_task(style: str, k: int, data_dir=None, reference: str = "yes", labels: str | None = None,
                   ask: str | None = None, template: str | Path | None = None) -> OrderTask:
-    """NQ-open questions from the shared oracle file; `reference=yes` shows the gold passage (a reference-guided
+    """NQ-open questions from the nq data set's oracle file; `reference=yes` shows the gold passage (a reference-guided
     judge), `no` asks closed-book."""
     if reference not in ("yes", "no"):
         raise PosbiasError(f"reference must be yes or no, got {reference!r}", "use `reference=yes` or `reference=no`")

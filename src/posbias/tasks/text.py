@@ -1,5 +1,5 @@
 """Natural text for haystacks (tasks/haystack.py): sentences of real, hard-wrapped text, NoLiMa's content words, and
-the haystacks' sources (the shared NQ passages; a user's text file or folder, as sentences).
+the haystacks' sources (the nq data set's passages; a user's text file or folder, as sentences).
 
 sentences  paragraphs split on blank lines (a line of only white space is blank); inside one, a single newline is
            a space (hard-wrapped text: NIAH's Paul Graham essays, Gutenberg books, RFCs, mail); a sentence ends at

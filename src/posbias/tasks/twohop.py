@@ -5,7 +5,7 @@ sits, their distance and their order (placements and modes: tasks/placement.py).
 paper's reasoning template (Table 7, verbatim); the answer is scored by exact match on the text
 after the last "The answer is:" (Appendix C), with the retrieval-style substring score alongside.
 
-  musique     MuSiQue-Ans 2-hop questions from the shared file: 20 paragraphs, the two supporting
+  musique     MuSiQue-Ans 2-hop questions from the musique data set: 20 paragraphs, the two supporting
               ones in hop order (question_decomposition[k].paragraph_support_idx)
   kv-2hop     a generated chain lookup: "The code for A is B." ... "The code for B is C." among
               distractor facts, asked for the code for the code for A
@@ -113,7 +113,7 @@ class TwoHopQA(TwoHop, RecordsTask):
 
 
 def musique_task(data_dir: str | Path | None = None, docs: int = 20, prompt: str = "reasoning") -> TwoHopQA:
-    """The shared MuSiQue 2-hop file: 260 questions, 20 paragraphs each.
+    """The musique data set's 2-hop file: 260 questions, 20 paragraphs each.
 
     docs: 20 paragraphs, or 10 (the two supporting ones and the first 8 others, in file order: prompts half as long,
       for a CPU budget)
@@ -145,9 +145,9 @@ def _musique_record(where: str, r: dict) -> HopExample:
         answers = (str(r["answer"]), *(str(a) for a in r.get("answer_aliases") or []))
         question = str(r["question"])
     except (KeyError, TypeError) as e:
-        raise PosbiasError(f"{where}: not a MuSiQue 2-hop record ({e})", "use the shared file") from None
+        raise PosbiasError(f"{where}: not a MuSiQue 2-hop record ({e})", "use the musique data set's file") from None
     if len(hops) != 2 or hops[0] == hops[1] or len(docs) != 20:
-        raise PosbiasError(f"{where}: needs 20 paragraphs and two distinct supporting ones", "use the shared file")
+        raise PosbiasError(f"{where}: needs 20 paragraphs and two distinct supporting ones", "use the musique data set's file")
     return HopExample(str(r.get("id", where)), question, answers, docs, hops)
 
 
