@@ -71,7 +71,7 @@ sweep: install
 # worker, beside that server: tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 test: install vllm-env llama-env
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 # the inner loop: no real model, no browser, no vLLM server, no test of 10 s or more (docs/development.md, "Tests")
 test-fast: install

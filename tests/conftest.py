@@ -254,6 +254,7 @@ SLOW = (
     "test_attention.py::test_resume_after_a_kill_gives_identical_numbers",
     "test_attention.py::test_pipeline_rows_and_summary",
     "test_methods.py::test_cli_bad_input_names_the_fix",
+    "test_data.py::test_a_test_that_needs_absent_data_is_skipped_naming_the_fetch_command_and_fails_under_ci",
 )
 
 

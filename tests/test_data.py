@@ -9,6 +9,7 @@ import json
 import random
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +197,20 @@ def test_every_command_refuses_missing_data_before_it_loads_anything(args, stran
     assert err[0].startswith(f"posbias: error: data set {name} is not here (looked in the user cache ")
     assert f"-- get it with `posbias data fetch {name}`, or pass --data-dir DIR" in err[0]
     assert "loading" not in text.out + text.err and not out.exists()
+
+
+def test_a_test_that_needs_absent_data_is_skipped_naming_the_fetch_command_and_fails_under_ci(tmp_path):
+    """The suite itself, in a child pytest with no data anywhere: skipped with the fetch command as its reason, and
+    under CI=true (our CI always has ../shared/data) failed, naming the missing files."""
+    import os
+    import subprocess
+
+    test = "tests/test_data.py::test_where_the_data_is_read_from_it_is_the_pinned_copy[musique]"
+    root = str(Path(__file__).resolve().parents[1])
+    base = {**os.environ, data.ENV: str(tmp_path / "empty"), "PYTHONPATH": os.pathsep.join(sys.path)}
+    for ci, code, says in ((None, 0, "needs data set musique: posbias data fetch musique"),
+                           ("true", 1, "data set(s) musique missing under CI=true (musique/musique_2hop_answerable.jsonl.gz)")):
+        env = {k: v for k, v in base.items() if k != "CI"} | ({"CI": ci} if ci else {})
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", test], cwd=root,
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == code and says in run.stdout, run.stdout[-2000:]
