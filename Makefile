@@ -9,7 +9,11 @@ VLLM_VENV ?= .venv-vllm
 LLAMA_VENV ?= .venv-llama
 LLAMA_CPP ?= 0.3.36
 # built wheels kept across checkouts: llama-cpp-python is a source build (minutes); a second build is a copy
-WHEELS ?= $(HOME)/.cache/posbias/wheels
+WHEELS ?= $(HOME)/.cache/posbias/wheels/portable
+# llama.cpp built for x86-64 with AVX2 (no -march=native): one wheel runs on every machine kind the project uses, and
+# ggml's AMX kernels are left out: on an Intel Xeon with AMX (Sapphire Rapids, 2026-12) a native build segfaults in
+# ggml_backend_amx_mul_mat on the first completion
+LLAMA_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 # the transformers release CI runs (posbias supports 5.x; models/compat.py follows its renames): a new release is
 # taken deliberately, after the suite passes on it, e.g. `make install TRANSFORMERS=5.25.0`
 TRANSFORMERS ?= 5.24.0
@@ -58,7 +62,8 @@ $(LLAMA_VENV)/.ready:
 	$(PY) -m venv $(LLAMA_VENV)
 	$(LLAMA_VENV)/bin/pip install -q --upgrade pip
 	ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP)-*.whl >/dev/null 2>&1 || \
-		CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(LLAMA_VENV)/bin/pip wheel -q --no-deps -w $(WHEELS) llama-cpp-python==$(LLAMA_CPP)
+		CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(LLAMA_VENV)/bin/pip wheel -q --no-deps --no-cache-dir -w $(WHEELS) llama-cpp-python==$(LLAMA_CPP)
 	$(LLAMA_VENV)/bin/pip install -q --find-links $(WHEELS) "llama-cpp-python[server]==$(LLAMA_CPP)"
 	touch $@
 

@@ -258,6 +258,25 @@ SLOW = (
 )
 
 
+# POSBIAS_TEST_TIMELINE=FILE: each test's worker, start and end (wall seconds since the epoch) and outcome, one line
+# each, appended to FILE (benchmarks/test_timeline.py reads it: where the workers idle and what runs last).
+TIMELINE = os.environ.get("POSBIAS_TEST_TIMELINE")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not TIMELINE:
+        return (yield)
+    import time
+
+    start = time.time()
+    try:
+        return (yield)
+    finally:
+        with open(TIMELINE, "a") as f:
+            f.write(f"{WORKER or 'main'}\t{start:.3f}\t{time.time():.3f}\t{item.nodeid}\n")
+
+
 def pytest_collection_modifyitems(config, items):
     """The markers `make test-fast` deselects, set from what a test uses, so a new test cannot forget them: the
     real model (the `smollm2` fixture), the browser (`chromium`), the vLLM server (tests/test_served.py and every

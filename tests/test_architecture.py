@@ -14,6 +14,7 @@ Each rule is a function over {module name: source}, so a test can show that it c
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,18 @@ def load_sources(root: Path = SRC) -> dict[str, str]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _parse(source: str) -> ast.Module:
+    """A module's tree, parsed once per text (every rule and every breach test walks the same ~170 modules)."""
+    return ast.parse(source)
+
+
+@functools.lru_cache(maxsize=None)
+def _import_nodes(source: str) -> tuple:
+    """The import statements of a module's text, found once: (node, ...) in walk order."""
+    return tuple(n for n in ast.walk(_parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom)))
+
+
 def is_package(name: str, sources: dict[str, str]) -> bool:
     return any(other.startswith(name + ".") for other in sources) or name == "posbias"
 
@@ -62,7 +75,7 @@ def is_package(name: str, sources: dict[str, str]) -> bool:
 def imports(name: str, source: str, sources: dict[str, str]) -> list[tuple[str, int, list[str]]]:
     """(imported module, line, imported names) for every import statement, relative ones resolved."""
     out = []
-    for node in ast.walk(ast.parse(source)):
+    for node in _import_nodes(source):
         if isinstance(node, ast.Import):
             out += [(a.name, node.lineno, []) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -134,7 +147,7 @@ def size_violations(sources: dict[str, str]) -> list[str]:
         n = len(src.splitlines())
         if n > MAX_MODULE_LINES:
             bad.append(f"{name}: {n} lines > {MAX_MODULE_LINES}")
-        for node in ast.walk(ast.parse(src)):
+        for node in ast.walk(_parse(src)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
                 if length > MAX_FUNCTION_LINES:
