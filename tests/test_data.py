@@ -214,3 +214,15 @@ def test_a_test_that_needs_absent_data_is_skipped_naming_the_fetch_command_and_f
         run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", test], cwd=root,
                              env=env, capture_output=True, text=True, timeout=300)
         assert run.returncode == code and says in run.stdout, run.stdout[-2000:]
+
+
+def test_docs_data_md_lists_every_pinned_hash():
+    """docs/data.md's two hash blocks are the registry's: each data file, then each source under its mirror path."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    blocks = [b for b in re.findall(r"^```[a-z]*\n(.*?)^```$", text, re.S | re.M) if re.match(r"[0-9a-f]{64}  ", b)]
+    files = "".join(f"{f.sha256}  {f.name}\n" for ds in data.DATASETS.values() for f in ds.files)
+    sources = {f"{s.sha256}  {s.repo}/{s.commit}/{s.path}\n": None for ds in data.DATASETS.values()
+               for f in ds.files for s in f.sources}
+    assert blocks == [files, "".join(sources)]

@@ -41,10 +41,9 @@ def keyed(rows: list[dict]) -> dict:
 
 
 @pytest.fixture(scope="module")
-def in_process():
-    from posbias import load_model
-
-    return load_model("smollm2-135m", progress=False)
+def in_process(smollm2):
+    """The in-process reference: the session's SmolLM2 (load_model's default dtype, as a load here would be)."""
+    return smollm2
 
 
 def test_dialect_detected_and_every_sampler_off(llama_server):
@@ -152,11 +151,14 @@ def test_outages_are_still_retried(llama_server):
 def test_a_long_context_grid_through_llama_cpp_builds_the_in_process_prompts(llama_server, in_process, tmp_path):
     from posbias import GridConfig, run_grid
 
+    # what is checked is that the served prompts are the in-process ones, at lengths half those this test first ran
+    # at (512 and 1,024 tokens: 94 s in the suite, most of it llama.cpp prefilling beside the other worker)
     base = dict(task="niah", depths="linear:3", n=1, engine="generate")
-    served = run_grid(GridConfig(model=spec(llama_server["url"]), fill="25%,50%", **base), tmp_path / "g", progress=False)
-    local = run_grid(GridConfig(sizes="512,1024", **base), loaded=in_process, progress=False)  # its window is 8192
-    assert [s["size"] for s in served.record["sizes"]] == [N_CTX // 4, N_CTX // 2]  # the served window's shares
-    assert served.record["references"] and served.record["effective"]["lengths"] == [512, 1024]
+    served = run_grid(GridConfig(model=spec(llama_server["url"]), fill="12.5%,25%", **base), tmp_path / "g",
+                      progress=False)
+    local = run_grid(GridConfig(sizes="256,512", **base), loaded=in_process, progress=False)  # its window is 8192
+    assert [s["size"] for s in served.record["sizes"]] == [N_CTX // 8, N_CTX // 4]  # the served window's shares
+    assert served.record["references"] and served.record["effective"]["lengths"] == [256, 512]
     key = lambda r: (r["size"], r["example_id"], r["position"])  # noqa: E731
     s, p = {key(r): r for r in served.rows}, {key(r): r for r in local.rows}
     assert s.keys() == p.keys() and len(s) == 6
@@ -164,7 +166,7 @@ def test_a_long_context_grid_through_llama_cpp_builds_the_in_process_prompts(lla
         assert (s[k]["prompt_tokens"], s[k]["needle_depths"]) == (p[k]["prompt_tokens"], p[k]["needle_depths"])
         assert s[k]["prompt_tokens"] <= k[0]
     assert sum(s[k]["correct"] == p[k]["correct"] for k in s) >= 5  # Q4_1 on llama.cpp against bf16 in process
-    again = run_grid(GridConfig(model=spec(llama_server["url"]), fill="25%,50%", **base), tmp_path / "g", resume=True,
+    again = run_grid(GridConfig(model=spec(llama_server["url"]), fill="12.5%,25%", **base), tmp_path / "g", resume=True,
                      progress=False)
     assert again.record["cells"] == served.record["cells"]
 

@@ -45,10 +45,9 @@ def sweep(model: str, out=None, engine: str = "generate", n: int = 6, **kw):
 
 
 @pytest.fixture(scope="module")
-def in_process():
-    from posbias import load_model
-
-    return load_model("smollm2-135m", progress=False)
+def in_process(smollm2):
+    """The in-process reference: the session's SmolLM2 (load_model's default dtype, as a load here would be)."""
+    return smollm2
 
 
 @pytest.mark.parametrize("engine", ["teacher-forced", "generate"])

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.real, pytest.mark.served, pytest.mark.skipif(vllm_miss
                                                                          reason=str(vllm_missing()))]
 
 
-def test_a_registered_name_runs_on_vllms_offline_engine_in_one_flag(tmp_path):
+def test_a_registered_name_runs_on_vllms_offline_engine_in_one_flag(tmp_path, smollm2):
     from posbias import SweepConfig, run_sweep
 
     argv = ["sweep", "--model", "vllm:smollm2-135m,enforce_eager=true", "--facts", "6", "--positions", "0,5", "--n", "3",
@@ -35,7 +35,8 @@ def test_a_registered_name_runs_on_vllms_offline_engine_in_one_flag(tmp_path):
     assert model["engine_args"]["enforce_eager"] is True  # the spec's key reached vLLM as a bool
     assert (Path(model["model_dir"]) / "config.json").exists()  # the cached plain directory vLLM read
     served = {(r["example_id"], r["position"]): r for r in map(json.loads, (tmp_path / "v" / "examples.jsonl").open())}
-    local = run_sweep(SweepConfig(task_options={"facts": 6}, positions="0,5", n=3, engine="generate"), progress=False)
+    local = run_sweep(SweepConfig(task_options={"facts": 6}, positions="0,5", n=3, engine="generate"), loaded=smollm2,
+                      progress=False)  # the session's SmolLM2 in load_model's default dtype, as a load here would be
     # the same bf16 weights, other kernels: a near tie may flip (docs/backends.md: 96.9% agreement on 1,000 rows)
     assert len(served) == len(local.rows) == 6
     assert sum(served[(r["example_id"], r["position"])]["correct"] == r["correct"] for r in local.rows) >= 5
