@@ -258,8 +258,8 @@ SLOW = (
 )
 
 
-# POSBIAS_TEST_TIMELINE=FILE: each test's worker, start and end (wall seconds since the epoch) and outcome, one line
-# each, appended to FILE (benchmarks/test_timeline.py reads it: where the workers idle and what runs last).
+# POSBIAS_TEST_TIMELINE=FILE: each test's worker, start and end (wall seconds since the epoch) and the worker's CPU
+# seconds, one line each, appended to FILE (benchmarks/test_timeline.py reads it: where the workers idle and what runs last).
 TIMELINE = os.environ.get("POSBIAS_TEST_TIMELINE")
 
 
@@ -269,12 +269,13 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
     import time
 
-    start = time.time()
+    start, cpu = time.time(), time.process_time()
     try:
         return (yield)
     finally:
-        with open(TIMELINE, "a") as f:
-            f.write(f"{WORKER or 'main'}\t{start:.3f}\t{time.time():.3f}\t{item.nodeid}\n")
+        with open(TIMELINE, "a") as f:  # the worker's own CPU seconds too (not its children's, not a server's)
+            f.write(f"{WORKER or 'main'}\t{start:.3f}\t{time.time():.3f}\t{item.nodeid}\t"
+                    f"{time.process_time() - cpu:.3f}\n")
 
 
 def pytest_collection_modifyitems(config, items):
