@@ -9,7 +9,8 @@ pytestmark = pytest.mark.real
 
 
 def test_smollm2_shows_lost_in_the_middle(smollm2, tmp_path):
-    cfg = SweepConfig(task="kv-lookup", task_options={"facts": 10}, positions="0,5,9", n=16, seed=0)
+    # 10 examples (16 before): these give 1.00 at slot 0 and 0.00 at slot 5 in fp32 (2026-12-02), far from both bounds
+    cfg = SweepConfig(task="kv-lookup", task_options={"facts": 10}, positions="0,5,9", n=10, seed=0)
     res = run_sweep(cfg, tmp_path / "s", loaded=smollm2, progress=False)
     acc = {r["position"]: r["accuracy"] for r in res.per_position}
     assert acc[0] >= 0.75  # measured 0.92 at n=200 (README)
@@ -81,8 +82,9 @@ def test_smollm2_shares_prefixes_and_decodes_greedily(smollm2, tmp_path):
 
 
 def test_smollm2_two_hops_adjacent_late_beat_apart_early(smollm2, tmp_path):
-    # docs/pos2distill.md: kv-2hop, n = 100: 8:9 (connected, late) ~0.27, 0:4 (disconnected, early) ~0.01
-    cfg = SweepConfig(task="kv-2hop", positions="8:9,0:4", n=30, seed=0)
+    # docs/pos2distill.md: kv-2hop, n = 100: 8:9 (connected, late) ~0.27, 0:4 (disconnected, early) ~0.01; these 20
+    # examples (30 before) give 0.40 and 0.05 in fp32 (2026-12-02): a 0.35 difference against the 0.1 asked
+    cfg = SweepConfig(task="kv-2hop", positions="8:9,0:4", n=20, seed=0)
     res = run_sweep(cfg, tmp_path / "s", loaded=smollm2, progress=False)
     acc = {tuple(r["position"]): r["accuracy"] for r in res.per_position}
     assert acc[(8, 9)] >= 0.1 and acc[(8, 9)] >= acc[(0, 4)] + 0.1, acc
