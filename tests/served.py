@@ -67,13 +67,12 @@ def vllm_cli() -> list[str]:
 KV_SPACE = "2"  # GiB of KV cache (VLLM_CPU_KVCACHE_SPACE): unset, vLLM's CPU worker wants 92% of the RAM free
 
 
-def vllm_dtype() -> str:
-    """The dtype docs/backends.md starts vLLM's CPU server with: posbias's own rule (`--dtype auto`,
-    posbias.measure.choose_dtype): bfloat16 where the CPU multiplies bf16 natively, else float32 (emulated bf16 ran
-    vLLM at 0.1 generated tokens/s)."""
-    from posbias.measure import choose_dtype
-
-    return "bfloat16" if choose_dtype("auto", "cpu")[0] == "bf16" else "float32"
+VLLM_DTYPE = "float32"  # docs/backends.md's first block: vLLM's bf16 rows on a CPU vary from run to run (below)
+# Measured 2026-12-02 on a 2-core Intel Xeon with AMX: the same 18-row kv-lookup sweep sent three times to one
+# vLLM server (concurrency 8, prefix caching on) gave logprobs up to 0.071 apart in bfloat16, 4 of 36 predictions
+# and 1-2 of 36 verdicts different; in float32 the three runs were identical to the last bit. The suite compares
+# sweeps row for row (token against text prompts, generation against prompt_logprobs), so its server runs float32
+# on every CPU kind, as the docs tell a user who wants numbers that reproduce.
 
 
 def server_cmd(model_dir: Path, port: int, eager: bool = False, cli: list[str] | None = None) -> list[str]:
@@ -82,8 +81,8 @@ def server_cmd(model_dir: Path, port: int, eager: bool = False, cli: list[str] |
     and 35 s of CPU instead of 155 s (measured 2026-11-24, idle), which the suite's other tests would otherwise wait
     out on the same two cores. The tests check posbias's requests and replies, not vLLM's kernels; the speed
     benchmark (benchmarks/backend_speed.py) keeps the compiled default. cli: how to run `vllm` (vllm_cli()). The
-    dtype follows the CPU as docs/backends.md's first block does (vllm_dtype)."""
-    return [*(cli or vllm_cli()), "serve", str(model_dir), "--dtype", vllm_dtype(), "--max-model-len", "2048",
+    dtype is docs/backends.md's (VLLM_DTYPE)."""
+    return [*(cli or vllm_cli()), "serve", str(model_dir), "--dtype", VLLM_DTYPE, "--max-model-len", "2048",
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", NAME,
             *(["--enforce-eager"] if eager else [])]
 
