@@ -493,3 +493,13 @@ def prime_calibration(active, seqs: list[list[int]], end=None) -> None:
     spans = [[min(3 * i // len(s), 2) for i in range(len(s))] for s in seqs]
     weights = [torch.randn(3, generator=torch.Generator().manual_seed(len(s))) * 2 for s in seqs]  # one per sequence
     active.st.set(spans, torch.softmax(torch.stack(weights), -1), end)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The CPU kind beside the suite's timings (the guide: every figure names its CPU), on the controller only."""
+    if WORKER:
+        return
+    from posbias.measure import choose_dtype, cpu_kind
+
+    terminalreporter.write_line(f"cpu: {cpu_kind().describe()} | dtype auto -> {choose_dtype('auto', 'cpu')[0]} | "
+                                f"{os.cpu_count()} cores")
