@@ -19,9 +19,9 @@ from posbias.core.coverage import coverage, curves, judge_coverage, paired_cover
 from posbias.core.stats import gap_interval, n_for_gap
 from posbias.measure import cpu_kind
 
-GRID = [(k, n, name) for k, n in ((3, 10), (5, 30), (10, 30), (10, 100), (20, 200), (30, 20))
+GRID = [(k, n, name) for k, n in ((3, 10), (5, 30), (10, 30), (10, 100), (20, 20), (20, 200), (30, 20))
         for name in ("flat 0.05", "flat 0.5", "flat 0.95", "U", "recency", "dip", "ramp 0.3", "ramp 0.9")]
-KEYS = ("slot 0", "average", "gap", "first - interior", "effect found", "shape called")
+KEYS = ("slot 0", "best", "worst", "average", "gap", "first - interior", "effect found", "shape called")
 
 
 def table(reps: int, rho: float) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from .metrics import curve_shape
+from .metrics import curve_shape, selected_ci
 from .order import order_figures
 from .stats import ALPHA, diff_ci, gap_interval, mean_ci, position_test, z_of
 
@@ -71,6 +71,17 @@ def intervals(x: np.ndarray, legacy: bool = False) -> dict[str, tuple[float, flo
     return out
 
 
+def selected(x: np.ndarray, legacy: bool = False) -> dict[str, tuple[int, tuple[float, float]]]:
+    """The best and worst observed slots with their intervals (sweep.json's best_ci, worst_ci), as {name: (slot,
+    interval)}: the truth they estimate is the selected slot's true accuracy. legacy=True: the selected slot's own
+    95% interval, which posbias printed before (it ignores the selection)."""
+    acc = x.mean(axis=0)
+    out = {}
+    for name, j in (("best", int(np.argmax(acc))), ("worst", int(np.argmin(acc)))):
+        out[name] = (j, mean_ci(x[:, j]) if legacy else selected_ci(x, j))
+    return out
+
+
 def truths(p: np.ndarray) -> dict[str, float]:
     """What each interval of `intervals` estimates, from the true curve."""
     out = {"average": float(p.mean()), "gap": float(p.max() - p.min()), "slot 0": float(p[0])}
@@ -87,6 +98,8 @@ def coverage(p: np.ndarray, n: int, reps: int, rho: float = 0.3, seed: int = 0, 
         x = simulate(p, n, rho, rng)
         for name, (lo, hi) in intervals(x, legacy).items():
             held[name] = held.get(name, 0) + (lo - 1e-12 <= truth[name] <= hi + 1e-12)
+        for name, (j, (lo, hi)) in selected(x, legacy).items():  # the truth is the selected slot's
+            held[name] = held.get(name, 0) + (lo - 1e-12 <= p[j] <= hi + 1e-12)
         if legacy:
             shaped += len(p) >= 3 and _old_shape_flat(x)
             continue
