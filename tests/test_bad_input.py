@@ -270,7 +270,7 @@ CASES = [
     (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0,3", "--resume"], "bad-rows", "is not a row this pipeline wrote"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/latin1.jsonl"], "new", "not UTF-8"),
     # order tasks: one candidate, the same option twice, a gold index out of range, two options with one label
-    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge:{DATA}/order-one.jsonl"], "new", "list of 2 to 2"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "judge:{DATA}/order-one.jsonl"], "new", "list of exactly 2 strings"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "mc:{DATA}/order-dup.jsonl"], "new", "lists 'a' twice"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "mc:{DATA}/order-gold.jsonl"], "new", "gold=2 but there are 2"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "mc:{DATA}/order-clash.jsonl"], "new", "'labels' lists 'A' twice"),

@@ -215,14 +215,14 @@ def test_each_needles_hits_are_read_from_the_answer_by_its_depth():
 
 
 def _grid(model_dir, **kw) -> GridConfig:
-    return GridConfig(**{**dict(model=str(model_dir), task="niah", sizes="600,900", depths="linear:3", n=3,
+    return GridConfig(**{**dict(model=str(model_dir), task="niah", sizes="700,900", depths="linear:3", n=3,
                                 dtype="fp32", max_batch=8), **kw})
 
 
 def test_a_niah_grid_runs_references_and_resumes_after_a_kill(model_dir, loaded, tmp_path, monkeypatch):
     whole = run_grid(_grid(model_dir), tmp_path / "a", loaded=loaded, progress=False)
     rec = whole.record
-    assert rec["size_option"] == "tokens" and [s["size"] for s in rec["sizes"]] == [600, 900]
+    assert rec["size_option"] == "tokens" and [s["size"] for s in rec["sizes"]] == [700, 900]
     assert set(rec["references"]) == {"closed", "needle"} and rec["window"] == 2048
     assert rec["effective"]["threshold"] == 0.85 and all(0.2 < s["fill"] < 0.45 for s in rec["sizes"])
     assert [c["position"] for c in rec["cells"][:3]] == [0, 500, 1000]  # slot = depth x 10
@@ -246,7 +246,7 @@ def test_a_multi_value_grid_keeps_ruler_s_partial_credit_beside_all_or_nothing(m
         return {"correct": ruler_all(text, row.prompt.answers), "prediction": text, "cut": False}
 
     monkeypatch.setattr(engines.Generate, "_judge", staticmethod(reply))  # both paths judge each generation here
-    res = run_grid(_grid(model_dir, sizes="600", n=2, engine="generate", task_options={"values": 2}), tmp_path / "mv",
+    res = run_grid(_grid(model_dir, sizes="800", n=2, engine="generate", task_options={"values": 2}), tmp_path / "mv",
                    loaded=loaded, progress=False)
     assert {r["partial"] for r in res.rows} == {0.0, 0.5, 1.0}
     assert all(r["partial"] == (1.0 if r["correct"] else 0.5 if "1,234,567" in r["prediction"] else 0.0)
@@ -257,11 +257,11 @@ def test_a_multi_value_grid_keeps_ruler_s_partial_credit_beside_all_or_nothing(m
         assert c["accuracy"] == pytest.approx(np.mean([r["correct"] for r in rows]))
     assert res.record["sizes"][0]["partial"] == pytest.approx(np.mean([r["partial"] for r in res.rows]))
     text = res.format()
-    assert "all-or-nothing" in text and "RULER's partial credit" in text and "NoLiMa base over lengths 600" in text
+    assert "all-or-nothing" in text and "RULER's partial credit" in text and "NoLiMa base over lengths 800" in text
 
 
 def test_fill_sizes_the_lengths_from_the_window(model_dir, loaded, tmp_path):
-    res = run_grid(_grid(model_dir, sizes="5", fill="25%,100%", n=1, depths="0%,100%"), tmp_path / "f", loaded=loaded,
+    res = run_grid(_grid(model_dir, sizes=GridConfig.sizes, fill="25%,100%", n=1, depths="0%,100%"), tmp_path / "f", loaded=loaded,
                    progress=False)
     assert [s["size"] for s in res.record["sizes"]] == [512, 2048 - 12 - 8]
     assert res.record["sizes"][1]["tokens"]["max"] <= 2048 - 12
@@ -286,8 +286,9 @@ def test_sentences_of_hard_wrapped_text_end_only_where_a_sentence_ends():
 
 
 def _around(user: str, needle: str) -> tuple[str, str]:
-    """The haystack text right before and right after the needle in a prompt (intro, context, question)."""
-    hay = user.split("\n\n")[1]
+    """The haystack text right before and right after the needle in a prompt (intro, context, question; a paragraph
+    break inside the context marks where a file starts)."""
+    hay = user.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
     i = hay.index(needle)
     return hay[:i].rstrip(), hay[i + len(needle):].lstrip()
 

@@ -226,7 +226,8 @@ def test_users_files_both_schemas(tmp_path):
 
 
 @pytest.mark.parametrize("style, recs, message", [
-    ("judge", [{"question": "q", "answers": ["only one"]}], "list of 2 to 2 non-empty strings"),
+    ("judge", [{"question": "q", "answers": ["only one"]}], "list of exactly 2 strings; 1 of them"),
+    ("judge", [{"question": "q", "answers": ["", ""]}], "lists '' twice"),
     ("mc", [{"question": "q", "options": ["a", " a ", "b"], "gold": 0}], "twice"),
     ("mc", [{"question": "q", "options": ["a", "b"], "gold": 2}], "gold=2 but there are 2 options"),
     ("mc", [{"question": "q", "options": ["a", "b"], "gold": 0, "labels": ["A", "A"]}], "'labels' lists 'A' twice"),
@@ -240,6 +241,28 @@ def test_bad_files_are_refused_in_one_line(tmp_path, style, recs, message):
     with pytest.raises(PosbiasError, match=message) as e:
         get_task(f"{style}:{path}")
     assert "\n" not in str(e.value)
+
+
+def test_a_judge_file_may_hold_an_empty_response_shown_as_an_empty_answer_block(tmp_path):
+    """54 pairs of a published judge set have one empty response (humans prefer the other): read, rendered as an empty
+    block, scored like any pair; the length figures put the pair in the outer bin."""
+    path = _write(tmp_path / "e.jsonl", [{"question": "Name a career.", "answers": ["", "Nursing."], "preferred": 1}])
+    task = get_task(f"judge:{path}")
+    item = task.examples(1)[0]
+    assert item.candidates == ("Nursing.", "")
+    user = task.build(item, 1).user
+    assert "[Answer A]\n\n\n[Answer B]\nNursing." in user
+
+
+def test_a_long_value_in_a_refusal_is_cut_at_a_word_and_the_fix_is_whole(tmp_path):
+    long = "Some popular careers in the field include nursing, teaching and the like " * 3
+    path = _write(tmp_path / "f.jsonl", [{"question": "q", "answers": [long, "b", "c"]}])
+    with pytest.raises(PosbiasError) as e:
+        get_task(f"judge:{path}")
+    msg = str(e.value)
+    assert "exactly 2 strings; 3 of them" in msg and "2 to 2" not in msg and "\n" not in msg
+    assert "'Some popular careers in the field ...'" in msg  # cut after a word, marked
+    assert msg.endswith('give \'answers\' as a JSON list of exactly 2 strings, e.g. ["first answer", ""]'), msg
 
 
 def test_options_that_differ_only_in_case_are_different_options(tmp_path):

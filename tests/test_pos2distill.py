@@ -4,6 +4,7 @@ one real SmolLM2 test (marked `real`)."""
 
 import ast
 import json
+import logging
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -251,9 +252,60 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(model_dir, tmp_pa
     la = [h["loss"] for h in json.loads((tmp_path / "a" / "train_log.json").read_text()) if "loss" in h]
     lb = [h["loss"] for h in json.loads((tmp_path / "b" / "train_log.json").read_text()) if "loss" in h]
     assert la == lb and len(la) == 8
+    assert _train_loss(tmp_path / "b") == _train_loss(tmp_path / "a")  # the mean over all 8 steps, not the last 5
     again = run_distill(cfg, tmp_path / "b", resume=True, progress=False,  # complete: the finished record, no training
                         loaded=load_model(str(model_dir), "fp32"))
     assert again.train == resumed.train
+
+
+def _train_loss(d: Path) -> float:
+    """train_log.json's final train_loss (Trainer's end-of-training record)."""
+    return next(h["train_loss"] for h in json.loads((d / "train_log.json").read_text()) if "train_loss" in h)
+
+
+def _tied_model_dir(d: Path) -> Path:
+    """A tiny Llama whose output layer is its embeddings (tie_word_embeddings, as SmolLM2): saved without
+    lm_head.weight."""
+    lo = tiny_loaded("llama")
+    cfg = lo.model.config.__class__.from_dict({**lo.model.config.to_dict(), "tie_word_embeddings": True})
+    torch.manual_seed(0)
+    type(lo.model)(cfg).save_pretrained(d)
+    lo.tokenizer.save_pretrained(d)
+    return d
+
+
+def test_a_resumed_tied_model_warns_of_no_missing_key_and_logs_the_whole_runs_train_loss(tmp_path):
+    """Trainer warned "missing keys ... ['lm_head.weight']" on resume, false for tied weights (the checkpoint holds the
+    tensor once, as the embeddings, and it loads through them); and its train_loss averaged only the steps run after
+    the resume. Both resumes here end where the uninterrupted run does."""
+    tied = _tied_model_dir(tmp_path / "tied")
+    lo = load_model(str(tied), "fp32")
+    assert lo.model.lm_head.weight is lo.model.model.embed_tokens.weight
+    cfg = _cfg(n=4, epochs=1)  # 1 question per step: 4 steps
+    run_distill(cfg, tmp_path / "a", progress=False, loaded=lo)
+    with pytest.raises(KeyboardInterrupt):
+        run_distill(cfg, tmp_path / "b", progress=False, loaded=load_model(str(tied), "fp32"), callbacks=[_Stop(2)])
+    warned: list[logging.LogRecord] = []
+    hf, seen = logging.getLogger("transformers"), logging.Handler(logging.WARNING)
+    seen.emit = warned.append  # transformers' own logger (it does not propagate): what it prints to stderr
+    hf.addHandler(seen)
+    try:
+        resumed = run_distill(cfg, tmp_path / "b", resume=True, progress=False, loaded=load_model(str(tied), "fp32"))
+    finally:
+        hf.removeHandler(seen)
+    said = [r.getMessage() for r in warned]
+    assert resumed.train["resumed_from"].endswith("checkpoint-2") and not [m for m in said if "missing keys" in m], said
+    assert _train_loss(tmp_path / "b") == _train_loss(tmp_path / "a")
+    wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_only_keys_loaded_through_a_tie_are_dropped_from_the_missing_keys_warning(tmp_path):
+    from posbias.mitigate.pos2distill.trainer import loaded_through_a_tie
+
+    model = load_model(str(_tied_model_dir(tmp_path)), "fp32").model
+    assert loaded_through_a_tie(model, ["lm_head.weight", "model.norm.weight"]) == {"lm_head.weight"}
+    assert loaded_through_a_tie(model, ["lm_head.weight", "model.embed_tokens.weight"]) == set()  # neither loaded
 
 
 def test_gradient_accumulation_matches_one_big_batch(model_dir, tmp_path):

@@ -240,12 +240,13 @@ def test_policy_export_writes_the_policy_and_prints_the_ranking(tmp_path, monkey
 
 
 BAD = [
-    ("missing", lambda d: d / "absent", "no sweep folder or file at"),
+    ("missing", lambda d: d / "absent", "no policy or finished sweep at"),
     ("unfinished", lambda d: (d / "unfinished").mkdir() or d / "unfinished", "holds no sweep.json"),
     ("method", lambda d: sweep_dir(d, method="pi"), "under method pi"),
     ("order task", lambda d: sweep_dir(d, task={"name": "judge-nq", "n_slots": 2, "style": "judge", "labels": ["A", "B"]},
                                        curve=[0.9, 0.1]), "is an order task"),
-    ("some slots", lambda d: sweep_dir(d, positions={0, 2, 4}), "measured slots 0,2,4 of 5"),
+    ("some slots", lambda d: sweep_dir(d, positions={0, 2, 4}), "measured slots 0,2,4 of 5; a policy needs every slot "
+     "-- sweep all 5 slots"),
     ("not json", lambda d: (d / "broken").mkdir() or (d / "broken" / "sweep.json").write_text("{") and d / "broken",
      "is not JSON"),
 ]
@@ -277,6 +278,69 @@ def test_a_real_sweep_of_another_task_kind_is_refused_for_what_it_is(loaded, tas
     for record in (res.record, older):
         with pytest.raises(PosbiasError, match=re.escape(message)):
             policy_from_sweep(record)
+
+
+TINY_KV = {"facts": 4, "digits": 3}
+
+
+def test_policy_export_reads_a_run_json_as_its_folder_and_refuses_another_file_naming_the_folder(loaded, tmp_path,
+                                                                                                   monkeypatch, capsys):
+    """A sweep folder's run.json (its marker, not a record) is read as the folder; it used to be read as a sweep record
+    with no slots ("measured slots  of 0", and a fix that did not apply). Another file that is no record names the
+    folder to pass."""
+    from posbias import SweepConfig, run_sweep
+
+    run = tmp_path / "s"
+    run_sweep(SweepConfig(task="kv-lookup", task_options=TINY_KV, n=2), run, loaded=loaded, progress=False)
+    code, out, err = cli(monkeypatch, capsys, run / "run.json")
+    assert code == 0 and f"wrote {run / 'policy.json'}" in out, err
+    assert read_policy(run / "policy.json")["n_slots"] == 4
+    (run / "notes.json").write_text(json.dumps({"comment": "a file beside the sweep"}))
+    code, out, err = cli(monkeypatch, capsys, run / "notes.json", "--out", tmp_path / "p.json")
+    assert code == 2 and len(err) == 1 and err[0].endswith(f"-- pass its folder: posbias policy export {run}"), err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_policy_export_of_a_comparison_names_its_unmodified_entry_and_the_command_that_works(loaded, tmp_path,
+                                                                                             monkeypatch, capsys):
+    """A comparison holds one sweep per entry (COMPARE/none is the unmodified model's); export used to tell the user to
+    resume "its posbias sweep command". The refusal names the entry and a command that, run, writes the policy; with
+    the entry unfinished, the command that finishes it."""
+    from posbias import SweepConfig, run_compare
+
+    cmp = tmp_path / "cmp"
+    run_compare(SweepConfig(task="kv-lookup", task_options=TINY_KV, n=2), ["none", "pi:1.1"], cmp, loaded=loaded,
+                progress=False)
+    for given in (cmp, cmp / "run.json", cmp / "compare.json"):
+        code, out, err = cli(monkeypatch, capsys, given)
+        assert code == 2 and len(err) == 1 and "posbias sweep command" not in err[0], err
+        assert f"{cmp} is a comparison, not a sweep" in err[0] and err[0].endswith(f"-- posbias policy export {cmp / 'none'}")
+    command = err[0].split(" -- ")[1].split()
+    code, out, err = cli(monkeypatch, capsys, *command[3:])  # the command the message gives, as given
+    assert code == 0 and read_policy(cmp / "none" / "policy.json")["n_slots"] == 4, err
+    (cmp / "compare.json").unlink()
+    (cmp / "none" / "sweep.json").unlink()
+    code, out, err = cli(monkeypatch, capsys, cmp)
+    assert code == 2 and f"its unmodified model's entry {cmp / 'none'} is unfinished" in err[0], err
+    assert "--resume" in err[0] and err[0].endswith(f"then posbias policy export {cmp / 'none'}")
+
+
+def test_a_needle_sweep_is_refused_for_what_its_slots_are_not_with_a_rerun_of_1001_slots(loaded):
+    """niah's 1001 slots are depths in one text: the export used to ask for every slot (`--positions all`, 1001 rows
+    per example) of a task whose prompts list no items for a policy to place. Its record says "depth" (Task.kind); a
+    record written before that said "one-gold" and is read the same."""
+    from posbias import SweepConfig, run_sweep
+
+    data = Path(__file__).parent / "data" / "essays"
+    res = run_sweep(SweepConfig(task="niah", task_options={"haystack": str(data), "tokens": 600}, n=1,
+                                positions="0%,100%"), loaded=loaded, progress=False)
+    assert res.record["task_kind"] == "depth"
+    for record in (res.record, {**res.record, "task_kind": "one-gold"}):
+        with pytest.raises(PosbiasError) as e:
+            policy_from_sweep(record, "runs/niah/sweep.json")
+        text = one_line(e)
+        assert "is a needle task (niah): its 1001 slots are depths in one text" in text and "--positions" not in text
+        assert "sweep a task that lists them (kv-lookup, nq, jsonl:PATH)" in text
 
 
 def _test(p: float, n: int = 30) -> dict:

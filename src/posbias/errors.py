@@ -26,3 +26,18 @@ class PosbiasError(Exception):
     def render(self, flag: Callable[[str, str | None], str]) -> str:
         """The message with every `param` / `param=value` mark replaced by flag(param, value or None)."""
         return _PARAM.sub(lambda m: flag(m["name"], m["value"]), str(self))
+
+
+def shown(value, width: int = 40) -> str:
+    """`value` as a message quotes it: repr, with every string longer than `width` cut at a word's end and marked
+    "..." (the message's fix is never cut off by a long value, and no word is cut in half)."""
+    if isinstance(value, str):
+        if len(value) <= width:
+            return repr(value)
+        cut = value[:width].rsplit(" ", 1)[0] if " " in value[:width] else value[:width]
+        return repr(cut.rstrip() + " ...")
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(shown(v, width) for v in value[:6]) + (", ..." if len(value) > 6 else "")
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    text = repr(value)
+    return text if len(text) <= 2 * width else text[: 2 * width].rsplit(" ", 1)[0] + " ..."

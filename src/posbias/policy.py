@@ -14,9 +14,11 @@ retriever's best-ranked item into the best slot, its second into the second best
      "curve": {"average": ..., "gap": ..., "gap_ci": [...], "shape": ..., "position_test": {"name", "statistic", "p",
                "n", "permutations"}, "separable": true}}   separable: the test's p < ALPHA (null: no test recorded)
 
-read_policy accepts a policy file, a finished sweep folder or its sweep.json, and refuses, in one line naming the file
-and the field, a field the code reads that is missing or of another type (`slots`, `measured`, `fitted_on` and
-`curve` may be left out); check_policy refuses, in one line, a policy from another model, task shape or slot count.
+read_policy accepts a policy file, a finished sweep folder, its sweep.json or its run.json (read as the folder), and
+refuses, in one line, a folder that holds no finished sweep (naming what it holds and the command that works: a
+comparison's entry folder, or the command that finishes an unfinished run), and, naming the file and the field, a
+field the code reads that is missing or of another type (`slots`, `measured`, `fitted_on` and `curve` may be left
+out); check_policy refuses, in one line, a policy from another model, task shape or slot count.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, NoReturn, Sequence, TypeVar
 
 from .core.stats import ALPHA
 from .errors import PosbiasError
+from .runs import MARKER, folder_kind, kind_name
 
 VERSION = 1
 T = TypeVar("T")
@@ -95,13 +99,17 @@ def policy_from_sweep(record: dict, source: str = "") -> dict:
         raise PosbiasError(f"{where} is an order task ({task.get('name')}): its slots are the candidates' order",
                            "use swap or pride on an order task; a policy places retrieved items")
     n = int(task.get("n_slots", 0))
+    if kind == "depth" or (kind == "one-gold" and task.get("name") == "niah"):  # niah: recorded one-gold before "depth"
+        raise PosbiasError(f"{where} is a needle task ({task.get('name')}): its {n} slots are depths in one text, not "
+                           "places of retrieved items", "a policy places retrieved items: sweep a task that lists them "
+                           "(kv-lookup, nq, jsonl:PATH)")
     if kind == "two-hop":
         raise PosbiasError(f"{where} places two items (a two-hop task); a policy ranks the slots of one gold item",
                            "sweep a one-gold task (kv-lookup, nq, jsonl:PATH)")
     got = sorted(p["position"] for p in per)
     if not n or got != list(range(n)):
         raise PosbiasError(f"{where} measured slots {','.join(map(str, got))} of {n}; a policy needs every slot",
-                           "sweep every slot: posbias sweep ... --positions all (the default)")
+                           f"sweep all {n} slots: posbias sweep ... --positions all (the default)")
     per = sorted(per, key=lambda p: p["position"])
     acc = [float(p["accuracy"]) for p in per]
     return {"posbias_policy": VERSION, "model": (record.get("model") or {}).get("name", cfg.get("model")), "task": task,
@@ -142,8 +150,9 @@ def ranking_note(policy: dict) -> str | None:
     test, run = c.get("position_test"), (policy.get("measured") or {}).get("run") or "the sweep"
     if not test:
         return (f"note: {run} has no position-effect test (written by an older posbias), so nothing says whether this "
-                "ranking is more than noise: rerun that sweep's posbias sweep command with --resume (its rows are kept "
-                "and the summary is computed again), then export the policy again")
+                "ranking is more than noise: rerun the command that wrote it (its run.json's `command`: posbias sweep, "
+                "or posbias compare for a comparison's entry) with --resume (its rows are kept and the summary is "
+                "computed again), then export the policy again")
     if test["p"] < ALPHA:
         return None
     gap = "" if not (_number(c.get("gap")) and _pair(c.get("gap_ci"))) else \
@@ -156,9 +165,12 @@ def ranking_note(policy: dict) -> str | None:
 
 
 def read_policy(path: str | Path) -> dict:
-    """A policy from a policy file, a finished sweep folder or its sweep.json, checked; with the file's sha256."""
+    """A policy from a policy file, a finished sweep folder, its sweep.json or its run.json, checked; with the file's
+    sha256."""
     p = Path(path)
-    f = p / "sweep.json" if p.is_dir() else p
+    if p.name == MARKER and p.is_file():  # a run folder's marker: the folder it marks
+        p = p.parent
+    f = _sweep_in(p) if p.is_dir() else p
     if not f.is_file():
         raise PosbiasError(f"no policy or finished sweep at {p}",
                            "pass a policy file (posbias policy export RUN) or a finished sweep folder")
@@ -166,8 +178,11 @@ def read_policy(path: str | Path) -> dict:
         rec = json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PosbiasError(f"{f} is not JSON ({type(e).__name__})", "export the policy again") from None
-    if not isinstance(rec, dict):
-        raise PosbiasError(f"{f} is not a policy or a sweep record", "pass a policy file or a finished sweep folder")
+    if not isinstance(rec, dict) or not ("posbias_policy" in rec or "per_position" in rec):
+        if folder_kind(f.parent) == "comparison":
+            _refuse_comparison(f.parent)
+        raise PosbiasError(f"{f} is not a policy or a sweep record", f"pass its folder: posbias policy export {f.parent}"
+                           if (f.parent / "sweep.json").is_file() else "pass a policy file or a finished sweep folder")
     try:
         pol = rec if "posbias_policy" in rec else policy_from_sweep(rec, str(f))
     except (AttributeError, KeyError, TypeError, ValueError) as e:  # a field of another type than a sweep writes
@@ -177,6 +192,57 @@ def read_policy(path: str | Path) -> dict:
     if pol.get("curve") and not pol["curve"].get("position_test"):  # an older posbias judged by the gap interval
         pol = {**pol, "curve": {**pol["curve"], "separable": None}}
     return {**pol, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+
+
+def _sweep_in(folder: Path) -> Path:
+    """The folder's sweep.json, refused in one line where it holds none: a comparison (its entries are sweeps), an
+    unfinished sweep (the command that finishes it), another kind of run, or no run."""
+    if (folder / "sweep.json").is_file():
+        return folder / "sweep.json"
+    kind = folder_kind(folder)
+    if kind == "comparison":
+        _refuse_comparison(folder)
+    if kind == "sweep":
+        raise PosbiasError(f"{folder} holds no sweep.json: an unfinished sweep",
+                           f"finish it ({_resume_command(folder)}), then export again")
+    what = "not a posbias run folder" if kind is None else f"it holds {kind_name(kind)}, not a sweep"
+    raise PosbiasError(f"{folder} holds no sweep.json: {what}", "pass a finished sweep folder (posbias sweep --out DIR)")
+
+
+def _refuse_comparison(folder: Path) -> NoReturn:
+    """A comparison is one sweep per entry: name the entries that measured the model unmodified (method none), the
+    command that exports one, or, where they are unfinished, the command that finishes them."""
+    plain = [d for d in sorted(folder.iterdir()) if d.is_dir() and _entry_method(d) == "none"]
+    done = [d for d in plain if (d / "sweep.json").is_file()]
+    what = f"{folder} is a comparison, not a sweep"
+    if done:
+        raise PosbiasError(f"{what}; its unmodified model's sweep is the entry {' or '.join(map(str, done))}",
+                           " or ".join(f"posbias policy export {shlex.quote(str(d))}" for d in done))
+    if plain:
+        raise PosbiasError(f"{what}, and its unmodified model's entry {plain[0]} is unfinished",
+                           f"finish it ({_resume_command(folder)}), then posbias policy export {shlex.quote(str(plain[0]))}")
+    raise PosbiasError(f"{what}, and none of its entries measured the model unmodified (method none)",
+                       "sweep the model without a method (posbias sweep --out DIR) and export that folder")
+
+
+def _entry_method(folder: Path) -> str | None:
+    """The method an entry folder's run.json records (its fingerprint's config), or None."""
+    try:
+        return json.loads((folder / MARKER).read_text())["fingerprint"]["config"]["method"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _resume_command(folder: Path) -> str:
+    """How to finish the run in `folder`: the command its run.json records, rerun with --resume."""
+    try:
+        cmd = json.loads((folder / MARKER).read_text()).get("command")
+        words = shlex.split(cmd) if isinstance(cmd, str) else []
+    except (OSError, ValueError, AttributeError):
+        words = []
+    if words[:1] != ["posbias"]:  # started from Python (or recorded by an older posbias)
+        return "rerun what started it with --resume, or resume=True"
+    return "rerun " + shlex.join([w for w in words if w not in ("--overwrite", "--resume")] + ["--resume"])
 
 
 def _validate(pol: dict, where: str | Path) -> None:

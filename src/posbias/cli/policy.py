@@ -20,15 +20,15 @@ def _policy_group() -> None:
 
 @policy_app.command("export")
 def export(
-    run: Path = typer.Argument(..., help="a finished sweep folder of the unmodified model (every slot), or its sweep.json"),
+    run: Path = typer.Argument(..., help="a finished sweep folder of the unmodified model (every slot), or its sweep.json "
+                                         "(its run.json: the folder; a comparison: its entry folder COMPARE/none)"),
     out: Optional[Path] = typer.Option(None, help="the policy file to write (default: RUN/policy.json)"),
 ) -> None:
     """Write a finished sweep's slot policy: its slots ranked by accuracy (best first), each slot's accuracy and 95%
     interval, and how it was measured. PolicyReorder (LangChain), PolicyNodePostprocessor (LlamaIndex) and
     --method curve:RUN apply it."""
-    source = _sweep_file(run)
-    policy = read_policy(source)
-    target = out if out is not None else source.parent / "policy.json"
+    policy = read_policy(run)  # refuses, in one line, a folder with no finished sweep, naming what to pass instead
+    target = out if out is not None else (run if run.is_dir() else run.parent) / "policy.json"
     if target.is_dir():
         raise PosbiasError(f"--out {target} is a folder", "pass --out the path of the policy file to write")
     try:
@@ -42,18 +42,6 @@ def export(
         typer.echo(note)
     typer.echo(f"wrote {written}; apply it with PolicyReorder / PolicyNodePostprocessor (docs/rag.md) or "
                f"--method curve:{written}")
-
-
-def _sweep_file(run: Path) -> Path:
-    """RUN's sweep.json, refused in one line where RUN is missing or an unfinished sweep."""
-    if run.is_dir():
-        if not (run / "sweep.json").is_file():
-            raise PosbiasError(f"{run} holds no sweep.json: not a finished sweep",
-                               "finish it (rerun its posbias sweep command with --resume) or pass a finished sweep folder")
-        return run / "sweep.json"
-    if not run.is_file():
-        raise PosbiasError(f"no sweep folder or file at {run}", "pass a finished sweep folder (posbias sweep --out DIR)")
-    return run
 
 
 def policy_table(policy: dict) -> str:

@@ -3,7 +3,9 @@
 The design (tasks/order.py): an item has k candidates, candidate 0 the correct one; placement p shows them in
 the cyclic order that puts the correct one in slot p, so slot s holds candidate (s - p) mod k. For k = 2 this
 is the swap of MT-Bench and FairEval; for k options the cyclic permutations PriDe averages over. A row's
-`choice` is the slot it picked, -1 when no option could be read from a generated verdict.
+`choice` is the slot it picked, -1 when no option could be read from a generated verdict (unread), -2 (TIE) when a
+judge template's tie label was read: a verdict, read, naming neither slot (right nowhere, consistent with another
+tie, neither primacy nor recency).
 
 Figures (each a mean over items with its 95% interval, `order_figures`; rstd without one):
   consistency          share of items whose chosen candidate is the same under every order shown (items with
@@ -33,10 +35,13 @@ import numpy as np
 
 from .stats import diff_ci, mean_ci
 
+UNREAD, TIE = -1, -2  # a row's choice: no verdict read; a tie verdict (tasks/judge_template.py)
+
 
 def candidate(choice: int, placement: int, k: int) -> int:
-    """The candidate a choice of slot `choice` names when the correct one sits at `placement` (-1: no choice)."""
-    return -1 if choice < 0 else (choice - placement) % k
+    """The candidate a choice of slot `choice` names when the correct one sits at `placement` (UNREAD and TIE stay
+    as they are)."""
+    return choice if choice < 0 else (choice - placement) % k
 
 
 def parse_choice(text: str, labels: Sequence[str]) -> int:
@@ -94,23 +99,23 @@ def balanced_choice(placements: Sequence[int], k: int, logps: Sequence[Sequence[
         score = [np.mean([lp[j, (c + p) % k] for j, p in enumerate(placements)]) for c in range(k)]
         return int(np.argmax(score))
     cands = [candidate(c, p, k) for c, p in zip(choices or [], placements)]
-    if -1 in cands:
-        return -1
+    if UNREAD in cands or TIE in cands:  # MT-Bench: a tie in either order is a tie
+        return UNREAD if UNREAD in cands else TIE
     votes = np.bincount(cands, minlength=k)
     best = np.flatnonzero(votes == votes.max())
     return int(best[0]) if len(best) == 1 else -1
 
 
 def _consistency(cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per item: read (every choice read) and consistent (one candidate under every order)."""
-    read = (cand >= 0).all(axis=1)
+    """Per item: read (every choice read; a tie is read) and consistent (one candidate, or a tie, under every order)."""
+    read = (cand != UNREAD).all(axis=1)
     return read, read & (cand == cand[:, :1]).all(axis=1)
 
 
 def _conflicts(cand: np.ndarray) -> np.ndarray:
     """Per item: share of its order pairs whose (read) choices differ (NaN with no read pair)."""
     a, b = np.triu_indices(cand.shape[1], 1)
-    valid = (cand[:, a] >= 0) & (cand[:, b] >= 0)  # [E, pairs]
+    valid = (cand[:, a] != UNREAD) & (cand[:, b] != UNREAD)  # [E, pairs]
     differ = (cand[:, a] != cand[:, b]) & valid
     with np.errstate(invalid="ignore", divide="ignore"):
         return differ.sum(axis=1) / valid.sum(axis=1)
@@ -125,7 +130,7 @@ def format_figure(fig: dict, digits: int = 3) -> str:
 def _per_item(choices: np.ndarray, placements: list[int], k: int) -> dict[str, np.ndarray]:
     """Each figure's per-item values (the figure is their mean): 0/1, shares in [0, 1], or -1/0/+1 for fairness;
     items a figure cannot read (an unread verdict) left out."""
-    cand = np.where(choices < 0, -1, (choices - np.asarray(placements)[None, :]) % k)
+    cand = np.where(choices < 0, choices, (choices - np.asarray(placements)[None, :]) % k)
     read, consistent = _consistency(cand)
     conflicts = _conflicts(cand)
     right = choices == np.asarray(placements)[None, :]  # [items, orders]
@@ -155,7 +160,9 @@ def order_figures(choices: np.ndarray, placements: Sequence[int], k: int) -> dic
     out["rstd"] = {"value": float(np.std(acc)) if len(placements) == k and len(choices) else float("nan"), "ci": None}
     flat = choices.ravel()
     out["choice_share"] = [float((flat == s).mean()) for s in range(k)]
-    out["unread"] = float((flat < 0).mean())
+    out["unread"] = float((flat == UNREAD).mean())
+    if (flat == TIE).any():  # a template with a tie label: the share of tie verdicts
+        out["tie"] = float((flat == TIE).mean())
     return out
 
 

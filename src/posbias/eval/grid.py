@@ -28,26 +28,15 @@ from ..runs import RunFolder, is_main_process, versions, write_json_atomic
 from ..scoring.encode import encode
 from ..scoring.scaleout import start_processes
 from ..scoring.scorer import Scorer
-from ..tasks import TASKS, Task, get_task
+from ..tasks import TASKS, Haystack, Task, get_task
+from ..tasks.depths import apart, shared_problem
 from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, plain
 from .grid_text import format_grid
-from .longctx import (
-    REFERENCES,
-    THRESHOLD,
-    depth_spacing,
-    effective_lengths,
-    fill_list,
-    fill_sizes,
-    needle_hits,
-    parse_size,
-    partial_credit,
-    per_example,
-    reference_record,
-    ruler_share,
-)
+from .longctx import REFERENCES, THRESHOLD, depth_spacing, fill_list, fill_sizes, long_record, parse_size, ruler_share
 from .sweep import SweepConfig, SweepResult, run_sweep
 
 DEFAULT_DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
+SIZES = "5,10,20,40,80"  # the default `sizes`; with `fill` any other is refused (fill sets the lengths)
 
 
 @dataclass
@@ -73,7 +62,7 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
     model, dtype, device, chat, device_map: see `ModelChoice`.
     """
 
-    sizes: str = "5,10,20,40,80"
+    sizes: str = SIZES
     depths: str = DEFAULT_DEPTHS
     n: int = 20
     seed: int = 0
@@ -94,6 +83,10 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
             raise PosbiasError("`fill` and `threshold` are for lengths in tokens (task niah)", "drop them, or use `task=niah`")
         if self.threshold is not None and not 0 < self.threshold <= 1:
             raise PosbiasError(f"`threshold` must be in (0, 1], got {self.threshold}", "use e.g. `threshold=0.85`")
+        if self.fill and self.sizes != SIZES:  # one of them sets the lengths: the other would be ignored in silence
+            raise PosbiasError(f"`fill` ({self.fill} of the model's window) and `sizes` ({self.sizes}) both set the "
+                               "lengths", f"drop `sizes` to size them by the window, or drop `fill` to run "
+                               f"`sizes={self.sizes}`")
         if self.fill:
             fill_list(self.fill)
             self.depth_list()
@@ -220,8 +213,14 @@ def check_window(loaded: Backend, cfg: GridConfig, tasks: dict[int, Task]) -> No
     for size, task in tasks.items():
         scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch)
         slots = sorted(set(depth_slots(cfg.depth_list(), task)))
-        rows = [encode(loaded.tokenizer, task.build(ex, p), scorer.chat)
-                for ex in task.examples(cfg.n, cfg.seed, cfg.skip) for p in slots]
+        examples = task.examples(cfg.n, cfg.seed, cfg.skip)
+        rows = [encode(loaded.tokenizer, task.build(ex, p), scorer.chat) for ex in examples for p in slots]
+        for ex in examples if isinstance(task, Haystack) and task.context == "full" else ():
+            if info := task.depth_clash(ex, slots):  # two depths on one place: one prompt scored under both
+                t = apart(size, info, lambda t: task.depth_clash(ex, slots, t))  # noqa: B023 (called at once)
+                raise PosbiasError(shared_problem(ex.id, size, info), f"use a longer length than {size} tokens ({t} "
+                                   "or more, in `sizes` or by `fill`), depths further apart, or a haystack of shorter "
+                                   "sentences")
         need = max(scorer.engine.need(r, scorer.max_new_tokens) for r in rows)
         if need > window:
             over.append((size, need))
@@ -276,7 +275,7 @@ def _grid(cfg, out, loaded: Backend, method, tasks, folder, option, sizes, depth
         refs = _references(replace(cfg, engine=engine), folder, loaded, method, tasks, sizes[0], progress)
         record = grid_record(cfg, option, depths, slots, results, loaded, method)
         if refs:
-            _long_record(record, cfg, results, refs, loaded.context_window)
+            long_record(record, results, refs, loaded.context_window, cfg.threshold or THRESHOLD)
         if folder.path is not None and is_main_process():  # several processes: rank 0 writes
             _write(folder, record, time.perf_counter() - t0)
     rows = [{**row, "size": s, "depth": d, **_partial(row)} for s, res in results.items()
@@ -307,25 +306,6 @@ def _sub_sweep(folder: RunFolder, name: str, sweep: SweepConfig, loaded: Backend
     sub = folder.file(name) if folder.path is not None else None
     started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
     return run_sweep(sweep, sub, loaded=loaded, resume=folder.resuming and started, progress=progress)
-
-
-def _long_record(record: dict, cfg: GridConfig, results: dict, refs: dict, window: int) -> None:
-    """References, effective length, each length's fill of the window and its needles' hit rates, into grid.json."""
-    ids = [r["example_id"] for r in refs["needle"].rows]
-    record["references"] = {k: {**reference_record(v.rows, ids), "engine": v.config["engine"]} for k, v in refs.items()}
-    per = {s: per_example(res.rows, ids) for s, res in results.items()}
-    record["effective"] = effective_lengths(per, per_example(refs["needle"].rows, ids), cfg.threshold or THRESHOLD)
-    record["window"] = window
-    partial = partial_credit({s: res.rows for s, res in results.items()})  # several asked values: RULER's score
-    for s in record["sizes"]:
-        s["fill"] = s["tokens"]["mean"] / window
-        if partial:
-            s["partial"] = partial[s["size"]]["average"]
-        hits = needle_hits(results[s["size"]].rows)
-        if hits:
-            s["needles"] = hits
-    for c in record["cells"] if partial else ():
-        c["partial"] = partial[c["size"]]["positions"][c["position"]]
 
 
 def grid_record(cfg: GridConfig, option: str, depths: list[float], slots: dict[int, list[int]],
@@ -361,13 +341,14 @@ def _merged(depths: list[float], slots: list[int]) -> list[dict]:
 def _cells(size: int, depths: list[float], slots: list[int], res: SweepResult) -> list[dict]:
     """One tidy row per depth: the sweep's statistics at the depth's slot, the mean prompt tokens there."""
     per = {r["position"]: r for r in res.per_position}
+    true = {t["position"]: t["mean"] for t in res.summary.get("true_depths", ())}  # niah: the needles' mean depth
     out = []
     for d, p in zip(depths, slots):
         r = per[p]
         toks = [row["prompt_tokens"] for row in res.rows if row["position"] == p]
         out.append({"size": size, "depth": d, "position": p, "n": r["n"], "correct": r["correct"],
                     "accuracy": r["accuracy"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
-                    "tokens_mean": float(np.mean(toks)),
+                    "tokens_mean": float(np.mean(toks)), **({"true_depth": true[p]} if p in true else {}),
                     "same_slot_as": [o for o, q in zip(depths, slots) if q == p and o != d]})
     return out
 

@@ -33,10 +33,12 @@ import math
 
 import numpy as np
 
-from ..core.order import candidate, format_figure, label_margin, order_figures
+from ..core.order import UNREAD, candidate, format_figure, label_margin, order_figures
 from ..runs import RunFolder, write_jsonl_atomic
 from ..tasks import placement_key
+from ..tasks.order import LABELS
 
+UNREAD_LIMIT = 0.2  # above this share of verdicts unread, nothing is printed as measured (docs/order-bias.md)
 NEAR_TIE = 0.5  # nats: a label margin below it is a near tie
 LONGER = 2.0  # longest / shortest candidate in characters at or above it: a length cause
 CAUSES = ("unread", "cut", "near_tie", "length", "other")
@@ -67,11 +69,18 @@ def order_summary(rows: list[dict], positions: list, example_ids: list[str], k: 
     out["flips"] = flip_counts(_flips(items, positions, k, near_tie), len(items), near_tie)
     chars = [rs[0].get("candidate_chars") for _, rs in items]
     if items and all(chars):
-        out["by_length"] = binned(choices, positions, k, [c[0] / np.mean(c[1:]) for c in chars], LENGTH_BINS, False)
+        out["by_length"] = binned(choices, positions, k, [_ratio(c) for c in chars], LENGTH_BINS, False)
     scores = [rs[0].get("candidate_scores") for _, rs in items]
     if k == 2 and items and all(s is not None for s in scores):
         out["by_score_gap"] = binned(choices, positions, k, [abs(s[0] - s[1]) for s in scores], GAP_BINS, True)
     return out
+
+
+def _ratio(chars: list[int]) -> float:
+    """chars(candidate 0) / the others' mean; an empty response (0 characters, a judge file may hold one) against a
+    non-empty one is 0 or inf, in the outer bins."""
+    rest = float(np.mean(chars[1:]))
+    return chars[0] / rest if rest else math.inf
 
 
 def flip_records(rows: list[dict], positions: list, example_ids: list[str], k: int,
@@ -117,7 +126,7 @@ def binned(choices: np.ndarray, positions: list, k: int, values, bins, right_clo
     v = np.asarray(values, dtype=float)
     out = []
     for name, lo, hi in bins:
-        inside = (v > lo) & (v <= hi) if right_closed else (v >= lo) & (v < hi)
+        inside = (v > lo) & (v <= hi) if right_closed else (v >= lo) & ((v < hi) | ((v == hi) & (hi == math.inf)))
         row: dict = {"bin": name, "n": int(inside.sum())}
         f = order_figures(choices[inside], positions, k) if inside.any() else {}
         for key in ("conflict_rate",) + (("preference_fairness",) if k == 2 else ()):
@@ -133,6 +142,47 @@ def write_flips(folder: RunFolder, record: dict, rows: list[dict]) -> None:
     ids = list(dict.fromkeys(r["example_id"] for r in rows))
     near = record["summary"]["order"].get("flips", {}).get("near_tie_nats", NEAR_TIE)
     write_jsonl_atomic(folder.file(FLIPS_FILE), flip_records(rows, positions, ids, record["task"]["n_slots"], near))
+
+
+def unread_record(rows: list[dict], positions: list, task) -> dict | None:
+    """summary["unread"] for an order sweep with verdicts it could not read (None without): how many of how many,
+    by slot (in `positions` order), whether the run counts as measured (share <= UNREAD_LIMIT), the labels and the
+    verdict pattern the prompt asks for, and one unread reply."""
+    missing = [r for r in rows if r.get("choice", UNREAD) == UNREAD]
+    if not missing:
+        return None
+    tpl = getattr(task, "template", None)
+    named = task.config().get("labels")  # a file's or template's own labels, or the name of a label set
+    labels = list(named) if isinstance(named, (list, tuple)) else list(LABELS.get(named, ()))[: task.n_slots]
+    by_slot = [sum(placement_key(r["position"]) == placement_key(p) for r in missing) for p in positions]
+    return {"verdicts": len(missing), "of": len(rows), "share": len(missing) / len(rows), "limit": UNREAD_LIMIT,
+            "measured": len(missing) / len(rows) <= UNREAD_LIMIT, "by_slot": by_slot, "labels": labels,
+            "verdict": tpl.verdict if tpl is not None else None, "tie": tpl.tie if tpl is not None else None,
+            "example": str(missing[0].get("prediction", ""))[:80]}
+
+
+def unread_lines(u: dict | None) -> list[str]:
+    """The first line(s) of a sweep's printout when verdicts went unread: how many, what the prompt asks for, a
+    reply, and the fix; above the limit, that nothing below is measured."""
+    if not u:
+        return []
+    labels = [*u["labels"], *([u["tie"]] if u["tie"] else [])]
+    asks = ", ".join(u["verdict"].replace("{label}", lb) for lb in labels) if u["verdict"] else " or ".join(labels)
+    head = (f"{u['verdicts']} of {u['of']} verdicts could not be read ({u['share']:.0%}): the replies name none of "
+            f"{asks} (one reply: {u['example']!r})")
+    fix = ("use --engine teacher-forced (it scores the labels where the prompt asks for them), or a template whose "
+           "\"verdict\" pattern and \"max_new_tokens\" fit the replies (docs/order-bias.md)")
+    if u["measured"]:
+        return [f"warning: {head} -- {fix}"]
+    return [f"NOT MEASURED: {head}; above {u['limit']:.0%} unread, no average, gap, position test or order figure "
+            f"is printed -- {fix}"]
+
+
+def not_measured(u: dict) -> list[str]:
+    """What stands in place of the figures of a run above the unread limit."""
+    return [f"average, best, worst, gap, position test: not measured ({u['verdicts']} of {u['of']} verdicts unread)",
+            f"order figures (consistency, conflict rate, fairness, flips): not measured ({u['verdicts']} of {u['of']} "
+            "verdicts unread)"]
 
 
 # ----------------------------------------------------------------------------- printing
@@ -151,7 +201,8 @@ def format_order(o: dict, decision: dict | None = None, gold: bool = True, order
     shares = " ".join(f"{s}:{v:.2f}" for s, v in enumerate(o["choice_share"]))
     k = len(o["choice_share"])
     even = f" (no order bias: {1 / k:.2f} each)" if orders == k else ""
-    out = ["order: " + " | ".join(figs), f"chosen by slot: {shares}{even} | unread verdicts {o['unread']:.3f}"]
+    ties = f" | ties {o['tie']:.3f}" if "tie" in o else ""  # a template's tie label, read
+    out = ["order: " + " | ".join(figs), f"chosen by slot: {shares}{even} | unread verdicts {o['unread']:.3f}{ties}"]
     out += _flip_line(o.get("flips"))
     ratio = "candidate 0 / 1" if gold else "answers[0] / answers[1]"
     for key, what in (("by_length", f"length ratio (chars, {ratio})"), ("by_score_gap", "|score gap|")):

@@ -186,6 +186,28 @@ def effective_lengths(per_size: dict[int, np.ndarray], needle: np.ndarray, thres
             "needle_alone": effective_length(per_size, needle, threshold)}
 
 
+def long_record(record: dict, results: dict, refs: dict, window: int, threshold: float) -> None:
+    """A niah grid's references (with their answers cut at the limit), effective lengths, each length's fill of the
+    window and its needles' hit rates, into its record (grid.json); results and refs: the SweepResults per length and
+    per reference."""
+    ids = [r["example_id"] for r in refs["needle"].rows]
+    record["references"] = {k: {**reference_record(v.rows, ids), "engine": v.config["engine"],
+                                **({"cut": v.summary["cut"]} if "cut" in v.summary else {})} for k, v in refs.items()}
+    per = {s: per_example(res.rows, ids) for s, res in results.items()}
+    record["effective"] = effective_lengths(per, per_example(refs["needle"].rows, ids), threshold)
+    record["window"] = window
+    partial = partial_credit({s: res.rows for s, res in results.items()})  # several asked values: RULER's score
+    for s in record["sizes"]:
+        s["fill"] = s["tokens"]["mean"] / window
+        if partial:
+            s["partial"] = partial[s["size"]]["average"]
+        hits = needle_hits(results[s["size"]].rows)
+        if hits:
+            s["needles"] = hits
+    for c in record["cells"] if partial else ():
+        c["partial"] = partial[c["size"]]["positions"][c["position"]]
+
+
 def ruler_share(prediction: str, answers) -> float:
     """RULER's string_match_all for one answer: the share of the asked values found in it (case-insensitive
     substring, no punctuation stripped, so "1,234,567" does not hold 1234567)."""

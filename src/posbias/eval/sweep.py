@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backends import Backend, as_backend, check_method, open_backend
-from ..core.metrics import curve_shape, format_effect, format_gap, format_shape, summarize_curve
-from ..core.order import format_no_gold
+from ..core.metrics import curve_shape, summarize_curve
 from ..core.stats import exact_ci
 from ..data import provenance
 from ..errors import PosbiasError
@@ -36,7 +35,9 @@ from ..scoring.scorer import Scorer, in_row_order
 from ..tasks import Placement, Task, as_json, get_task, label, mode_of, mode_summary, placement_key, positions_spec
 from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
 from .cost import BudgetReached, Meter
-from .judging import format_order, order_summary, write_flips
+from .judging import order_summary, unread_record, write_flips
+from .rownotes import row_notes
+from .sweep_text import format_table
 from .timing import Timing
 
 ROW_KEYS = ("example_id", "position", "correct")
@@ -99,7 +100,7 @@ class SweepResult:
         head = (f"{c['task']} on {spec_label(c['model'])}: {c['n']} examples x {len(self.per_position)} positions, "
                 f"engine {c['engine']}")
         note = [f"note: {c['scoring_note']}"] if c.get("scoring_note") else []
-        return "\n".join([head, format_table(self.per_position, self.summary), *note])
+        return "\n".join([format_table(self.per_position, self.summary, head), *note])
 
 
 def per_position_stats(rows: list[dict], positions: list[Placement], example_ids: list[str],
@@ -312,12 +313,12 @@ class SweepRun:
         per, summary = per_position_stats(all_rows, self.positions, ids, task.also)
         # what the curve measures, and what guessing scores (an order task: one over its options)
         summary.update(chance=task.chance, measure=task.score_name)
-        generated = [r for r in all_rows if "cut" in r]
-        if generated:  # answers the generation limit cut short (no stop before max_new_tokens)
-            summary["cut"] = {"rows": sum(bool(r["cut"]) for r in generated), "of": len(generated),
-                              "max_new_tokens": self.scorer.max_new_tokens}
-        if task.order:  # the order of candidates: consistency, fairness, RStd, choice shares
+        # answers the generation limit cut short (and those that loop); niah needles away from their asked depth
+        summary.update(row_notes(all_rows, self.scorer.max_new_tokens))
+        if task.order:  # the order of candidates: consistency, fairness, RStd, choice shares; verdicts not read
             summary["order"] = order_summary(all_rows, self.positions, ids, task.n_slots, gold=task.score_name == "accuracy")
+            if unread := unread_record(all_rows, self.positions, task):
+                summary["unread"] = unread
         if decision:
             summary["decision"] = {k: v for k, v in decision.items() if k != "calibration_items"}
         record = {**fingerprint, "task_kind": task.kind, "versions": versions(), "per_position": per, "summary": summary,
@@ -368,33 +369,3 @@ def _decide(method: Method, rows: list[dict], evaluated: set, k: int) -> tuple[l
     """The evaluated rows (a decision rule's verdicts on them, from every order and its calibration rows)."""
     mine = [r for r in rows if r["example_id"] in evaluated]
     return method.decide(mine, [r for r in rows if r["example_id"] not in evaluated], k)
-
-
-def format_table(per: list[dict], summary: dict) -> str:
-    """Accuracy per placement with its CI (and the further metrics), then the summary (and per-mode averages)."""
-    extra = [k for k in per[0] if k not in ("position", "n", "correct", "accuracy", "ci_low", "ci_high", "mode")]
-    measure = summary.get("measure", "accuracy")  # a judge file without "preferred": how often answers[0] is picked
-    lines = [f"{'position':>8}  {measure:>8}  {'95% CI':>15}  {'n':>5}" + "".join(f"  {k:>8}" for k in extra)
-             + ("  mode" if "mode" in per[0] else "")]
-    for r in per:
-        lines.append(f"{label(r['position']):>8}  {r['accuracy']:>8.3f}  [{r['ci_low']:.3f}, {r['ci_high']:.3f}]  {r['n']:>5}"
-                     + "".join(f"  {r[k]:>8.3f}" for k in extra) + (f"  {r['mode']}" if "mode" in r else ""))
-    s = summary
-    avg_ci = f" [{s['average_ci'][0]:.3f}, {s['average_ci'][1]:.3f}]" if "average_ci" in s else ""
-    chance = f" (chance {s['chance']:.3f})" if s.get("chance") else ""
-    lines += [  # a judge file without "preferred": no right answer, so no chance, best or worst (eval/judging.py)
-        f"average {s['average']:.3f}{avg_ci}{chance} | best {s['best']:.3f} (pos {s['best_position']}) | worst {s['worst']:.3f} "
-        f"(pos {s['worst_position']}) | {format_gap(s)} | std {s['std']:.3f}"
-    ] if measure == "accuracy" else format_no_gold(s)
-    lines += [effect] if (effect := format_effect(s)) else []
-    if "modes" in s:
-        modes = " | ".join(f"{m} {v:.3f}" for m, v in s["modes"].items())
-        lines.append(f"modes: {modes} | gap between modes {s['mode_gap']:.3f}")
-    lines += [format_shape(s["shape"])] if s.get("shape") else []  # primacy, recency, U, flat, middle (core.metrics)
-    if s.get("cut", {}).get("rows"):
-        c = s["cut"]
-        lines.append(f"{c['rows']} of {c['of']} answers reached the {c['max_new_tokens']}-token limit unfinished: raise "
-                     "max_new_tokens (--max-new-tokens) if they were cut mid-answer")
-    if "order" in s:
-        lines += format_order(s["order"], s.get("decision"), gold=measure == "accuracy", orders=len(per))
-    return "\n".join(lines)

@@ -112,7 +112,7 @@ def _swap_verdict(rs: list[dict], k: int) -> int:
 
 def _verdict_rows(rs: list[dict], c: int, k: int) -> list[dict]:
     """An item's rows, each choosing the slot where candidate c sits in its order (-1 everywhere: no verdict)."""
-    return [_decided(r, -1 if c < 0 else (c + r["position"]) % k) for r in rs]
+    return [_decided(r, c if c < 0 else (c + r["position"]) % k) for r in rs]  # no verdict (-1) or a tie (-2) as is
 
 
 def verdict_margin(row: dict) -> float:

@@ -60,6 +60,10 @@ def encode(tokenizer, prompt: Prompt, chat: bool, continuation: bool = False, op
             return full[len(ids) :]
         return tokenizer(sep + ans, add_special_tokens=False)["input_ids"]  # merged with the prompt's last token
 
+    if prompt.options and options and prompt.verdict_head:  # the labels where a judge template's pattern puts them
+        text += ("" if not text or text[-1].isspace() else " ") + prompt.verdict_head
+        ids = tokenizer(text, add_special_tokens=special)["input_ids"]
+        sep = ""
     if prompt.options and options:  # an order task scored by its labels: their shared leading tokens join the prompt
         common, options = option_tokens(prompt.options, after)
         return Encoded(prompt, ids + common, [[options[prompt.options.index(prompt.answers[0])]]], options)

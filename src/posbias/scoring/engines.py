@@ -34,7 +34,6 @@ from typing import Any, ClassVar, Protocol
 from ..backends import Reply, Request
 from ..backends.base import Step, is_greedy
 from ..core.metrics import METRICS, first_line
-from ..core.order import parse_choice
 from ..errors import PosbiasError
 from ..methods import Active
 from ..models.load import Loaded
@@ -204,7 +203,7 @@ class Generate(Engine):
         """correct and prediction of a generated answer, and whether max_new_tokens cut it short; on an order task
         also the option it names (-1: none)."""
         if row.prompt.options:
-            choice = parse_choice(pred, row.prompt.options)
+            choice = scorer.task.read_choice(pred, row.prompt.options)
             return {"correct": choice == row.prompt.position, "prediction": pred, "choice": choice, "cut": cut}
         return {"correct": METRICS[scorer.task.metric](pred, row.prompt.answers), "prediction": pred, "cut": cut}
 

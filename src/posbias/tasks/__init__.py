@@ -2,8 +2,9 @@
 `get_task("jsonl:my.jsonl")`, `get_task("musique")` (two-hop: placements are pairs, tasks/placement.py)."""
 
 from .base import Doc, Prompt, Task, move
+from .depths import sigmoid_depths
 from .docqa import JSONL_SCHEMA, DocQA, jsonl_task, nq_task
-from .haystack import Haystack, content_words, sigmoid_depths
+from .haystack import Haystack, content_words
 from .kv_lookup import KVLookup
 from .kv_uuid import KVUUID
 from .order import ORDER_SCHEMAS, OrderItem, OrderTask

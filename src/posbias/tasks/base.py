@@ -27,6 +27,8 @@ class Prompt:
     items: the item texts in slot order, verbatim as they appear in `user` (`Task.prompt` fills them where the
     task lists its items): what reordering and attention calibration rearrange or measure (tasks/arrange.py).
     meta: facts about this prompt a row records beside its score (a haystack's true needle depths and length).
+    verdict_head: text the labels follow when teacher forcing scores them (a judge template's verdict pattern before
+    {label}, "[[" for "[[{label}]]"): encode puts it after the answer prefix; generation does not see it.
     """
 
     example_id: str
@@ -37,6 +39,7 @@ class Prompt:
     options: tuple[str, ...] = ()
     items: tuple[str, ...] = ()
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    verdict_head: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,13 @@ class Task(ABC):
 
     def check_engine(self, engine: str) -> None:
         """Refuse (one line) a scoring protocol this task cannot be scored with; most take both."""
+
+    def read_choice(self, text: str, labels: tuple[str, ...]) -> int:
+        """The slot a generated verdict names (an order task; -1: none, -2: a tie): core.order.parse_choice, or the
+        verdict pattern of a judge template (OrderTask)."""
+        from ..core.order import parse_choice
+
+        return parse_choice(text, labels)
 
     def gold_target(self, prompt: Prompt) -> str:
         """The gold answer as a response the task scores correct (what SFT trains on)."""
@@ -144,8 +154,10 @@ class Task(ABC):
     @property
     def kind(self) -> str:
         """What a slot means, for the records (sweep.json `task_kind`) and those who read them (policy.py): "order"
-        (the candidates' order), "two-hop" (a pair of gold items placed), or "one-gold"."""
-        return "order" if self.order else "two-hop" if self.n_gold == 2 else "one-gold"
+        (the candidates' order), "two-hop" (a pair of gold items placed), "depth" (a depth in one text: a haystack,
+        whose prompts list no items), or "one-gold"."""
+        return ("order" if self.order else "two-hop" if self.n_gold == 2 else "depth" if not self.lists_items
+                else "one-gold")
 
     def as_plain(self) -> str:
         """The task in a config written as JSON: its name."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data import data_file
-from ..errors import PosbiasError
+from ..errors import PosbiasError, shown
 from .base import Doc, Prompt, RecordsTask, file_stamp, move, read_jsonl
 from .twohop import HopExample, TwoHopQA
 
@@ -192,13 +192,13 @@ def _qa_record(where: str, r: dict, default_id: str) -> QAExample | HopExample:
         raise _bad(where, f"missing or bad field {missing[0]!r}")
     answers = r["answers"] if "answers" in r else [r["answer"]]
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
-        raise PosbiasError(f"{where}: 'answers' must be a non-empty list of non-empty strings, got {answers!r}"[:160],
+        raise PosbiasError(f"{where}: 'answers' must be a non-empty list of non-empty strings, got {shown(answers)}",
                            'write answers as strings, e.g. "answers": ["5521"]')
     if not isinstance(r["question"], str) or not r["question"].strip():
-        raise _bad(where, f"'question' must be a non-empty string, got {r['question']!r}"[:160])
+        raise _bad(where, f"'question' must be a non-empty string, got {shown(r['question'])}")
     docs = r["documents"]
     if not isinstance(docs, list) or len(docs) < 2:
-        raise _bad(where, f"'documents' must be a list of at least 2 documents, got {docs!r}"[:160])
+        raise _bad(where, f"'documents' must be a list of at least 2 documents, got {shown(docs)}")
     parsed = tuple(_doc(where, i, d) for i, d in enumerate(docs))
     gold = _gold(where, r["gold"], len(parsed))
     _check_distinct(where, parsed, gold if isinstance(gold, tuple) else (gold,))
@@ -207,7 +207,7 @@ def _qa_record(where: str, r: dict, default_id: str) -> QAExample | HopExample:
         raise _bad(where, f"'id' must be a string or an integer, got {rid!r}")
     prefix = r.get("answer_prefix", "")
     if not isinstance(prefix, str) or (prefix and isinstance(gold, tuple)):
-        raise _bad(where, f"'answer_prefix' must be a string, on a line with one gold document; got {prefix!r}"[:160])
+        raise _bad(where, f"'answer_prefix' must be a string, on a line with one gold document; got {shown(prefix)}")
     if isinstance(gold, tuple):
         return HopExample(str(rid), r["question"], tuple(answers), parsed, gold)
     return QAExample(str(rid), r["question"], tuple(answers), parsed, gold, prefix.rstrip(" "))
@@ -248,4 +248,4 @@ def _doc(where: str, i: int, d) -> Doc:
         return Doc("", d)
     if isinstance(d, dict) and isinstance(d.get("text"), str) and isinstance(d.get("title", ""), str):
         return Doc(d.get("title", ""), d["text"])
-    raise _bad(where, f"document {i} must be a string or {{'title': str, 'text': str}}, got {d!r}"[:160])
+    raise _bad(where, f"document {i} must be a string or {{'title': str, 'text': str}}, got {shown(d)}")

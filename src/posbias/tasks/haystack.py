@@ -7,10 +7,14 @@ al. 2025) put a needle at a depth percent of a context of T tokens of natural te
              Task.bind_tokens); the haystack is filled sentence by sentence up to it, never over at depth 0% or
              100%, and every row records its true count (prompt_tokens) and its needles' true depths
   depth      slot k = depth k/10 % (1001 slots, so `positions=50%` is slot 500): the needle goes to the boundary
-             between two sentences whose token offset in the haystack is nearest to that percent of its tokens
+             after a sentence's end whose token offset in the haystack is nearest to that percent of its tokens
+             (tasks/depths.py: never after a title, a colon or a dash; asked depths that land on one boundary are
+             refused when the prompts are built, before any row is scored)
   haystack   `nq`: the Wikipedia passages of the nq data set (both files, ~9,000 passages, ~1.3M tokens) in a
              seeded order per example; or PATH: a text file or a folder of .txt / .md files, read from a seeded
-             sentence offset (wrapping round). Sentences holding the needle's key or an answer are dropped.
+             sentence offset (wrapping round): where a file starts, and where a one-file haystack wraps round to its
+             title page, a paragraph break (a blank line) marks the seam. Sentences holding the needle's key or an
+             answer are dropped.
   needle     `kv`: RULER's "One of the special magic numbers for {key} is: {value}."; `nq`: an NQ-open gold
              passage with its question; `nq-sentence`: the sentences of that passage that hold an answer; or PATH:
              your own JSONL, one {"needle": str, "question": str, "answers": [str, ...]} per line (optional "id",
@@ -42,9 +46,10 @@ from typing import Callable
 
 from ..core.metrics import normalize_answer
 from ..data import data_file
-from ..errors import PosbiasError
+from ..errors import PosbiasError, shown
 from .base import Prompt, Task, file_stamp, read_jsonl
-from .text import content_words, nq_passages, sentences, text_units
+from .depths import allowed, apart, ends_sentence, joined, nearest, shared, shared_problem
+from .text import content_words, haystack_stream, nq_passages, sentences, text_files
 
 SLOTS = 1001  # slot k = depth k/10 percent
 RULER_TOKENS = 128  # RULER's niah tasks generate up to 128 tokens (scripts/data/synthetic/constants.py)
@@ -144,6 +149,8 @@ class Haystack(Task):
         self.default_engine = "generate" if self.multi or self._bare else "teacher-forced"
         self._count: Callable | None = None  # (prompt_tokens(Prompt), text_tokens(list[str])) once bound
         self._fits: dict = {}
+        self._asked: list[int] = []  # the slots `placements` resolved last: checked to land on distinct boundaries
+        self._checked: set = set()  # (example index, tokens) whose asked slots were checked
 
     # -- the Task interface --------------------------------------------------------------------------------------
     @property
@@ -157,7 +164,14 @@ class Haystack(Task):
     def placements(self, spec):
         if self.context != "full":
             return [0]  # no haystack: the needles (or nothing) have one place
-        return super().placements(spec)
+        self._asked = super().placements(spec)
+        return self._asked
+
+    def depth_clash(self, ex: NiahExample, slots: list[int], tokens: int | None = None) -> dict | None:
+        """Two of `slots` that land on one boundary of the example's haystack (at `tokens`, default the task's), or
+        None (tasks/depths.py `shared`)."""
+        _, offsets, _, bounds = self._fit(ex, tokens or self.tokens)
+        return shared(offsets, bounds, slots)
 
     def check_engine(self, engine: str) -> None:
         if self.multi and engine == "teacher-forced":
@@ -188,7 +202,7 @@ class Haystack(Task):
 
     def bind_tokens(self, prompt_tokens: Callable[[Prompt], int] | None, text_tokens: Callable | None) -> None:
         self._count = None if prompt_tokens is None else (prompt_tokens, text_tokens)
-        self._fits = {}
+        self._fits, self._checked = {}, set()
 
     def config(self) -> dict:
         return {**super().config(), "tokens": self.tokens, "needle": self.needle, "haystack": self.haystack,
@@ -203,18 +217,23 @@ class Haystack(Task):
             return self._prompt(ex, position, "", {})
         if self.context == "needle":
             return self._prompt(ex, position, " ".join(n.text for n in ex.needles), {})
-        units, offsets = self._fit(ex)
+        units, offsets, seams, bounds = self._fit(ex)
+        if position in self._asked and (ex.index, self.tokens) not in self._checked:  # each depth on its own boundary
+            if info := self.depth_clash(ex, self._asked):
+                t = apart(self.tokens, info, lambda t: self.depth_clash(ex, self._asked, t))
+                raise PosbiasError(shared_problem(ex.id, self.tokens, info), f"use a longer length (`tokens={t}` or "
+                                   "more), depths further apart, or a haystack of shorter sentences")
+            self._checked.add((ex.index, self.tokens))
         total = offsets[-1]
-        at = [self._boundary(offsets, position / 10)] + self._others(ex, offsets)
+        at = [nearest(offsets, bounds, position / 10)] + self._others(ex, offsets, bounds)
         slots: dict[int, list[str]] = {}
         for i, b in enumerate(at):
             slots.setdefault(b, []).append(ex.needles[i].text)
-        parts = [t for j in range(len(units) + 1) for t in slots.get(j, []) + ([units[j]] if j < len(units) else [])]
         meta = {"needle_depths": [round(100 * offsets[b] / total, 2) for b in at],
                 "needle_roles": [n.role for n in ex.needles], "haystack_tokens": total, "target_tokens": self.tokens}
         if self.multi or self.keys > 1:
             meta["needle_answers"] = [n.answer for n in ex.needles]
-        return self._prompt(ex, position, " ".join(parts), meta)
+        return self._prompt(ex, position, joined(units, seams, slots), meta)
 
     # -- prompts --------------------------------------------------------------------------------------------------
     def _prompt(self, ex: NiahExample, position: int, context: str, meta: dict) -> Prompt:
@@ -276,80 +295,73 @@ class Haystack(Task):
         return out
 
     # -- the haystack ---------------------------------------------------------------------------------------------
-    def _units(self) -> tuple[tuple[str, ...], bool]:
-        """(the haystack's units, whether they are passages to shuffle (nq) or sentences read in order (a file))."""
+    def _units(self) -> tuple[tuple, bool]:
+        """(nq passages, True) to shuffle, or (a file's or folder's sentences file by file, False) to read in order."""
         if self.haystack == "nq":
             return nq_passages(tuple(map(str, self._nq)), tuple(file_stamp(p) for p in self._nq)), True
         p = Path(self.haystack)
         if not p.exists():
             raise PosbiasError(f"haystack '{p}' does not exist", "use `haystack=nq` or a text file / folder of .txt files")
         stamps = tuple(file_stamp(f) for f in sorted(p.rglob("*"))) if p.is_dir() else (file_stamp(p),)
-        return text_units(str(p), stamps), False
+        return text_files(str(p), stamps), False
 
     def _stream(self, ex: NiahExample):
-        """The example's haystack sentences in order, those holding its key or an answer left out."""
+        """The example's haystack sentences in order, each with whether a document starts there (tasks/text.py)."""
         units, passages = self._units()
-        rng = random.Random(f"niah-haystack/{self.haystack}/{ex.index}")
-        if passages:
-            order = list(range(len(units)))
-            rng.shuffle(order)
-            seq = (s for i in order for s in sentences(units[i]))
-        else:
-            start = rng.randrange(len(units))
-            seq = (units[(start + i) % len(units)] for i in range(len(units)))
-        return (s for s in seq if not any(a in normalize_answer(s) for a in ex.avoid))
+        return haystack_stream(units, passages, random.Random(f"niah-haystack/{self.haystack}/{ex.index}"), ex.avoid)
 
-    def _fit(self, ex: NiahExample) -> tuple[list[str], list[int]]:
-        """The haystack sentences that fill the prompt up to `tokens`, and their cumulative token offsets."""
-        if (ex.index, self.tokens) in self._fits:
-            return self._fits[ex.index, self.tokens]
+    def _fit(self, ex: NiahExample, tokens: int | None = None) -> tuple[list[str], list[int], set[int], list[int]]:
+        """The haystack sentences that fill the prompt up to `tokens` (default the task's), their cumulative token
+        offsets, the indices of those a paragraph break goes before (a file's start) and the boundaries a needle may
+        take (tasks/depths.py)."""
+        tokens = tokens or self.tokens
+        if (ex.index, tokens) in self._fits:
+            return self._fits[ex.index, tokens]
         if self._count is None:
             raise PosbiasError("niah measures its context in the model's tokens, and this model has no tokenizer",
                                "give the served model its tokenizer (`tokenizer=DIR` in the model spec)")
         prompt_len, text_len = self._count
         bare = self._prompt(ex, 0, " ".join(n.text for n in ex.needles), {})
-        budget = self.tokens - prompt_len(bare)
+        budget = tokens - prompt_len(bare)
         if budget <= 0:
-            raise PosbiasError(f"`tokens={self.tokens}` is shorter than the needles and question alone "
+            raise PosbiasError(f"`tokens={tokens}` is shorter than the needles and question alone "
                                f"({prompt_len(bare)} tokens)", f"use `tokens={2 * prompt_len(bare)}` or more")
-        units, offsets, stream = [], [0], self._stream(ex)
+        units, offsets, starts, stream = [], [0], set(), self._stream(ex)
+        seam = "\n\n" if self.haystack != "nq" else " "  # a file's start: a paragraph break (nq passages: a space)
         while offsets[-1] < budget:
             chunk = [s for _, s in zip(range(64), stream)]
             if not chunk:
                 raise PosbiasError(f"haystack '{self.haystack}' holds only {offsets[-1]} tokens, {budget} were needed",
                                    "use a larger haystack or fewer `tokens`")
-            for s, t in zip(chunk, text_len([" " + s for s in chunk])):
+            for (s, first), t in zip(chunk, text_len([(seam if first else " ") + s for s, first in chunk])):
                 if offsets[-1] + t > budget:
                     break
+                starts |= {len(units)} if first else set()
                 units.append(s)
                 offsets.append(offsets[-1] + t)
             else:
                 continue
             break
-        while units and max(prompt_len(self._at(ex, units, b)) for b in (0, len(units))) > self.tokens:
+        seams = starts if self.haystack != "nq" else set()  # nq passages join with a space, as they always have
+        while units and (len(units) > 1 and not ends_sentence(units[-1])  # the haystack ends on a sentence's end
+                         or max(prompt_len(self._at(ex, units, seams, b)) for b in (0, len(units))) > tokens):
             units.pop()  # token merges across joins: the edges' exact counts decide
             offsets.pop()
+            starts.discard(len(units))
         if not units:
             need = prompt_len(bare)
-            raise PosbiasError(f"`tokens={self.tokens}` leaves no room for a haystack sentence beside the needles and "
+            raise PosbiasError(f"`tokens={tokens}` leaves no room for a haystack sentence beside the needles and "
                                f"question of {ex.id} ({need} tokens)", f"use `tokens={2 * need}` or more")
-        self._fits[ex.index, self.tokens] = (units, offsets)
-        return units, offsets
+        self._fits[ex.index, tokens] = (units, offsets, seams, allowed(units, starts))
+        return self._fits[ex.index, tokens]
 
-    def _at(self, ex: NiahExample, units: list[str], b: int) -> Prompt:
-        text = " ".join(units[:b] + [n.text for n in ex.needles] + units[b:])
-        return self._prompt(ex, 0, text, {})
+    def _at(self, ex: NiahExample, units: list[str], seams: set[int], b: int) -> Prompt:
+        return self._prompt(ex, 0, joined(units, seams, {b: [n.text for n in ex.needles]}), {})
 
-    @staticmethod
-    def _boundary(offsets: list[int], pct: float) -> int:
-        """The boundary (0 = before the first sentence, len = after the last) nearest pct% of the haystack's tokens."""
-        target = pct / 100 * offsets[-1]
-        return min(range(len(offsets)), key=lambda j: (abs(offsets[j] - target), j))
-
-    def _others(self, ex: NiahExample, offsets: list[int]) -> list[int]:
+    def _others(self, ex: NiahExample, offsets: list[int], bounds: list[int]) -> list[int]:
         """The boundaries of needles 1.. (distractors, further values or keys): drawn from the seed, fixed."""
         rng = random.Random(f"niah-depths/{ex.index}")
-        return [self._boundary(offsets, rng.uniform(0, 100)) for _ in ex.needles[1:]]
+        return [nearest(offsets, bounds, rng.uniform(0, 100)) for _ in ex.needles[1:]]
 
 
 def _needle_lines(path: str) -> list[tuple]:
@@ -363,7 +375,7 @@ def _needle_lines(path: str) -> list[tuple]:
                                "(a list of strings)", "fix that line, or use `needle=kv` or `needle=nq`")
         ans = [r["answers"]] if isinstance(r["answers"], str) else r["answers"]
         if not (isinstance(ans, list) and ans and all(isinstance(a, str) and a.strip() for a in ans)):
-            raise PosbiasError(f"{where}: \"answers\" must be a list of non-empty strings, got {r['answers']!r}"[:200],
+            raise PosbiasError(f"{where}: \"answers\" must be a list of non-empty strings, got {shown(r['answers'])}",
                                'write answers as strings, e.g. "answers": ["5521"]')
         text, prefix = " ".join(r["needle"].split()), r.get("answer_prefix") or ""
         if not text or not r["question"].strip():
@@ -371,7 +383,7 @@ def _needle_lines(path: str) -> list[tuple]:
             raise PosbiasError(f"{where}: the line's \"{empty}\" is empty", f"write the {empty}'s text on that line, "
                                "or remove the line")
         if not isinstance(prefix, str):
-            raise PosbiasError(f"{where}: \"answer_prefix\" must be text, got {prefix!r}"[:200],
+            raise PosbiasError(f"{where}: \"answer_prefix\" must be text, got {shown(prefix)}",
                                'write it as a string, e.g. "answer_prefix": "The answer is"')
         rid = str(r.get("id", f"line{line}"))
         rid = f"{rid}-line{line}" if rid in seen else rid
@@ -384,11 +396,3 @@ def _needle_lines(path: str) -> list[tuple]:
                            '"question": ..., "answers": [...]}')
     return out
 
-
-def sigmoid_depths(n: int) -> list[float]:
-    """NIAH's sigmoid spacing (gkamradt/LLMTest_NeedleInAHaystack, `logistic`): n points, denser at both ends,
-    0% and 100% kept exact, rounded to the 0.1% slots."""
-    import math
-
-    xs = [100 * i / (n - 1) for i in range(n)]
-    return [x if x in (0, 100) else round(100 / (1 + math.exp(-0.1 * (x - 50))), 1) for x in xs]

@@ -12,7 +12,17 @@ A template file is plain text (the prompt alone; its final newlines dropped) or,
      "answer_prefix": "Verdict:",     optional (default "Verdict:"): what the judge's reply starts with; the
                                       verdict is the label the model gives after it (teacher forcing scores
                                       each label as the next token, after a space)
-     "labels": ["a", "b"]}            optional: one label per slot (default A, B; --labels replaces them)
+     "labels": ["a", "b"],            optional: one label per slot (default A, B; --labels replaces them)
+     "verdict": "[[{label}]]",        optional: the pattern the prompt asks the verdict in, {label} once. Generation
+                                      reads the LAST match in the reply (a reasoning-first prompt ends with its
+                                      verdict; an explanation may quote the pattern before it) and keeps the whole
+                                      reply (not its first line); teacher forcing scores each label where the pattern
+                                      puts it, after the answer prefix and the pattern's text before {label}
+     "tie": "C",                      optional (with "verdict"): the label of a tie; a generated tie verdict is a
+                                      tie (choice -2), counted as neither slot, not as unread; teacher forcing is a
+                                      forced choice between the slots' labels and never ties
+     "max_new_tokens": 512}           optional: the room a reply needs (generation's default limit; 8 without it,
+                                      a verdict alone; a reasoning-first prompt needs a few hundred)
 
 Literal braces are written {{ and }} (Python's str.format). Checked when the task is built, before any model
 loads: unknown placeholders, a missing question or answer, an answer shown twice or out of slot order, labels
@@ -24,14 +34,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import PosbiasError
+from ..errors import PosbiasError, shown
 
 SLOTS = "abcdefghij"  # {answer_a} .. {answer_j}: slot 0 .. 9
-KEYS = ("prompt", "prompt_with_context", "answer_prefix", "labels")  # a JSON template's keys
+KEYS = ("prompt", "prompt_with_context", "answer_prefix", "labels", "verdict", "tie", "max_new_tokens")  # JSON keys
+TIE = -2  # a row's choice for a tie verdict (-1: none read; core/order.py)
 ASKS = {  # the built-in questions: an instruction and a question (the order of the answers must not matter)
     "correct": ("You are a fair judge. Decide which candidate answer to the question is correct{ref}. The order of the "
                 "answers does not matter.", "Which answer is correct?"),
@@ -54,6 +66,29 @@ class JudgeTemplate:
     item: str = "{answer}"
     sha256: str | None = None
     text: str | None = None
+    verdict: str | None = None  # the verdict's pattern, "{label}" once (module docstring)
+    tie: str | None = None
+    max_new_tokens: int | None = None
+
+    @property
+    def head(self) -> str:
+        """The verdict pattern's text before {label} ("[[" for "[[{label}]]"; "" without a pattern): teacher forcing
+        scores the labels after it."""
+        return self.verdict.split("{label}")[0] if self.verdict else ""
+
+    def read(self, text: str, labels) -> int:
+        """The slot a generated reply names in the verdict pattern (the last match; TIE for the tie label; -1: none)."""
+        from ..core.order import parse_choice  # tasks sit above core
+
+        if not self.verdict:
+            return parse_choice(text, labels)
+        names = [*labels, *([self.tie] if self.tie else [])]
+        before, after = (re.escape(part) for part in self.verdict.split("{label}"))
+        alts = "|".join(re.escape(x) for x in sorted(names, key=len, reverse=True))
+        found = re.findall(rf"{before}\s*({alts})\s*{after}", text)
+        if not found:
+            return -1
+        return TIE if found[-1] == self.tie else list(labels).index(found[-1])
 
     @property
     def shows_context(self) -> bool:
@@ -84,6 +119,9 @@ class JudgeTemplate:
                                "add {context} where the reference goes, or drop prompt_with_context")
         if self.labels is not None:
             _check_labels(self.name, self.labels, k)
+        if self.tie is not None and self.tie in (self.labels or ()):
+            raise PosbiasError(f"judge template {self.name}: the tie label {self.tie!r} is also a slot's label",
+                               "give the tie its own label, e.g. \"tie\": \"C\"")
         return self
 
 
@@ -126,7 +164,7 @@ def _check_labels(name: str, labels, k: int) -> None:
     if not isinstance(labels, (list, tuple)) or len(labels) != k or not all(
             isinstance(x, str) and x.strip() == x and x and "\n" not in x for x in labels):
         raise PosbiasError(f"judge template {name}: 'labels' must be a list of {k} non-empty strings without white "
-                           f"space around them, got {labels!r}"[:200], 'e.g. "labels": ["a", "b"]')
+                           f"space around them, got {shown(labels)}", 'e.g. "labels": ["a", "b"]')
     if len(set(labels)) != len(labels):
         raise PosbiasError(f"judge template {name}: 'labels' lists {labels!r}: the verdicts could not be told apart",
                            "give every slot its own label")
@@ -162,7 +200,8 @@ def load_template(path: str | Path) -> JudgeTemplate:
     labels = fields.get("labels")
     return JudgeTemplate(p.name, fields["prompt"], fields.get("prompt_with_context"),
                          fields.get("answer_prefix", "Verdict:"), None if labels is None else tuple(labels),
-                         sha256=hashlib.sha256(raw).hexdigest(), text=text)
+                         sha256=hashlib.sha256(raw).hexdigest(), text=text, verdict=fields.get("verdict"),
+                         tie=fields.get("tie"), max_new_tokens=fields.get("max_new_tokens"))
 
 
 def _json_fields(p: Path, text: str) -> dict:
@@ -183,8 +222,28 @@ def _json_fields(p: Path, text: str) -> dict:
                            "{answer_b}")
     bad = next((k for k in KEYS[:3] if k in obj and not isinstance(obj[k], str)), None)
     if bad is not None:
-        raise PosbiasError(f"judge template {p}: {bad!r} must be a string, got {obj[bad]!r}"[:200], f"write {bad!r} as a "
+        raise PosbiasError(f"judge template {p}: {bad!r} must be a string, got {shown(obj[bad])}", f"write {bad!r} as a "
                            "JSON string")
     if "labels" in obj:
         _check_labels(p.name, obj["labels"], len(obj["labels"]) if isinstance(obj["labels"], list) else 2)
+    _check_verdict(p, obj)
     return obj
+
+
+def _check_verdict(p: Path, obj: dict) -> None:
+    """"verdict" (a string with {label} once), "tie" (with a verdict: a non-empty label), "max_new_tokens" (1..4096)."""
+    verdict, tie, room = obj.get("verdict"), obj.get("tie"), obj.get("max_new_tokens")
+    if verdict is not None and (not isinstance(verdict, str) or verdict.count("{label}") != 1 or not verdict.strip()
+                                or verdict.strip() == "{label}"):
+        raise PosbiasError(f"judge template {p}: 'verdict' must be text around {{label}} (once), got {shown(verdict)}",
+                           'e.g. "verdict": "[[{label}]]" for a reply that ends in [[A]], [[B]] or [[C]]')
+    if tie is not None:
+        if verdict is None:
+            raise PosbiasError(f"judge template {p}: 'tie' names the label of a tie in the verdict pattern, and there "
+                               "is no 'verdict'", 'add "verdict": "[[{label}]]" (or the pattern your prompt asks for)')
+        if not isinstance(tie, str) or not tie.strip() or tie.strip() != tie:
+            raise PosbiasError(f"judge template {p}: 'tie' must be a label without white space around it, got "
+                               f"{shown(tie)}", 'e.g. "tie": "C"')
+    if room is not None and (isinstance(room, bool) or not isinstance(room, int) or not 1 <= room <= 4096):
+        raise PosbiasError(f"judge template {p}: 'max_new_tokens' must be a whole number from 1 to 4096, got "
+                           f"{shown(room)}", 'e.g. "max_new_tokens": 512 for a reply that explains before its verdict')

@@ -36,7 +36,7 @@ ORDER_SCHEMAS = """\
 Pairwise judge file (judge:PATH), one JSON object per line:
   {"id": "p1",                         (optional; default: the line number)
    "question": "...",
-   "answers": ["first answer", "second answer"],   (exactly two, different)
+   "answers": ["first answer", "second answer"],   (exactly two, different; one may be empty: "")
    "preferred": 0,                     (optional: the better one; without it, on every line, the curve is the
                                          rate of choosing answers[0] and the consistency figures still hold;
                                          a tie is null or "tie": refused, or left out with the option ties=drop)
@@ -53,7 +53,8 @@ Every line must have the same number of options.
 Options: labels = letters | digits; a judge's ask = correct ("Which answer is correct?") | preference ("Which
 answer is better?", MT-Bench style; the default for judge:PATH), or template = FILE (--judge-template: your own
 prompt with {question} {answer_a} {answer_b}, optional {label_a} {label_b} {context}; .txt, or .json with
-"prompt", "prompt_with_context", "answer_prefix", "labels"; docs/order-bias.md) and ties = refuse | drop."""
+"prompt", "prompt_with_context", "answer_prefix", "labels", "verdict" (e.g. "[[{label}]]"), "tie", "max_new_tokens";
+docs/order-bias.md) and ties = refuse | drop."""
 
 TIES = ("refuse", "drop")
 
@@ -96,6 +97,11 @@ class OrderTask(Task):
             raise PosbiasError("a judge template sets a judge's prompt, and multiple choice has none", "drop `template`")
         # what a judge reads: a user's template, or the built-in question `ask` as one (tasks/judge_template.py)
         self.template = (template or builtin(ask, k)).check(k) if style == "judge" else None
+        if self.template is not None and self.template.verdict:  # a reply that may explain first: its room, all lines
+            self.multiline = True
+            self.max_new_tokens = self.template.max_new_tokens or 256
+        elif self.template is not None and self.template.max_new_tokens:
+            self.max_new_tokens = self.template.max_new_tokens
         # what the curve measures: whether the verdict is right, or (a judge file without "preferred") how often the
         # model picks the file's first answer
         self.score_name = "accuracy" if has_gold else "picks answers[0]"
@@ -124,6 +130,11 @@ class OrderTask(Task):
 
     def _example(self, index: int) -> OrderItem:
         return self._make(index) if self._items is None else self._items[index]
+
+    def read_choice(self, text: str, labels: tuple[str, ...]) -> int:
+        """The slot a generated verdict names: the template's verdict pattern (its last match; a tie -2) or, without
+        one, core.order.parse_choice; -1: none read."""
+        return self.template.read(text, labels) if self.template is not None else super().read_choice(text, labels)
 
     def labels_of(self, item: OrderItem) -> tuple[str, ...]:
         own = self.template.labels if self.template is not None else None
@@ -154,7 +165,8 @@ class OrderTask(Task):
         # the order figures by them and tells a length-driven flip
         meta = {"candidate_chars": [len(c) for c in item.candidates],
                 **({"candidate_scores": list(item.scores)} if item.scores is not None else {})}
-        return Prompt(item.id, position, user, prefix, (labels[position],), tuple(labels), meta=meta)
+        head = self.template.head if self.template is not None else ""
+        return Prompt(item.id, position, user, prefix, (labels[position],), tuple(labels), meta=meta, verdict_head=head)
 
 
 # --- NQ: the oracle file's questions, wrong candidates from questions of the same kind ---------------------------

@@ -8,7 +8,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import PosbiasError
+from ..errors import PosbiasError, shown
 from .base import read_jsonl
 from .judge_template import JudgeTemplate
 from .order import TIES, OrderItem, OrderTask, template_for, unseen_context
@@ -18,9 +18,17 @@ def _bad(where: str, what: str) -> PosbiasError:
     return PosbiasError(f"{where}: {what}", "fix that line (the schemas: posbias tasks)")
 
 
-def _strings(where: str, field: str, value, lo: int, hi: int) -> list[str]:
-    if not isinstance(value, list) or not lo <= len(value) <= hi or not all(isinstance(x, str) and x.strip() for x in value):
-        raise _bad(where, f"{field!r} must be a list of {lo} to {hi} non-empty strings, got {value!r}"[:160])
+def _strings(where: str, field: str, value, lo: int, hi: int, empty: bool = False) -> list[str]:
+    """A list of lo..hi strings, all different; empty=True admits an empty one (a judge's empty response: shown as an
+    empty answer block, as the published judge sets hold them)."""
+    count = f"exactly {lo}" if lo == hi else f"{lo} to {hi}"
+    kind = "strings" if empty else "non-empty strings"
+    if not isinstance(value, list) or not lo <= len(value) <= hi or not all(
+            isinstance(x, str) and (empty or x.strip()) for x in value):
+        n = f"{len(value)} of them" if isinstance(value, list) and not lo <= len(value) <= hi else "got"
+        example = '["first answer", ""]' if empty else '["first", "second", "third"]'
+        fix = f"give {field!r} as a JSON list of {count} {kind}, e.g. {example}"
+        raise PosbiasError(f"{where}: {field!r} must be a list of {count} {kind}; {n} {shown(value)}", fix)
     # the same text up to white space cannot be told apart; case can (ARC's genetics options R, rr, Rr, RR)
     norm = [" ".join(x.split()) for x in value]
     dup = next((x for j, x in enumerate(value) if norm[j] in norm[:j]), None)
@@ -40,8 +48,8 @@ def _order_record(where: str, r: dict, style: str, default_id: str) -> tuple[Ord
         if need not in r:
             raise _bad(where, f"missing field {need!r}")
     if not isinstance(r["question"], str) or not r["question"].strip():
-        raise _bad(where, f"'question' must be a non-empty string, got {r['question']!r}"[:160])
-    cands = _strings(where, field, r[field], 2, 2 if style == "judge" else 10)
+        raise _bad(where, f"'question' must be a non-empty string, got {shown(r['question'])}")
+    cands = _strings(where, field, r[field], 2, 2 if style == "judge" else 10, empty=style == "judge")
     key = "preferred" if style == "judge" else "gold"
     gold = r.get(key, 0)
     if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(cands):
@@ -49,7 +57,7 @@ def _order_record(where: str, r: dict, style: str, default_id: str) -> tuple[Ord
                            f"{key} is a 0-based index below {len(cands)}")
     context = r.get("context", "")
     if not isinstance(context, str):
-        raise _bad(where, f"'context' must be a string, got {context!r}"[:160])
+        raise _bad(where, f"'context' must be a string, got {shown(context)}")
     labels = r.get("labels")
     if labels is not None:
         labels = tuple(_strings(where, "labels", labels, len(cands), len(cands)))
@@ -70,7 +78,7 @@ def _scores(where: str, scores, n: int, style: str) -> tuple[float, ...] | None:
         return None
     if style != "judge" or not isinstance(scores, list) or len(scores) != n or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in scores):
-        raise _bad(where, f"'scores' must be a list of {n} numbers, one per answer (judge files only), got {scores!r}"[:160])
+        raise _bad(where, f"'scores' must be a list of {n} numbers, one per answer (judge files only), got {shown(scores)}")
     return tuple(float(x) for x in scores)
 
 

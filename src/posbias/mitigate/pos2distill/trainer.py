@@ -159,7 +159,37 @@ class DistillLoss:
         if "loss" in logs and self._count:
             logs.update({k: round(v / self._count, 6) for k, v in self._sums.items()})
             self._sums, self._count = {}, 0
+        if "train_loss" in logs:  # Trainer's mean covers this call's steps only: after a resume, not those before it
+            logs["train_loss"] = run_mean_loss(self.state.log_history, logs["train_loss"])
         super().log(logs, start_time)
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """Resuming, Trainer warns of every key the checkpoint lacks; a tied weight (lm_head.weight, the embeddings'
+        tensor) is saved once, under the other name, and loads through it: only the keys truly missing are warned of."""
+        tied = loaded_through_a_tie(self.model, load_result.missing_keys)
+        super()._issue_warnings_after_load(load_result._replace(
+            missing_keys=[k for k in load_result.missing_keys if k not in tied]))
+
+
+def run_mean_loss(history: list[dict], fallback: float) -> float:
+    """The mean training loss over every step of the run: each logged loss (a mean over the steps since the log
+    before it) weighted by those steps. The history is the checkpoint's (TrainerState.log_history, restored on
+    resume) plus this call's, so a resumed run counts the steps before the kill too, and matches an uninterrupted run
+    (logging_steps=1: the same sum in the same order). `fallback` (Trainer's own mean) where nothing was logged."""
+    total, last = 0.0, 0
+    for h in history:
+        if "loss" in h and "step" in h:
+            total, last = total + h["loss"] * (h["step"] - last), h["step"]
+    return total / last if last else fallback
+
+
+def loaded_through_a_tie(model, missing: list[str]) -> set[str]:
+    """The missing keys whose tensor is shared with a parameter that was loaded (tied weights)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    gone = set(missing)
+    return {n for group in names.values() if any(m not in gone for m in group) for n in group if n in gone}
 
 
 
