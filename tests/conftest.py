@@ -463,7 +463,7 @@ def method_examples(tmp_path, layers: int = 4) -> dict[str, str]:
             "lpes": f"lpes:{factors}", "mspoe": "mspoe:1.2-1.8", "mspoe-query": "mspoe:1.2-1.8:query",
             "buckets": "buckets:10000,30000", "moice": f"moice:{routers}", "calib": "calib:prompt",
             "hidden": "hidden:5:-1:1-2", "swap": "swap", "aswap": "aswap", "pride": "pride:1", "reorder": "reorder:oracle:first",
-            "attnsort": "attnsort", "curve": f"curve:{_policy(tmp_path)}", "ensemble": "ensemble:3"}
+            "attnsort": "attnsort", "curve": f"curve:{_policy(tmp_path)}", "ensemble": "ensemble:3", "pine": "pine"}
     # a method registered elsewhere (the example plugin's) runs under the spec its class declares, else its name
     return {**listed, **{n: cls.example or n for n, cls in METHODS.items() if n not in listed}}
 
@@ -487,7 +487,13 @@ def prime_calibration(active, seqs: list[list[int]], end=None) -> None:
     three items per sequence (its thirds) and seeded weights; other methods need nothing. end: the prompt-end column
     of each sequence in the batch layout (None: the last column, as generation's prefill)."""
     from posbias.methods.calibration import _CalibActive
+    from posbias.methods.pine import _PineActive
+    from posbias.models.pine import PREFIX, SUFFIX
 
+    if isinstance(active, _PineActive):  # PINE: the thirds between a 3-token prefix and a 3-token suffix as documents
+        active.handle.prompts = {tuple(s): [PREFIX] * 3 + [min(3 * i // (len(s) - 6), 2) for i in range(len(s) - 6)]
+                                 + [SUFFIX] * 3 for s in seqs}
+        return
     if not isinstance(active, _CalibActive):
         return
     spans = [[min(3 * i // len(s), 2) for i in range(len(s))] for s in seqs]

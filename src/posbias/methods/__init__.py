@@ -14,6 +14,7 @@
   curve:RUN[:bm25|oracle]   the most relevant items into the slots a sweep measured best (curve.py)
   attnsort[:ROUNDS]              attention sorting: most attended item last, repeated
   calib:prompt | calib:DIR       Found-in-the-Middle attention calibration (calibration.py)
+  pine[:reversed|fixed|causal|nia|pcw]   PINE: position-invariant attention over the items (pine.py)
 
 Every method also takes the generic `name:key=value,...` (posbias/specs.py), its keys the constructor's parameters
 (`Method.spec_params()`): `mspoe:min_ratio=1.2,max_ratio=1.8`, `pi:factor=1.2`, `layers:factors=1,1.1,1.2`.
@@ -28,12 +29,13 @@ from .decision import DecisionRule, PriDe, Swap
 from .hidden import HiddenScale
 from .moice import MoICE
 from .mspoe import MsPoE
+from .pine import Pine
 from .registry import METHODS, get_method, register_method, split_specs
 from .reorder import AttentionSort, Reorder
 from .scaling import LPES, LayerScaling, UniformScaling, read_factors
 
 __all__ = [
-    "LPES", "METHODS", "Active", "AttentionSort", "Calibration", "Curve", "Ensemble", "Reorder", "Baseline", "Buckets", "DecisionRule", "LayerScaling", "PriDe", "Swap", "Method", "MoICE", "MsPoE", "UniformScaling",
+    "LPES", "METHODS", "Active", "AttentionSort", "Calibration", "Curve", "Ensemble", "Reorder", "Baseline", "Buckets", "DecisionRule", "LayerScaling", "PriDe", "Swap", "Method", "MoICE", "MsPoE", "Pine", "UniformScaling",
     "get_method", "read_factors", "register_method", "split_specs",
     "HiddenScale",
 ]

@@ -1,0 +1,161 @@
+"""PINE inside a transformers model (models/pine.py has the attention itself): every layer's self_attn gets the
+identity RoPE and no cache from a pre-hook (models/attn_hooks.py, as Ms-PoE), and the registered attention function
+writes the un-rotated keys into the cache, keeps each row's token classes and positions, and computes PINE's
+attention over all the keys. Every layer, head and token, as Theorem 1 needs.
+
+Before a prefill the caller gives each prompt's token classes (a document index, PREFIX or SUFFIX; models/pine.py),
+in prompt order: `Pine.prompts[tuple(prompt ids)] = classes` (a batch's rows are matched by their tokens, however
+the engine splits or orders them), or `Pine.rows`, one list per batch row in order. A row's real tokens are found
+from its position_ids (left padding: position_ids = cumsum(mask) - 1, clamped); tokens past the prompt (a
+teacher-forced answer) and every decoded token are SUFFIX. A cached forward (decoding) appends SUFFIX columns.
+
+RoPE families only (a learned-position model, GPT-2, has its positions in the embeddings, which one query cannot
+re-assign for another: refused); Gemma-3's sliding layers apply their window to the re-assigned distances.
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import PosbiasError
+from .attn_hooks import patched_attention, register_attention, take_rope_and_cache
+from .pine import PAD, SUFFIX, VARIANTS, Segments, attend, rotation
+from .rope import rope_info
+
+_ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class Pine:
+    """The handle `pine` yields: set `rows` (module docstring) before each prefill."""
+
+    variant: str = "pine"
+    rows: list[list[int]] | None = None
+    prompts: dict = field(default_factory=dict)  # tuple(prompt ids) -> classes
+    input_ids: torch.Tensor | None = field(default=None, repr=False)  # the forward's, seen by the model's pre-hook
+    _memo: tuple = field(default=(), repr=False)  # (position_ids, classes): once per forward, not once per layer
+    _rotate: dict = field(default_factory=dict, repr=False)  # RoPE kind -> rotate(x, positions)
+
+
+@dataclass
+class _LayerState:
+    shared: Pine
+    kind: int
+    prefill: bool = True
+    cache: object | None = None
+    position_ids: torch.Tensor | None = None
+    cls: torch.Tensor | None = None  # [B, S] every column's class so far
+    pos: torch.Tensor | None = None  # [B, S] every column's given position
+
+
+def _rows(h: Pine, pos: torch.Tensor) -> list[list[int]]:
+    """Each batch row's prompt classes: matched by the row's real tokens against `prompts`, else `rows`."""
+    b, t = pos.shape
+    if h.prompts and h.input_ids is not None and h.input_ids.shape == pos.shape:
+        out = []
+        for r in range(b):
+            real = h.input_ids[r, t - (int(pos[r].max()) + 1):].tolist()
+            match = [c for p, c in h.prompts.items() if tuple(real[:len(p)]) == p]
+            if not match:
+                raise PosbiasError("pine: a batch row whose prompt has no token classes",
+                                   "give every prompt's classes (Pine.prompts) before its forward")
+            out.append(max(match, key=len))
+        return out
+    if h.rows is None or len(h.rows) != b:
+        raise PosbiasError(f"pine: no token classes for a batch of {b}", "set Pine.prompts (or Pine.rows) before the "
+                           "forward")
+    return h.rows
+
+
+def _prompt_classes(rows: list[list[int]], pos: torch.Tensor) -> torch.Tensor:
+    """[B, T] classes of a prefill's columns from the rows' prompt classes and the position_ids (left padding)."""
+    b, t = pos.shape
+    out = torch.full((b, t), PAD, dtype=torch.long)
+    for r, classes in enumerate(rows):
+        real = int(pos[r].max()) + 1
+        if len(classes) > real:
+            raise PosbiasError(f"pine: row {r} has {real} tokens, fewer than its {len(classes)} prompt tokens",
+                               "set Pine.rows from the prompts of this batch")
+        first = t - real
+        out[r, first:first + len(classes)] = torch.tensor(classes, dtype=torch.long)
+        out[r, first + len(classes):] = SUFFIX
+    return out.to(pos.device)
+
+
+def _make_attention(backend):
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        st = _ACTIVE.get(module)
+        if st is None:
+            return backend(module, query, key, value, attention_mask, **kwargs)
+        b, t = query.shape[0], query.shape[2]
+        pos = st.position_ids.expand(b, -1)
+        cache, st.cache = st.cache, None
+        if cache is not None:  # the cache holds un-rotated keys: PINE rotates them per query class
+            key, value = cache.update(key, value, module.layer_idx)
+        if st.prefill:
+            h = st.shared
+            if not h._memo or h._memo[0] is not st.position_ids:
+                h._memo = (st.position_ids, _prompt_classes(_rows(h, pos), pos))
+            st.cls, st.pos = h._memo[1], pos
+        else:
+            st.cls = torch.cat([st.cls, torch.full((b, t), SUFFIX, dtype=torch.long, device=pos.device)], 1)
+            st.pos = torch.cat([st.pos, pos], 1)
+        if st.cls.shape[1] != key.shape[2]:
+            raise PosbiasError(f"pine: {st.cls.shape[1]} classified columns for {key.shape[2]} keys",
+                               "run PINE on the plain path (no prefix sharing), one prefill per batch")
+        n = max(1, int(st.cls.max()) + 1)
+        scaling = kwargs.get("scaling") or module.scaling
+        window = getattr(module, "sliding_window", None) or None
+        out = attend(query, key, value, Segments(st.cls, st.pos, n), st.shared._rotate[st.kind], scaling,
+                     st.shared.variant, window)
+        return out.transpose(1, 2).contiguous().to(query.dtype), None
+
+    return attention
+
+
+def _pre_hook(module, args, kwargs):
+    st = _ACTIVE[module]
+    kwargs = take_rope_and_cache(st, module, kwargs, "pine")
+    st.position_ids = kwargs["position_ids"]
+    return args, kwargs
+
+
+def check_model(model) -> None:
+    """Refuse, in one line, a model PINE cannot run on (no static RoPE; logit soft-capping)."""
+    try:
+        rope_info(model)
+    except PosbiasError as e:
+        raise PosbiasError(f"pine: {e.problem}", "PINE re-assigns positions through RoPE; use a RoPE model "
+                           "(a learned-position model keeps its positions in the embeddings)") from None
+    if getattr(model.config, "attn_logit_softcapping", None):
+        raise PosbiasError("pine: attention logit soft-capping is not implemented", "use a model without it")
+
+
+@contextmanager
+def pine(model, variant: str = "pine"):
+    """PINE (or one of its VARIANTS) on every layer of `model` inside the block; restored exactly on exit."""
+    if variant not in VARIANTS:
+        raise PosbiasError(f"unknown PINE variant {variant!r}", f"use one of {', '.join(VARIANTS)}")
+    check_model(model)
+    info = rope_info(model)
+    if any(a in _ACTIVE for a in info.attns):
+        raise PosbiasError("pine is already active on this model", "do not nest pine contexts")
+    handle = Pine(variant)
+    handle._rotate = {i: rotation(kd.inv_freq, kd.attention_scaling) for i, kd in enumerate(info.kinds)}
+    kind = getattr(model.config, "model_type", "model")
+    old, name = register_attention(model, info.attns[0], f"pine_{kind}", _make_attention, "pine")
+    states = {a: _LayerState(handle, info.layer_kinds[i]) for i, a in enumerate(info.attns)}
+
+    def see_inputs(module, args, kwargs):  # the forward's token ids, to match its rows to their prompts
+        handle.input_ids = kwargs.get("input_ids", args[0] if args else None)
+
+    seen = model.register_forward_pre_hook(see_inputs, with_kwargs=True)
+    try:
+        with patched_attention(model, old, name, states, _ACTIVE, _pre_hook):
+            yield handle
+    finally:
+        seen.remove()

@@ -1,0 +1,136 @@
+"""PINE inside real model code (models/pine_hook.py) on tiny random models of the RoPE families posbias supports
+(Llama, Qwen-2, Gemma-3 with sliding and global layers): for every order of three documents the last token's
+log-probabilities agree to float tolerance and greedy generation through the KV cache is the same; with the
+re-assignment or the bidirectional mask left out (variants fixed, causal) they do not. A learned-position model
+(GPT-2) is refused in one line. Outside the context the model is bit for bit as before."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from posbias import PosbiasError
+from posbias.models.pine import PREFIX, SUFFIX
+from posbias.models.pine_hook import pine
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PREFIX_TEXT, DOCS, SUFFIX_TEXT = "Facts:", ["\nred is 41.", "\nblue is 7.", "\ngreen is 590."], "\nQ: blue? A:"
+
+
+def _model(arch: str):
+    from tiny import char_tokenizer, tiny_model
+
+    tok = char_tokenizer(chat=False)
+    return tiny_model(arch, len(tok), seed=3, layers=3), tok
+
+
+def _prompt(tok, order):
+    ids, classes = [tok.bos_token_id], [PREFIX]
+    pre = tok(PREFIX_TEXT, add_special_tokens=False)["input_ids"]
+    ids, classes = ids + pre, classes + [PREFIX] * len(pre)
+    for slot, d in enumerate(order):
+        t = tok(DOCS[d], add_special_tokens=False)["input_ids"]
+        ids, classes = ids + t, classes + [slot] * len(t)
+    suf = tok(SUFFIX_TEXT, add_special_tokens=False)["input_ids"]
+    return ids + suf, classes + [SUFFIX] * len(suf)
+
+
+def _last_logprobs(model, tok, order, variant="pine"):
+    ids, classes = _prompt(tok, order)
+    with torch.no_grad(), pine(model, variant) as handle:
+        handle.rows = [classes]
+        x = torch.tensor([ids])
+        out = model(input_ids=x, position_ids=torch.arange(len(ids))[None]).logits[0, -1]
+    return torch.log_softmax(out.float(), -1)
+
+
+def _greedy(model, tok, order, steps=6, variant="pine"):
+    from transformers import DynamicCache
+
+    ids, classes = _prompt(tok, order)
+    got, cache = [], DynamicCache()
+    with torch.no_grad(), pine(model, variant) as handle:
+        handle.rows = [classes]
+        x, pos = torch.tensor([ids]), torch.arange(len(ids))[None]
+        for _ in range(steps):
+            logits = model(input_ids=x, position_ids=pos, cache=cache, use_cache=True).logits[0, -1]
+            nxt = int(logits.argmax())
+            got.append(nxt)
+            x, pos = torch.tensor([[nxt]]), pos[:, -1:] + 1
+    return got
+
+
+ORDERS = list(itertools.permutations(range(3)))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_pine_outputs_do_not_depend_on_the_documents_order(arch):
+    model, tok = _model(arch)
+    ref = _last_logprobs(model, tok, ORDERS[0])
+    worst = max(float((_last_logprobs(model, tok, o) - ref).abs().max()) for o in ORDERS[1:])
+    assert worst < 1e-4, worst
+    plain = [_greedy(model, tok, o) for o in ORDERS]
+    assert all(g == plain[0] for g in plain), plain
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("variant", ["fixed", "causal"])
+def test_without_reassignment_or_the_bidirectional_mask_the_order_shows(arch, variant):
+    model, tok = _model(arch)
+    ref = _last_logprobs(model, tok, ORDERS[0], variant)
+    worst = max(float((_last_logprobs(model, tok, o, variant) - ref).abs().max()) for o in ORDERS[1:])
+    assert worst > 1e-3, (variant, worst)
+
+
+def test_decoding_through_the_cache_equals_a_full_forward():
+    model, tok = _model("llama")
+    ids, classes = _prompt(tok, (2, 0, 1))
+    steps = _greedy(model, tok, (2, 0, 1), steps=3)
+    full_ids = ids + steps[:2]
+    with torch.no_grad(), pine(model) as handle:
+        handle.rows = [classes]  # the two decoded tokens follow the prompt: SUFFIX, as in decoding
+        logits = model(input_ids=torch.tensor([full_ids]), position_ids=torch.arange(len(full_ids))[None]).logits
+    assert int(logits[0, -1].argmax()) == steps[2]
+
+
+def test_the_model_is_restored_and_gpt2_is_refused():
+    model, tok = _model("llama")
+    ids, _ = _prompt(tok, (0, 1, 2))
+    x = torch.tensor([ids])
+    before = model(input_ids=x).logits
+    _last_logprobs(model, tok, (0, 1, 2))
+    assert torch.equal(model(input_ids=x).logits, before)
+    gpt2, _ = _model("gpt2")
+    with pytest.raises(PosbiasError, match="pine: .*RoPE") as e:
+        with pine(gpt2):
+            pass
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("engine", ["teacher-forced", "generate"])
+def test_a_pine_sweep_gives_every_example_the_same_row_at_every_slot(engine):
+    """kv-lookup through the whole pipeline (spans, token classes, the Scorer's batches): each example's rows agree
+    at all five slots (the separators between facts are documents of their own), so the position test finds no
+    example varying; without PINE the tiny model's rows differ by slot."""
+    from tiny import tiny_loaded
+
+    from posbias import SweepConfig, run_sweep
+
+    lo = tiny_loaded("llama", chat=False)
+
+    def rows(method):
+        res = run_sweep(SweepConfig(task="kv-lookup", task_options={"facts": 5}, positions="all", n=3, method=method,
+                                    engine=engine), loaded=lo, progress=False)
+        by = {}
+        for r in res.rows:
+            by.setdefault(r["example_id"], set()).add((r["prediction"], round(r.get("logprob") or 0.0, 4)))
+        return by, res.summary["position_test"]
+
+    by, test = rows("pine")
+    assert all(len(v) == 1 for v in by.values()) and test["n"] == 0, by
+    if engine == "teacher-forced":
+        plain, _ = rows("none")
+        assert all(len(v) > 1 for v in plain.values())
