@@ -75,6 +75,7 @@ REFUSES["none"] = {}
 REFUSES["hidden"] = {"gpt2": "decoder layers", "gpt_neox": "q_proj", "phi3": "q_proj", "phi3-longrope": "q_proj",
                      "phi3-partial": "q_proj"}  # hidden scaling needs no RoPE, but separate q/k projections
 REFUSES["calib"] = {"gpt2": "self_attn", "gpt_neox": "self_attn"}  # calibration reweights a self_attn's attention
+REFUSES["pine"] = {**NO_ROPE, "phi3-partial": "partial rotary", "gemma2": "soft-capping"}
 LAYERS = 3
 # measured and documented (docs/mitigations.md), not yet understood: generation with a KV cache under attention
 # calibration differs from one full forward on Gemma-2 (teacher forcing, one full forward, is unaffected)
@@ -238,7 +239,8 @@ def _method_specs(tmp_path, lo) -> dict[str, tuple[str, str]]:
             "mspoe-query": ("mspoe:1.2-1.8:query", "mspoe:1-1:query"),
             "buckets": (f"buckets:{theta},{3 * theta}", f"buckets:{theta}"),
             "moice": (f"moice:{routers['act']}", f"moice:{routers['id']}"), "hidden": ("hidden:5:-1", "hidden:5:1"),
-            "calib": ("calib:prompt", "calib:prompt")}  # calibration acts only on primed rows: unprimed, it is the identity
+            "calib": ("calib:prompt", "calib:prompt"),  # calibration acts only on primed rows: unprimed, it is the identity
+            "pine": ("pine", "pine:fixed")}  # fixed positions with no separate documents is the plain model
 
 
 def test_every_registered_method_is_covered():

@@ -32,10 +32,11 @@ order. Variants (`VARIANTS`, the paper's ablations and baselines, Sec. 3.4 and 4
 Computation (`attend`): RoPE makes a logit depend on the query's and the key's positions only through their
 difference, so a key of class c moved by delta_c(i) for query i is the same as the query rotated at
 pos_i' - delta_c(i) against the key at its given position. Each query is rotated once per class (n + 2 rotations,
-not one per key), the keys are rotated once at their given positions (so a KV cache holds ordinary rotated keys),
-and the logits are taken class by class over keys gathered into padded blocks: no loop over documents, layers or
-tokens in Python, and about the cost of one plain attention plus the importance pass. `reference` is the paper's
-loop as written (every query, every key placed at its re-assigned position and rotated there), for the tests.
+not one per key), the keys once at their given positions, and the logits are taken class by class over keys
+gathered into padded blocks, the queries in chunks of bounded memory; the ranking is one argsort per query and the
+importance's segment sums are scatter-adds (O(T S), not O(T S n)). No loop over documents or layers in Python.
+Its cost is not yet where the issue wants it (docs/mitigations.md, "PINE"). `reference` is the paper's loop as
+written (every query, every key placed at its re-assigned position and rotated there), for the tests.
 """
 
 from __future__ import annotations
@@ -98,16 +99,19 @@ def allowed(seg: Segments, t: int, variant: str) -> torch.Tensor:
 
 def importance(q: torch.Tensor, k: torch.Tensor, seg: Segments, ok: torch.Tensor, scaling: float) -> torch.Tensor:
     """[B, H, T, n]: each query's importance of each document (module docstring), from un-rotated q [B, H, T, D]
-    and k [B, H, S, D] (k repeated per query head)."""
+    and k [B, H, S, D] (k repeated per query head). Segment sums by scatter_add: O(T S), not O(T S n)."""
+    b, h, t, _ = q.shape
+    n = seg.n
     logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
     attn = torch.softmax(logits.masked_fill(~ok[:, None], -math.inf), dim=-1)  # [B, H, T, S]
-    length = seg.onehot.sum(1).clamp(min=1)  # [B, n]
-    per_token = torch.matmul(attn, seg.onehot[:, None]) / length[:, None, None, :]  # [B, H, T, n]
-    t = q.shape[2]
+    col = torch.where(seg.cls >= 0, seg.cls, n)  # [B, S]: a document, or n for every other key
+    per_token = attn.new_zeros(b, h, t, n + 1).scatter_add_(3, col[:, None, None, :].expand_as(attn), attn)[..., :n]
+    per_token = per_token / seg.onehot.sum(1).clamp(min=1)[:, None, None, :]
     q_cls = seg.cls[:, -t:]
-    q_oh = (q_cls[..., None] == torch.arange(seg.n, device=q.device)).float()  # [B, T, n]: query in document a
-    per_doc = torch.matmul(q_oh.transpose(1, 2)[:, None], per_token)  # [B, H, n(a), n(d)]: summed over a's tokens
-    as_doc = torch.matmul(q_oh[:, None], per_doc)  # [B, H, T, n]: a document query takes its document's row
+    own = torch.where(q_cls >= 0, q_cls, n)  # [B, T]
+    per_doc = per_token.new_zeros(b, h, n + 1, n).index_add_(2, own[0], per_token) if b == 1 else torch.stack(
+        [per_token[r].new_zeros(h, n + 1, n).index_add_(1, own[r], per_token[r]) for r in range(b)])  # [B, H, n+1, n]
+    as_doc = per_doc.gather(2, own[:, None, :, None].expand(b, h, t, n))  # a document query: its document's sum
     return torch.where((q_cls >= 0)[:, None, :, None], as_doc, per_token)
 
 
@@ -125,20 +129,17 @@ def shifts(imp: torch.Tensor | None, seg: Segments, t: int, variant: str) -> tup
     if variant == "pcw":  # every document at the documents' first position, the suffix after the longest
         delta[..., :n] = (first[:, None] - start)[:, None, None, :]
         delta[..., n + 1] = (length.amax(1) - length.sum(1))[:, None, None].long()
-    else:  # pine, reversed: ascending importance (reversed: descending), the query's own document last
-        key = -imp if variant == "reversed" else imp
-        own = (q_cls[:, None, :, None] == torch.arange(n, device=dev)).expand(b, h, t, n)  # [B, H, T, n]
-        idx = torch.arange(n, device=dev)
-        before = (key[..., :, None] < key[..., None, :]) | ((key[..., :, None] == key[..., None, :])
-                                                            & (idx[:, None] < idx[None, :]))  # [.., d', d]: d' first
-        before = before & ~own[..., :, None]  # the query's own document is placed last, before nothing
-        before = before | own[..., None, :] & ~own[..., :, None]  # every other document comes before it
-        new = first[:, None, None, None] + (before.float() * length[:, None, None, :, None]).sum(-2).long()
+    else:  # pine, reversed, causal: ascending importance (reversed: descending), the query's own document last
+        key = (-imp if variant == "reversed" else imp).clone()
+        own = q_cls[:, None, :, None] == torch.arange(n, device=dev)  # [B, 1, T, n]
+        key = key.masked_fill(own.expand_as(key), math.inf)
+        order = torch.argsort(key, dim=-1, stable=True)  # ties: the lower index first
+        lens = length[:, None, None, :].expand_as(key).gather(-1, order)
+        starts = first[:, None, None, None] + (lens.cumsum(-1) - lens).long()
+        new = torch.zeros_like(order).scatter_(-1, order, starts)  # [B, H, T, n]
         delta[..., :n] = new - start[:, None, None, :]
-    shift = torch.zeros(b, h, t, dtype=torch.long, device=dev)
-    for c in range(n):  # a document query moves with its document (n is small: a loop over classes, not tokens)
-        shift = torch.where((q_cls == c)[:, None], delta[..., c], shift)
-    shift = torch.where((q_cls == SUFFIX)[:, None], delta[..., n + 1], shift)
+    own_cls = torch.where(q_cls >= 0, q_cls, torch.where(q_cls == SUFFIX, n + 1, n))  # [B, T]
+    shift = delta.gather(3, own_cls[:, None, :, None].expand(b, delta.shape[1], t, 1))[..., 0]
     return delta, shift
 
 
@@ -161,33 +162,38 @@ def attend(q, k, v, seg: Segments, rotate: Callable, scaling: float, variant: st
     delta, shift = shifts(imp, seg, t, variant)  # [B, H', T, C], [B, H', T]
     delta, shift = delta.expand(b, hq, t, n + 2), shift.expand(b, hq, t)
     q_pos = seg.pos[:, s - t:][:, None] + shift  # [B, H, T]: each query's re-assigned position
-    qr = rotate(q[:, :, :, None].expand(b, hq, t, n + 2, d), q_pos[..., None] - delta)  # [B, H, T, C, D]
     kr = rotate(k, seg.pos[:, None].expand(b, hq, s))  # [B, H, S, D]: keys at their given positions
     ci = _class_index(seg.cls, n)  # [B, S]
-    logits = _blocked_logits(qr, kr, ci, n + 2) * scaling  # [B, H, T, S]
-    if window is not None:  # a sliding layer: the window on the re-assigned distance
-        k_shift = torch.gather(delta, 3, ci[:, None, None, :].expand(b, hq, t, s))
-        dist = q_pos[..., None] - (seg.pos[:, None, None, :] + k_shift)
-        ok = ok[:, None] & (dist < window)
-    else:
-        ok = ok[:, None]
-    attn = torch.softmax(logits.float().masked_fill(~ok, -math.inf), dim=-1)
-    return torch.matmul(attn.to(v.dtype), v)
+    blocks, flat = _key_blocks(kr, ci, n + 2)  # [B, H, C, L, D], [B, S]
+    step = max(1, (1 << 22) // max(1, b * hq * blocks.shape[2] * blocks.shape[3]))  # queries per chunk: bounded memory
+    out = []
+    for a in range(0, t, step):  # chunks of queries (one chunk at the sizes of the tests and of decoding)
+        z = slice(a, min(t, a + step))
+        tz = z.stop - z.start
+        qr = rotate(q[:, :, z, None].expand(b, hq, tz, n + 2, d), q_pos[:, :, z, None] - delta[:, :, z])
+        per = torch.einsum("bhtcd,bhcld->bhtcl", qr, blocks).reshape(b, hq, tz, -1)
+        logits = per.gather(3, flat[:, None, None, :].expand(b, hq, tz, s)) * scaling  # [B, H, t, S]
+        okz = ok[:, None, z]
+        if window is not None:  # a sliding layer: the window on the re-assigned distance
+            k_shift = torch.gather(delta[:, :, z], 3, ci[:, None, None, :].expand(b, hq, tz, s))
+            dist = q_pos[:, :, z, None] - (seg.pos[:, None, None, :] + k_shift)
+            okz = okz & (dist < window)
+        attn = torch.softmax(logits.float().masked_fill(~okz, -math.inf), dim=-1)
+        out.append(torch.matmul(attn.to(v.dtype), v))
+    return torch.cat(out, 2)
 
 
-def _blocked_logits(qr: torch.Tensor, kr: torch.Tensor, ci: torch.Tensor, c: int) -> torch.Tensor:
-    """logits[b, h, i, j] = qr[b, h, i, ci[b, j]] . kr[b, h, j], class by class over keys gathered into padded
-    blocks [B, H, C, L, D] (L: the longest class), then put back in column order."""
+def _key_blocks(kr: torch.Tensor, ci: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys gathered class by class into padded blocks [B, H, C, L, D] (L: the longest class), and each key's
+    place in them (class * L + its index in the class) to put the logits back in column order."""
     b, h, s, d = kr.shape
     oh = ci[..., None] == torch.arange(c, device=ci.device)  # [B, S, C]
     slot = (oh.long().cumsum(1) - 1).gather(2, ci[..., None])[..., 0]  # [B, S]: the key's place in its class
     width = int(oh.sum(1).max())
-    flat = ci * width + slot  # [B, S]
+    flat = ci * width + slot
     blocks = kr.new_zeros(b, h, c * width, d)
     blocks.scatter_(2, flat[:, None, :, None].expand(b, h, s, d), kr)
-    blocks = blocks.view(b, h, c, width, d)
-    per = torch.einsum("bhtcd,bhcld->bhtcl", qr, blocks).reshape(b, h, qr.shape[2], c * width)
-    return per.gather(3, flat[:, None, None, :].expand(b, h, qr.shape[2], s))
+    return blocks.view(b, h, c, width, d), flat
 
 
 def reference(q, k, v, seg: Segments, rotate: Callable, scaling: float, variant: str = "pine",
@@ -275,14 +281,28 @@ def _positions(cls, pos, docs, col, imp, variant) -> tuple[int, dict[int, int]]:
 
 def rotation(inv_freq: torch.Tensor, scaling: float = 1.0) -> Callable:
     """rotate(x, positions) for a RoPE of these frequencies, as transformers' rotary modules compute it (fp32 angles,
-    cat(freqs, freqs), rotate_half), at integer positions of x's leading shape."""
+    cat(freqs, freqs), cos and sin times the scaling, cast to x's dtype; rotate_half), at integer positions of x's
+    leading shape, negative ones too (a query moved back past a key). cos and sin come from a table built once per
+    dtype and range and grown on demand: PINE rotates each query once per token class, and the trigonometry was
+    most of its time."""
     inv = inv_freq.detach().float()
+    tables: dict = {}  # (device, dtype) -> (lowest position, cos, sin)
+
+    def table(x: torch.Tensor, lo: int, hi: int):
+        have = tables.get((x.device, x.dtype))
+        if have is not None and have[0] <= lo and hi < have[0] + have[1].shape[0]:
+            return have
+        lo, hi = min(lo, -64) * 2, max(hi, 64) * 2
+        ang = torch.arange(lo, hi + 1, dtype=torch.float32, device=x.device)[:, None] * inv.to(x.device)
+        emb = torch.cat((ang, ang), dim=-1)
+        tables[(x.device, x.dtype)] = (lo, (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype))
+        return tables[(x.device, x.dtype)]
 
     def rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        ang = positions.to(device=x.device, dtype=torch.float32)[..., None] * inv.to(x.device)
-        emb = torch.cat((ang, ang), dim=-1)
-        cos, sin = (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)
+        positions = positions.to(x.device)
+        lo, cos, sin = table(x, int(positions.min()), int(positions.max()))
+        idx = positions - lo
         half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+        return x * cos[idx] + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin[idx]
 
     return rotate

@@ -1,7 +1,7 @@
 """PINE inside a transformers model (models/pine.py has the attention itself): every layer's self_attn gets the
 identity RoPE and no cache from a pre-hook (models/attn_hooks.py, as Ms-PoE), and the registered attention function
-writes the un-rotated keys into the cache, keeps each row's token classes and positions, and computes PINE's
-attention over all the keys. Every layer, head and token, as Theorem 1 needs.
+keeps every column's un-rotated key and value (the model's cache is updated too, for its length), each row's token
+classes and positions, and computes PINE's attention over all the keys. Every layer, head and token, as Theorem 1 needs.
 
 Before a prefill the caller gives each prompt's token classes (a document index, PREFIX or SUFFIX; models/pine.py),
 in prompt order: `Pine.prompts[tuple(prompt ids)] = classes` (a batch's rows are matched by their tokens, however
@@ -50,6 +50,8 @@ class _LayerState:
     position_ids: torch.Tensor | None = None
     cls: torch.Tensor | None = None  # [B, S] every column's class so far
     pos: torch.Tensor | None = None  # [B, S] every column's given position
+    keys: torch.Tensor | None = None  # [B, Hk, S, D] un-rotated, every column so far
+    values: torch.Tensor | None = None
 
 
 def _rows(h: Pine, pos: torch.Tensor) -> list[list[int]]:
@@ -65,6 +67,8 @@ def _rows(h: Pine, pos: torch.Tensor) -> list[list[int]]:
                                    "give every prompt's classes (Pine.prompts) before its forward")
             out.append(max(match, key=len))
         return out
+    if not h.prompts and h.rows is None:  # no items given: no documents, the plain causal attention
+        return [[] for _ in range(b)]
     if h.rows is None or len(h.rows) != b:
         raise PosbiasError(f"pine: no token classes for a batch of {b}", "set Pine.prompts (or Pine.rows) before the "
                            "forward")
@@ -94,8 +98,13 @@ def _make_attention(backend):
         b, t = query.shape[0], query.shape[2]
         pos = st.position_ids.expand(b, -1)
         cache, st.cache = st.cache, None
-        if cache is not None:  # the cache holds un-rotated keys: PINE rotates them per query class
-            key, value = cache.update(key, value, module.layer_idx)
+        if cache is not None:  # the model's cache keeps its length (a sliding layer's cache keeps only its window)
+            cache.update(key, value, module.layer_idx)
+        # PINE's own store: every key and value un-rotated (PINE rotates them per query class and applies a sliding
+        # layer's window to the re-assigned distances, so it needs all of them)
+        st.keys = key if st.prefill else torch.cat([st.keys, key], 2)
+        st.values = value if st.prefill else torch.cat([st.values, value], 2)
+        key, value = st.keys, st.values
         if st.prefill:
             h = st.shared
             if not h._memo or h._memo[0] is not st.position_ids:
@@ -109,7 +118,7 @@ def _make_attention(backend):
                                "run PINE on the plain path (no prefix sharing), one prefill per batch")
         n = max(1, int(st.cls.max()) + 1)
         scaling = kwargs.get("scaling") or module.scaling
-        window = getattr(module, "sliding_window", None) or None
+        window = kwargs.get("sliding_window", getattr(module, "sliding_window", None)) or None  # a sliding layer
         out = attend(query, key, value, Segments(st.cls, st.pos, n), st.shared._rotate[st.kind], scaling,
                      st.shared.variant, window)
         return out.transpose(1, 2).contiguous().to(query.dtype), None
@@ -127,12 +136,16 @@ def _pre_hook(module, args, kwargs):
 def check_model(model) -> None:
     """Refuse, in one line, a model PINE cannot run on (no static RoPE; logit soft-capping)."""
     try:
-        rope_info(model)
+        info = rope_info(model)
     except PosbiasError as e:
         raise PosbiasError(f"pine: {e.problem}", "PINE re-assigns positions through RoPE; use a RoPE model "
                            "(a learned-position model keeps its positions in the embeddings)") from None
     if getattr(model.config, "attn_logit_softcapping", None):
         raise PosbiasError("pine: attention logit soft-capping is not implemented", "use a model without it")
+    head = getattr(info.attns[0], "head_dim", None)
+    if head is not None and 2 * info.inv_freq.numel() != head:
+        raise PosbiasError(f"pine: RoPE on {2 * info.inv_freq.numel()} of {head} head dimensions (partial rotary) is "
+                           "not implemented", "use a model with RoPE on the whole head (Llama, Qwen, Mistral, Gemma-3)")
 
 
 @contextmanager
