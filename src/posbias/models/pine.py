@@ -164,14 +164,16 @@ def attend(q, k, v, seg: Segments, rotate: Callable, scaling: float, variant: st
     q_pos = seg.pos[:, s - t:][:, None] + shift  # [B, H, T]: each query's re-assigned position
     kr = rotate(k, seg.pos[:, None].expand(b, hq, s))  # [B, H, S, D]: keys at their given positions
     ci = _class_index(seg.cls, n)  # [B, S]
-    blocks, flat = _key_blocks(kr, ci, n + 2)  # [B, H, C, L, D], [B, S]
-    step = max(1, (1 << 22) // max(1, b * hq * blocks.shape[2] * blocks.shape[3]))  # queries per chunk: bounded memory
+    groups, flat = _key_blocks(kr, ci, n + 2)  # [(classes, [B, H, C_g, L_g, D])], [B, S]
+    size = sum(bl.shape[2] * bl.shape[3] for _, bl in groups)
+    step = max(1, (1 << 22) // max(1, b * hq * size))  # queries per chunk: bounded memory
     out = []
     for a in range(0, t, step):  # chunks of queries (one chunk at the sizes of the tests and of decoding)
         z = slice(a, min(t, a + step))
         tz = z.stop - z.start
         qr = rotate(q[:, :, z, None].expand(b, hq, tz, n + 2, d), q_pos[:, :, z, None] - delta[:, :, z])
-        per = torch.einsum("bhtcd,bhcld->bhtcl", qr, blocks).reshape(b, hq, tz, -1)
+        per = torch.cat([torch.einsum("bhtcd,bhcld->bhtcl", qr[:, :, :, cls_g], bl).reshape(b, hq, tz, -1)
+                         for cls_g, bl in groups], dim=3)
         logits = per.gather(3, flat[:, None, None, :].expand(b, hq, tz, s)) * scaling  # [B, H, t, S]
         okz = ok[:, None, z]
         if window is not None:  # a sliding layer: the window on the re-assigned distance
@@ -183,17 +185,33 @@ def attend(q, k, v, seg: Segments, rotate: Callable, scaling: float, variant: st
     return torch.cat(out, 2)
 
 
-def _key_blocks(kr: torch.Tensor, ci: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys gathered class by class into padded blocks [B, H, C, L, D] (L: the longest class), and each key's
-    place in them (class * L + its index in the class) to put the logits back in column order."""
+def _key_blocks(kr: torch.Tensor, ci: torch.Tensor, c: int) -> tuple[list, torch.Tensor]:
+    """The keys gathered class by class into padded blocks, classes grouped by length (the next power of two, so a
+    one-token separator is not padded to a document's length): [(class indices, [B, H, C_g, L_g, D])], and each key's
+    place in the groups' concatenated blocks, to put the logits back in column order."""
     b, h, s, d = kr.shape
     oh = ci[..., None] == torch.arange(c, device=ci.device)  # [B, S, C]
     slot = (oh.long().cumsum(1) - 1).gather(2, ci[..., None])[..., 0]  # [B, S]: the key's place in its class
-    width = int(oh.sum(1).max())
-    flat = ci * width + slot
-    blocks = kr.new_zeros(b, h, c * width, d)
-    blocks.scatter_(2, flat[:, None, :, None].expand(b, h, s, d), kr)
-    return blocks.view(b, h, c, width, d), flat
+    longest = oh.sum(1).amax(0)  # [C]: each class's length (the longest over the batch)
+    bucket = torch.where(longest > 0, torch.ceil(torch.log2(longest.clamp(min=1).float())).long(), -1)
+    groups, base = [], torch.zeros(c, dtype=torch.long, device=ci.device)
+    offset = 0
+    for g in sorted(set(bucket.tolist()) - {-1}):
+        members = torch.nonzero(bucket == g)[:, 0]
+        width = int(longest[members].max())
+        base[members] = offset + torch.arange(len(members), device=ci.device) * width
+        blocks = kr.new_zeros(b, h, len(members) * width, d)
+        groups.append((members, width, blocks))
+        offset += len(members) * width
+    flat = base[ci] + slot  # [B, S]: the key's column in the concatenated blocks
+    out = []
+    for members, width, blocks in groups:
+        inside = (bucket[ci] == bucket[members[0]])  # [B, S]: keys of this group
+        local = torch.where(inside, flat - int(base[members[0]]), 0)
+        src = torch.where(inside[:, None, :, None], kr, torch.zeros_like(kr))
+        blocks.scatter_add_(2, local[:, None, :, None].expand(b, h, s, d), src)
+        out.append((members, blocks.view(b, h, len(members), width, d)))
+    return out, flat
 
 
 def reference(q, k, v, seg: Segments, rotate: Callable, scaling: float, variant: str = "pine",
