@@ -200,18 +200,11 @@ def _key_blocks(kr: torch.Tensor, ci: torch.Tensor, c: int) -> tuple[list, torch
         members = torch.nonzero(bucket == g)[:, 0]
         width = int(longest[members].max())
         base[members] = offset + torch.arange(len(members), device=ci.device) * width
-        blocks = kr.new_zeros(b, h, len(members) * width, d)
-        groups.append((members, width, blocks))
+        groups.append((members, width, offset))
         offset += len(members) * width
     flat = base[ci] + slot  # [B, S]: the key's column in the concatenated blocks
-    out = []
-    for members, width, blocks in groups:
-        inside = (bucket[ci] == bucket[members[0]])  # [B, S]: keys of this group
-        local = torch.where(inside, flat - int(base[members[0]]), 0)
-        src = torch.where(inside[:, None, :, None], kr, torch.zeros_like(kr))
-        blocks.scatter_add_(2, local[:, None, :, None].expand(b, h, s, d), src)
-        out.append((members, blocks.view(b, h, len(members), width, d)))
-    return out, flat
+    blocks = kr.new_zeros(b, h, offset, d).scatter_(2, flat[:, None, :, None].expand(b, h, s, d), kr)  # one scatter
+    return [(m, blocks[:, :, o:o + len(m) * w].view(b, h, len(m), w, d)) for m, w, o in groups], flat
 
 
 def reference(q, k, v, seg: Segments, rotate: Callable, scaling: float, variant: str = "pine",
