@@ -26,13 +26,12 @@ def format_table(per: list[dict], summary: dict, head: str | None = None) -> str
     if u and not u["measured"]:
         return "\n".join(unread_lines(u) + lines + not_measured(u) + _cut_lines(s))
     lines = unread_lines(u) + lines
+    avg_ci = f" [{s['average_ci'][0]:.3f}, {s['average_ci'][1]:.3f}]" if "average_ci" in s else ""
     if len(per) == 1:  # one slot: no best, worst, gap or position test to speak of
-        avg = f"average {s['average']:.3f}" + (f" [{s['average_ci'][0]:.3f}, {s['average_ci'][1]:.3f}]" if "average_ci" in s else "")
-        return "\n".join(lines + [avg + f" at the one slot measured ({label(per[0]['position'])}): no best, worst, gap "
+        return "\n".join(lines + [f"average {s['average']:.3f}{avg_ci} at the one slot measured ({label(per[0]['position'])}): no best, worst, gap "
                                    "or position test (measure two slots or more)"] + _cut_lines(s)
                           + (format_order(s["order"], s.get("decision"), gold=measure == "accuracy", orders=1)
                              if "order" in s and u is None else []))
-    avg_ci = f" [{s['average_ci'][0]:.3f}, {s['average_ci'][1]:.3f}]" if "average_ci" in s else ""
     chance = f" (chance {s['chance']:.3f})" if s.get("chance") else ""
     lines += [  # a judge file without "preferred": no right answer, so no chance, best or worst (eval/judging.py)
         f"average {s['average']:.3f}{avg_ci}{chance} | best {s['best']:.3f} (pos {s['best_position']}) | worst {s['worst']:.3f} "

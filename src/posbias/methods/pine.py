@@ -25,6 +25,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+from ..errors import PosbiasError
 from ..models.load import Loaded
 from ..models.pine import PREFIX, SUFFIX, VARIANTS
 from ..tasks import Task
@@ -56,8 +57,6 @@ class Pine(Method):
     reads_attention = True  # it replaces the model's attention: in process only
 
     def __init__(self, variant: str = "pine"):
-        from ..errors import PosbiasError
-
         if variant not in VARIANTS:
             raise PosbiasError(f"unknown PINE variant {variant!r}", f"write pine or pine:{'|'.join(VARIANTS[1:])}")
         self.variant = variant

@@ -37,7 +37,7 @@ class Pine:
     rows: list[list[int]] | None = None
     prompts: dict = field(default_factory=dict)  # tuple(prompt ids) -> classes
     input_ids: torch.Tensor | None = field(default=None, repr=False)  # the forward's, seen by the model's pre-hook
-    _memo: tuple = field(default=(), repr=False)  # (position_ids, classes): once per forward, not once per layer
+    _memo: tuple = field(default=(), repr=False)  # (position_ids, classes, positions): once per forward, not per layer
     _rotate: dict = field(default_factory=dict, repr=False)  # RoPE kind -> rotate(x, positions)
 
 
@@ -48,8 +48,6 @@ class _LayerState:
     prefill: bool = True
     cache: object | None = None
     position_ids: torch.Tensor | None = None
-    cls: torch.Tensor | None = None  # [B, S] every column's class so far
-    pos: torch.Tensor | None = None  # [B, S] every column's given position
     keys: torch.Tensor | None = None  # [B, Hk, S, D] un-rotated, every column so far
     values: torch.Tensor | None = None
 
@@ -105,22 +103,21 @@ def _make_attention(backend):
         st.keys = key if st.prefill else torch.cat([st.keys, key], 2)
         st.values = value if st.prefill else torch.cat([st.values, value], 2)
         key, value = st.keys, st.values
-        if st.prefill:
-            h = st.shared
-            if not h._memo or h._memo[0] is not st.position_ids:
-                h._memo = (st.position_ids, _prompt_classes(_rows(h, pos), pos))
-            st.cls, st.pos = h._memo[1], pos
-        else:
-            st.cls = torch.cat([st.cls, torch.full((b, t), SUFFIX, dtype=torch.long, device=pos.device)], 1)
-            st.pos = torch.cat([st.pos, pos], 1)
-        if st.cls.shape[1] != key.shape[2]:
-            raise PosbiasError(f"pine: {st.cls.shape[1]} classified columns for {key.shape[2]} keys",
+        h = st.shared
+        if not h._memo or h._memo[0] is not st.position_ids:  # every column's class and position: once per forward
+            if st.prefill:
+                h._memo = (st.position_ids, _prompt_classes(_rows(h, pos), pos), pos)
+            else:  # a decoded token: SUFFIX
+                new = torch.full((b, t), SUFFIX, dtype=torch.long, device=pos.device)
+                h._memo = (st.position_ids, torch.cat([h._memo[1], new], 1), torch.cat([h._memo[2], pos], 1))
+        cls, given = h._memo[1], h._memo[2]
+        if cls.shape[1] != key.shape[2]:
+            raise PosbiasError(f"pine: {cls.shape[1]} classified columns for {key.shape[2]} keys",
                                "run PINE on the plain path (no prefix sharing), one prefill per batch")
-        n = max(1, int(st.cls.max()) + 1)
+        n = max(1, int(cls.max()) + 1)
         scaling = kwargs.get("scaling") or module.scaling
         window = kwargs.get("sliding_window", getattr(module, "sliding_window", None)) or None  # a sliding layer
-        out = attend(query, key, value, Segments(st.cls, st.pos, n), st.shared._rotate[st.kind], scaling,
-                     st.shared.variant, window)
+        out = attend(query, key, value, Segments(cls, given, n), h._rotate[st.kind], scaling, h.variant, window)
         return out.transpose(1, 2).contiguous().to(query.dtype), None
 
     return attention

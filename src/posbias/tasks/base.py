@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ..core.order import parse_choice
 from ..errors import PosbiasError
 from .placement import Placement, positions_spec, resolve_positions
 
@@ -94,8 +95,6 @@ class Task(ABC):
     def read_choice(self, text: str, labels: tuple[str, ...]) -> int:
         """The slot a generated verdict names (an order task; -1: none, -2: a tie): core.order.parse_choice, or the
         verdict pattern of a judge template (OrderTask)."""
-        from ..core.order import parse_choice
-
         return parse_choice(text, labels)
 
     def gold_target(self, prompt: Prompt) -> str:

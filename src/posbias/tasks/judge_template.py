@@ -39,6 +39,7 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.order import parse_choice
 from ..errors import PosbiasError, shown
 
 SLOTS = "abcdefghij"  # {answer_a} .. {answer_j}: slot 0 .. 9
@@ -78,8 +79,6 @@ class JudgeTemplate:
 
     def read(self, text: str, labels) -> int:
         """The slot a generated reply names in the verdict pattern (the last match; TIE for the tie label; -1: none)."""
-        from ..core.order import parse_choice  # tasks sit above core
-
         if not self.verdict:
             return parse_choice(text, labels)
         names = [*labels, *([self.tie] if self.tie else [])]
