@@ -78,6 +78,7 @@ def test_a_grid_prints_each_lengths_cut_answers_and_loops_as_a_sweep_does(model_
         assert c["of"] == 3 and f"note: {what} reference, " in text, c
 
 
+@pytest.mark.data("nq")  # niah's default haystack
 def test_fill_with_sizes_is_refused_in_one_line_and_either_fix_runs(model_dir, loaded, tmp_path, monkeypatch, capsys):
     cfg = dict(model=str(model_dir), task="niah", depths="0%,100%", n=1, dtype="fp32")
     with pytest.raises(PosbiasError) as e:
