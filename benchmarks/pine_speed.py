@@ -4,7 +4,7 @@ process (the de-quantized model cache on disk is warm; the model load is not tim
 prefix sharing: PINE cannot share a prefix), teacher-forced, the same rows. The goal (issue 68): PINE at most 1.5x
 plain at 2 items and 3x at 20 documents (the paper's implementation: about 2x and 8x).
 
-The paper's loop as written (`models/pine.reference`, one query at a time) is for the tests only: one 20-document
+The paper's loop as written (`models/pine_reference.py`, one query at a time) is for the tests only: one 20-document
 row would take hours; it is not timed here.
 
     python benchmarks/pine_speed.py [--n 2] [--model smollm2-135m] [--dtype auto]

@@ -7,12 +7,27 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posbias.models.pine import INVARIANT, PAD, PREFIX, SUFFIX, VARIANTS, Segments, attend, reference, rotation
+from posbias.models import pine as pine_module
+from posbias.models.pine import INVARIANT, PAD, PREFIX, SUFFIX, VARIANTS, Segments, attend
+from posbias.models.pine_reference import reference
+from posbias.models.rope import rotation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 LENS = (4, 2, 5)  # three documents between a prefix of 3 and a suffix of 3 tokens
 PRE, SUF, D, HQ, HK = 3, 3, 8, 4, 2
+
+
+@pytest.fixture(params=[(1, 512), (3, 512), (100, 0), (100, 10 ** 9)],
+                ids=["all-by-layout", "long-by-layout", "all-by-class", "all-by-class-dense"])
+def layout_min(request, monkeypatch):
+    """Every path of `attend`: whole documents by layout (their keys rotated once per document, fused SDPA), the
+    queries by class over key blocks (each query rotated once per token class), and by class over the keys in
+    column order (decoding's few queries). 3 sends the documents of 4 and 5 tokens by layout and the one of 2 by
+    class, in one forward."""
+    monkeypatch.setattr(pine_module, "LAYOUT_MIN", request.param[0])
+    monkeypatch.setattr(pine_module, "DENSE", request.param[1])
+    return request.param
 
 
 def _layout(order, pad: int = 0):
@@ -52,7 +67,7 @@ def _run(order, fn, variant, toks, pad: int = 0, window=None, t: int | None = No
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("window", [None, 6])
-def test_the_batched_attention_is_the_papers_loop(variant, window):
+def test_the_batched_attention_is_the_papers_loop(variant, window, layout_min):
     toks = _tokens(1)
     for order, pad in (((0, 1, 2), 0), ((2, 0, 1), 2)):
         fast, slow = _run(order, attend, variant, toks, pad, window), _run(order, reference, variant, toks, pad, window)
@@ -60,7 +75,7 @@ def test_the_batched_attention_is_the_papers_loop(variant, window):
             torch.testing.assert_close(fast[name].float(), slow[name], atol=2e-5, rtol=1e-4, msg=f"{variant} {name}")
 
 
-def test_decoding_one_token_against_the_cache_is_the_full_forwards_last_row():
+def test_decoding_one_token_against_the_cache_is_the_full_forwards_last_row(layout_min):
     toks = _tokens(2)
     full = _run((1, 2, 0), attend, "pine", toks)
     last = _run((1, 2, 0), attend, "pine", toks, t=1)
@@ -68,7 +83,7 @@ def test_decoding_one_token_against_the_cache_is_the_full_forwards_last_row():
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_outputs_do_not_depend_on_the_documents_order_exactly_where_the_paper_says(variant):
+def test_outputs_do_not_depend_on_the_documents_order_exactly_where_the_paper_says(variant, layout_min):
     """pine, reversed and PCW: every token's output the same under all six orders; fixed positions and NIA: the
     suffix's output moves (RoPE sees the documents' order). With the reassignment or the bidirectional mask removed
     (the variants fixed and nia), the check fails: it can fail for the reason it names."""

@@ -29,56 +29,173 @@ order. Variants (`VARIANTS`, the paper's ablations and baselines, Sec. 3.4 and 4
   pcw       Parallel Context Windows (Ratner et al. 2023): no inter-document attention, every document starts at
             the same position, the suffix after the longest one (invariant)
 
-Computation (`attend`): RoPE makes a logit depend on the query's and the key's positions only through their
-difference, so a key of class c moved by delta_c(i) for query i is the same as the query rotated at
-pos_i' - delta_c(i) against the key at its given position. Each query is rotated once per class (n + 2 rotations,
-not one per key), the keys once at their given positions, and the logits are taken class by class over keys
-gathered into padded blocks, the queries in chunks of bounded memory; the ranking is one argsort per query and the
-importance's segment sums are scatter-adds (O(T S), not O(T S n)). No loop over documents or layers in Python.
-Its cost is not yet where the issue wants it (docs/mitigations.md, "PINE"). `reference` is the paper's loop as
-written (every query, every key placed at its re-assigned position and rotated there), for the tests.
+Computation (`attend`), no Python loop over documents, tokens or layers, in three parts:
+
+  importance  the token-level softmax summed per key document is an attention whose values are the documents'
+              one-hot columns: one fused SDPA (no [T, S] matrix in memory)
+  by layout   a whole document's query tokens share one layout (its importance is its document's), so the keys are
+              rotated once per document at their re-assigned positions, as the paper's loop places them, and the
+              document's queries attend to them in one fused SDPA; the keys, already rotated at their given
+              positions and gathered class by class into blocks, move by R(delta_c) per class (one broadcast product)
+  by class    every other query (prefix, suffix, decoded tokens, separators) has its own layout; RoPE makes a logit
+              depend on the two positions only through their difference, so the query is rotated once per token
+              class (pos_i' - delta_c(i)) against the keys at their given positions: over the key blocks, or for a
+              few queries (decoding) against every key in column order, each key's logit taken from its class's row
+
+PINE costs two non-causal attentions where the plain model has one causal one: about 4x the plain attention's
+products, the floor of this computation (docs/mitigations.md, "PINE", has the measured cost). models/pine_reference.py
+has the paper's loop as written (every query, every key placed at its re-assigned position and rotated there), for
+the tests.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
+
+from .rope import Rotary
 
 VARIANTS = ("pine", "reversed", "fixed", "causal", "nia", "pcw")
 INVARIANT = {"pine": True, "reversed": True, "fixed": False, "causal": False, "nia": False, "pcw": True}
 BLOCKED = ("nia", "pcw")  # no attention between documents
 CAUSAL = ("causal",)  # the causal mask kept between documents
 PREFIX, SUFFIX, PAD = -1, -2, -3  # token classes besides the documents 0..n-1
+LAYOUT_MIN = 8  # a document with this many query tokens in a forward gets its own rotated keys (`_by_layout`)
+LAYOUT_ELEMENTS = 1 << 24  # rotated key elements per chunk of documents: bounded memory
+DENSE = 512  # query rows x classes up to which the rest go by `_by_class_dense` (no key blocks)
 
 
 @dataclass(frozen=True)
 class Segments:
     """The token classes of a batch. cls [B, S]: a document index, PREFIX, SUFFIX or PAD for every key column (the
     queries are the last T columns); pos [B, S]: each column's given position (position_ids); n: documents per row
-    (a row with fewer has empty ones)."""
+    (a row with fewer has empty ones). What depends only on these (the mask, the key blocks, which queries go by
+    layout) is made once and kept: the hook makes one Segments per forward, so every layer shares them."""
 
     cls: torch.Tensor
     pos: torch.Tensor
     n: int
+    _kept: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def _keep(self, key, make):
+        if key not in self._kept:
+            self._kept[key] = make()
+        return self._kept[key]
 
     @property
     def onehot(self) -> torch.Tensor:
         """[B, S, n] float: column j belongs to document d."""
-        return (self.cls[..., None] == torch.arange(self.n, device=self.cls.device)).float()
+        return self._keep("onehot", lambda: (self.cls[..., None] == torch.arange(self.n, device=self.cls.device))
+                          .float())
 
     def layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(length [B, n], given start position [B, n] (0 for an empty document), the documents' first position
         [B]): the layout every re-assignment starts from."""
-        oh = self.onehot
-        length = oh.sum(1)
-        big = torch.iinfo(torch.long).max
-        start = torch.where(oh.bool(), self.pos[..., None], big).amin(1)
-        start = torch.where(length > 0, start, 0)
-        first = torch.where(length > 0, start, big).amin(1)
-        return length, start, torch.where(first == big, 0, first)
+        def make():
+            oh = self.onehot
+            length = oh.sum(1)
+            big = torch.iinfo(torch.long).max
+            start = torch.where(oh.bool(), self.pos[..., None], big).amin(1)
+            start = torch.where(length > 0, start, 0)
+            first = torch.where(length > 0, start, big).amin(1)
+            return length, start, torch.where(first == big, 0, first)
+
+        return self._keep("layout", make)
+
+    def allowed(self, t: int, variant: str) -> torch.Tensor:
+        return self._keep(("allowed", t, variant), lambda: allowed(self, t, variant))
+
+    def blocks(self) -> "Blocks":
+        return self._keep("blocks", lambda: _blocks(_class_index(self.cls, self.n), self.n + 2, self.pos))
+
+    def plan(self, t: int, per_chunk: int, variant: str) -> "Plan":
+        """Which of the last t query columns go by layout (whole documents of LAYOUT_MIN tokens or more, in chunks
+        of per_chunk documents) and which by class (the rest)."""
+        return self._keep(("plan", t, per_chunk, variant),
+                          lambda: _plan(self.cls[:, -t:], self.n, per_chunk, self.allowed(t, variant), self.blocks))
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """The key columns gathered class by class into padded blocks (classes grouped by length, the next power of two,
+    so a one-token separator is not padded to a document's length). groups: [(class indices [C_g], width, offset)],
+    group g's classes at columns offset .. offset + C_g * width of the blocked layout; flat [B, S]: each column's
+    place there; src [B, K]: the column each place holds (-1: padding); cls [K]: each place's class; pos [B, K]: its
+    given position."""
+
+    groups: list
+    flat: torch.Tensor
+    src: torch.Tensor
+    cls: torch.Tensor
+    pos: torch.Tensor
+
+    def put(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, H, S, D] in the blocked layout [B, H, K, D] (zeros at the padding)."""
+        b, h, s, d = x.shape
+        return x.new_zeros(b, h, self.src.shape[1], d).scatter_(2, self.flat[:, None, :, None].expand(b, h, s, d), x)
+
+
+def _blocks(ci: torch.Tensor, c: int, pos: torch.Tensor) -> Blocks:
+    b, s = ci.shape
+    dev = ci.device
+    oh = ci[..., None] == torch.arange(c, device=dev)  # [B, S, C]
+    slot = (oh.long().cumsum(1) - 1).gather(2, ci[..., None])[..., 0]  # [B, S]: the key's place in its class
+    longest = oh.sum(1).amax(0)  # [C]: each class's length (the longest over the batch)
+    bucket = torch.where(longest > 0, torch.ceil(torch.log2(longest.clamp(min=1).float())).long(), -1)
+    groups, base, cls, offset = [], torch.zeros(c, dtype=torch.long, device=dev), [], 0
+    for g in sorted(set(bucket.tolist()) - {-1}):
+        members = torch.nonzero(bucket == g)[:, 0]
+        width = int(longest[members].max())
+        base[members] = offset + torch.arange(len(members), device=dev) * width
+        groups.append((members, width, offset))
+        cls.append(members.repeat_interleave(width))
+        offset += len(members) * width
+    flat = base[ci] + slot
+    src = torch.full((b, offset), -1, dtype=torch.long, device=dev).scatter_(1, flat, torch.arange(s, device=dev)
+                                                                              .expand(b, s))
+    return Blocks(groups, flat, src, torch.cat(cls), pos.gather(1, src.clamp(min=0)))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """layouts: [(rows [P], cols [P, L], valid [P, L], mask [P, 1, L, K])], chunks of documents whose query columns
+    go by layout (padded; shortest documents first, so a chunk's are of like length; the mask over the blocked
+    keys); rest: (cols [B, T'], valid [B, T'], mask [B, T', S]) or None."""
+
+    layouts: list
+    rest: tuple | None
+
+
+def _plan(q_cls: torch.Tensor, n: int, per_chunk: int, ok: torch.Tensor, blocks: Callable) -> Plan:
+    b, dev = q_cls.shape[0], q_cls.device
+    counts = (q_cls[..., None] == torch.arange(n, device=dev)).sum(1)  # [B, n]
+    big = counts >= LAYOUT_MIN
+    pairs = sorted(torch.nonzero(big).tolist(), key=lambda rd: (int(counts[rd[0], rd[1]]), rd))
+    layouts = []
+    if pairs:
+        bl = blocks()
+        okb = ok.gather(2, bl.src.clamp(min=0)[:, None, :].expand(b, ok.shape[1], -1)) & (bl.src >= 0)[:, None]
+    for a in range(0, len(pairs), per_chunk):
+        chunk = pairs[a:a + per_chunk]
+        cs = [torch.nonzero(q_cls[r] == d_)[:, 0] for r, d_ in chunk]
+        width = max(len(c) for c in cs)
+        cols = torch.stack([torch.cat([c, c[:1].expand(width - len(c))]) for c in cs])  # padded with a real column
+        valid = torch.arange(width, device=dev)[None, :] < torch.tensor([len(c) for c in cs], device=dev)[:, None]
+        rows = torch.tensor([r for r, _ in chunk], device=dev)
+        mask = (okb[rows[:, None], cols] | ~valid[..., None])[:, None]  # a padded query row sees every key
+        layouts.append((rows, cols, valid, mask))
+    rest = ~(big.gather(1, q_cls.clamp(min=0)) & (q_cls >= 0))  # [B, T]
+    if not rest.any():
+        return Plan(layouts, None)
+    width = int(rest.sum(1).max())
+    order = torch.argsort((~rest).to(torch.int8), dim=1, stable=True)[:, :width]  # each row's rest columns first
+    valid = rest.gather(1, order)
+    mask = ok.gather(1, order[..., None].expand(b, width, ok.shape[2])) | ~valid[..., None]  # over the columns
+    return Plan(layouts, (order, valid, mask))
 
 
 def allowed(seg: Segments, t: int, variant: str) -> torch.Tensor:
@@ -99,14 +216,21 @@ def allowed(seg: Segments, t: int, variant: str) -> torch.Tensor:
 
 def importance(q: torch.Tensor, k: torch.Tensor, seg: Segments, ok: torch.Tensor, scaling: float) -> torch.Tensor:
     """[B, H, T, n]: each query's importance of each document (module docstring), from un-rotated q [B, H, T, D]
-    and k [B, H, S, D] (k repeated per query head). Segment sums by scatter_add: O(T S), not O(T S n)."""
-    b, h, t, _ = q.shape
-    n = seg.n
-    logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
-    attn = torch.softmax(logits.masked_fill(~ok[:, None], -math.inf), dim=-1)  # [B, H, T, S]
+    and k [B, Hk, S, D]. The token-level softmax summed per key document is an attention whose values are the
+    documents' one-hot columns, so it runs as one fused SDPA (no [T, S] matrix in memory) in the model's dtype with
+    fp32 accumulation; the one-hot columns are padded to the head size (the fused kernel wants values as wide as
+    the keys) and taken D at a time when there are more documents."""
+    b, h, t, d = q.shape
+    n, hk = seg.n, k.shape[1]
     col = torch.where(seg.cls >= 0, seg.cls, n)  # [B, S]: a document, or n for every other key
-    per_token = attn.new_zeros(b, h, t, n + 1).scatter_add_(3, col[:, None, None, :].expand_as(attn), attn)[..., :n]
-    per_token = per_token / seg.onehot.sum(1).clamp(min=1)[:, None, None, :]
+    mask = ok[:, None]
+    parts = []
+    for lo in range(0, n, d):  # one pass at the sizes posbias meets (n <= head size)
+        hot = seg._keep(("hot", lo, d, hk, q.dtype), lambda lo=lo: (col[..., None] == torch.arange(
+            lo, lo + d, device=col.device)).to(q.dtype)[:, None].expand(b, hk, -1, d).contiguous())  # [B, Hk, S, D]
+        parts.append(F.scaled_dot_product_attention(q, k, hot, attn_mask=mask, scale=scaling,
+                                                    enable_gqa=hk != h)[..., :min(d, n - lo)])
+    per_token = torch.cat(parts, -1).float() / seg.onehot.sum(1).clamp(min=1)[:, None, None, :]  # [B, H, T, n]
     q_cls = seg.cls[:, -t:]
     own = torch.where(q_cls >= 0, q_cls, n)  # [B, T]
     per_doc = per_token.new_zeros(b, h, n + 1, n).index_add_(2, own[0], per_token) if b == 1 else torch.stack(
@@ -148,172 +272,123 @@ def _class_index(cls: torch.Tensor, n: int) -> torch.Tensor:
     return torch.where(cls >= 0, cls, torch.where(cls == SUFFIX, n + 1, n))
 
 
-def attend(q, k, v, seg: Segments, rotate: Callable, scaling: float, variant: str = "pine",
-           window: int | None = None) -> torch.Tensor:
+def attend(q, k, v, seg: Segments, rotate: Rotary, scaling: float, variant: str = "pine",
+           window: int | None = None, k_given: torch.Tensor | None = None) -> torch.Tensor:
     """PINE attention for the last T columns: q [B, Hq, T, D], k and v [B, Hk, S, D] un-rotated (a cache's columns
-    first); rotate(x, positions) applies the layer's RoPE at integer positions of x's leading shape; -> [B, Hq, T, Dv]
-    (module docstring). window: a sliding layer's window, on the re-assigned distances."""
+    first); rotate: the layer's RoPE (`rotation`); -> [B, Hq, T, Dv] (module docstring). window: a sliding layer's
+    window, on the re-assigned distances; k_given: k rotated at its given positions, if the caller keeps it (a
+    decoding cache). The keys rotated at their given positions are put in blocks class by class (`Blocks`); whole
+    documents' queries then go by layout (`_by_layout`), the rest by class (`_by_class`, or `_by_class_dense` for a
+    few queries: decoding)."""
     b, hq, t, d = q.shape
-    groups = hq // k.shape[1]
-    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     s, n = k.shape[2], seg.n
-    ok = allowed(seg, t, variant)
+    ok = seg.allowed(t, variant)
     imp = importance(q, k, seg, ok, scaling) if variant in ("pine", "reversed", "causal") else None
     delta, shift = shifts(imp, seg, t, variant)  # [B, H', T, C], [B, H', T]
     delta, shift = delta.expand(b, hq, t, n + 2), shift.expand(b, hq, t)
     q_pos = seg.pos[:, s - t:][:, None] + shift  # [B, H, T]: each query's re-assigned position
-    kr = rotate(k, seg.pos[:, None].expand(b, hq, s))  # [B, H, S, D]: keys at their given positions
-    ci = _class_index(seg.cls, n)  # [B, S]
-    groups, flat = _key_blocks(kr, ci, n + 2)  # [(classes, [B, H, C_g, L_g, D])], [B, S]
-    size = sum(bl.shape[2] * bl.shape[3] for _, bl in groups)
-    step = max(1, (1 << 22) // max(1, b * hq * size))  # queries per chunk: bounded memory
-    out = []
-    for a in range(0, t, step):  # chunks of queries (one chunk at the sizes of the tests and of decoding)
-        z = slice(a, min(t, a + step))
-        tz = z.stop - z.start
-        qr = rotate(q[:, :, z, None].expand(b, hq, tz, n + 2, d), q_pos[:, :, z, None] - delta[:, :, z])
-        per = torch.cat([torch.einsum("bhtcd,bhcld->bhtcl", qr[:, :, :, cls_g], bl).reshape(b, hq, tz, -1)
-                         for cls_g, bl in groups], dim=3)
-        logits = per.gather(3, flat[:, None, None, :].expand(b, hq, tz, s)) * scaling  # [B, H, t, S]
-        okz = ok[:, None, z]
-        if window is not None:  # a sliding layer: the window on the re-assigned distance
-            k_shift = torch.gather(delta[:, :, z], 3, ci[:, None, None, :].expand(b, hq, tz, s))
-            dist = q_pos[:, :, z, None] - (seg.pos[:, None, None, :] + k_shift)
-            okz = okz & (dist < window)
-        attn = torch.softmax(logits.float().masked_fill(~okz, -math.inf), dim=-1)
-        out.append(torch.matmul(attn.to(v.dtype), v))
-    return torch.cat(out, 2)
-
-
-def _key_blocks(kr: torch.Tensor, ci: torch.Tensor, c: int) -> tuple[list, torch.Tensor]:
-    """The keys gathered class by class into padded blocks, classes grouped by length (the next power of two, so a
-    one-token separator is not padded to a document's length): [(class indices, [B, H, C_g, L_g, D])], and each key's
-    place in the groups' concatenated blocks, to put the logits back in column order."""
-    b, h, s, d = kr.shape
-    oh = ci[..., None] == torch.arange(c, device=ci.device)  # [B, S, C]
-    slot = (oh.long().cumsum(1) - 1).gather(2, ci[..., None])[..., 0]  # [B, S]: the key's place in its class
-    longest = oh.sum(1).amax(0)  # [C]: each class's length (the longest over the batch)
-    bucket = torch.where(longest > 0, torch.ceil(torch.log2(longest.clamp(min=1).float())).long(), -1)
-    groups, base = [], torch.zeros(c, dtype=torch.long, device=ci.device)
-    offset = 0
-    for g in sorted(set(bucket.tolist()) - {-1}):
-        members = torch.nonzero(bucket == g)[:, 0]
-        width = int(longest[members].max())
-        base[members] = offset + torch.arange(len(members), device=ci.device) * width
-        groups.append((members, width, offset))
-        offset += len(members) * width
-    flat = base[ci] + slot  # [B, S]: the key's column in the concatenated blocks
-    blocks = kr.new_zeros(b, h, offset, d).scatter_(2, flat[:, None, :, None].expand(b, h, s, d), kr)  # one scatter
-    return [(m, blocks[:, :, o:o + len(m) * w].view(b, h, len(m), w, d)) for m, w, o in groups], flat
-
-
-def reference(q, k, v, seg: Segments, rotate: Callable, scaling: float, variant: str = "pine",
-              window: int | None = None) -> torch.Tensor:
-    """The paper's loop as written, one query at a time: its visible keys, the documents' importance, every key
-    placed at its re-assigned position and rotated there; slow, for the tests of `attend`."""
-    b, hq, t, d = q.shape
-    groups = hq // k.shape[1]
-    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    s, n = k.shape[2], seg.n
-    out = torch.zeros(b, hq, t, v.shape[-1], dtype=torch.float32)
-    cls, pos = seg.cls.tolist(), seg.pos.tolist()
-    for r in range(b):
-        docs = [[j for j in range(s) if cls[r][j] == c] for c in range(n)]
-        for h in range(hq):
-            qk = [_visible(cls[r], s - t + i, s, variant) for i in range(t)]
-            imp = [_doc_importance(q[r, h], k[r, h], cls[r], qk, i, docs, scaling, s - t) for i in range(t)]
-            for i in range(t):
-                col = s - t + i
-                q_at, key_at = _positions(cls[r], pos[r], docs, col, imp[i], variant)
-                keys = [j for j in qk[i] if window is None or q_at - key_at[j] < window]
-                qv = rotate(q[r, h, i][None], torch.tensor([q_at]))[0]
-                kv = torch.stack([rotate(k[r, h, j][None], torch.tensor([key_at[j]]))[0] for j in keys])
-                w = torch.softmax((kv.float() @ qv.float()) * scaling, dim=0)
-                out[r, h, i] = (w[:, None] * v[r, h, keys].float()).sum(0)
+    k_given = rotate(k, seg.pos[:, None].expand(b, k.shape[1], s)) if k_given is None else k_given
+    out = v.new_zeros(b, hq, t, v.shape[-1])
+    plan = seg.plan(t, max(1, LAYOUT_ELEMENTS // (hq * s * d)), variant)
+    if not plan.layouts and plan.rest[0].shape[1] * (n + 2) * hq <= DENSE:  # a few queries (decoding): no blocks
+        _by_class_dense(q, k_given, v, seg, delta, q_pos, rotate, scaling, window, *plan.rest, out)
+        return out
+    bl = seg.blocks()
+    kb, vb = bl.put(k_given), bl.put(v)  # [B, Hk, K, D]
+    if plan.layouts:
+        kh, vq = Rotary.half(kb), vb.repeat_interleave(hq // k.shape[1], 1)
+        for chunk in plan.layouts:  # chunks of documents
+            _by_layout(q, kb, kh, vq, bl, delta, q_pos, rotate, scaling, window, *chunk, out)
+    if plan.rest is not None:
+        _by_class(q, kb, vb, bl, delta, q_pos, rotate, scaling, window, *plan.rest, out)
     return out
 
 
-def _visible(cls: list[int], col: int, s: int, variant: str) -> list[int]:
-    qc, out = cls[col], []
-    for j in range(s):
-        kc = cls[j]
-        if kc == PAD or (qc >= 0 and kc == SUFFIX):
-            continue
-        if j <= col and not (variant in BLOCKED and qc >= 0 and kc >= 0 and kc != qc):
-            out.append(j)
-        elif variant not in BLOCKED + CAUSAL and qc >= 0 and kc >= 0 and kc != qc:
-            out.append(j)
-    return out or [col]
+def _take(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x's rows `rows` (one batch row: a view, not a copy)."""
+    return x.expand(len(rows), *x.shape[1:]) if x.shape[0] == 1 else x[rows]
 
 
-def _doc_importance(q, k, cls, visible, i, docs, scaling, q0) -> list[float]:
-    """Importance of each document for query i (its document's tokens summed when it is a document's)."""
-    def token(col_i: int) -> list[float]:
-        keys = visible[col_i - q0]
-        w = torch.softmax((k[keys].float() @ q[col_i - q0].float()) * scaling, dim=0).tolist()
-        mass = dict(zip(keys, w))
-        return [sum(mass.get(j, 0.0) for j in doc) / max(len(doc), 1) for doc in docs]
-
-    own = cls[q0 + i]
-    if own < 0:
-        return token(q0 + i)
-    rows = [token(c) for c in docs[own] if c >= q0]
-    return [sum(r[d] for r in rows) for d in range(len(docs))]
-
-
-def _positions(cls, pos, docs, col, imp, variant) -> tuple[int, dict[int, int]]:
-    """(the query's position, {key column: its position}) for the query at `col`."""
-    n = len(docs)
-    present = [d for d in range(n) if docs[d]]
-    first = min((pos[docs[d][0]] for d in present), default=0)
-    at = {j: pos[j] for j in range(len(cls))}
-    if variant in ("fixed", "nia") or not present:
-        return pos[col], at
-    if variant == "pcw":
-        longest = max(len(docs[d]) for d in present)
-        total = sum(len(docs[d]) for d in present)
-        for d in present:
-            for m, j in enumerate(docs[d]):
-                at[j] = first + m
-        for j in range(len(cls)):
-            if cls[j] == SUFFIX:
-                at[j] = pos[j] + longest - total
-        return at[col], at
-    own = cls[col] if cls[col] >= 0 else None
-    others = sorted((d for d in range(n) if d != own), key=lambda d: (-imp[d] if variant == "reversed" else imp[d], d))
-    order = others + ([own] if own is not None else [])
-    p = first
-    for d in order:
-        for m, j in enumerate(docs[d]):
-            at[j] = p + m
-        p += len(docs[d])
-    return at[col], at
+def _by_layout(q, kb, kh, vq, bl, delta, q_pos, rotate, scaling, window, rows, cols, valid, mask, out) -> None:
+    """The queries of whole documents (`rows`, `cols` [P, L] and `valid` [P, L]: P documents' query columns,
+    padded): a document's tokens share one layout of the keys (its importance is its document's), so the keys are
+    rotated once per document at their re-assigned positions, as the paper's loop places them, and the document's
+    queries attend to them in one fused SDPA. The keys move class by class: R(given + delta) = R(delta) R(given),
+    one broadcast product per block group on the keys already rotated at their given positions."""
+    p, hq, d = rows.shape[0], q.shape[1], q.shape[3]
+    hk, k_len = kb.shape[1], kb.shape[2]
+    g = hq // hk
+    lay = delta[rows, :, cols[:, 0]]  # [P, H, C]: the document's layout (its first query's)
+    cos, sin = rotate.cos_sin(lay, kb.dtype)  # [P, H, C, D]
+    kr = kb.new_empty(p, hk, g, k_len, d)
+    kbp, khp = _take(kb, rows), _take(kh, rows)
+    for members, width, offset in bl.groups:
+        z, m = slice(offset, offset + len(members) * width), len(members)
+        dst = kr[:, :, :, z].view(p, hk, g, m, width, d)
+        torch.mul(khp[:, :, None, z].view(p, hk, 1, m, width, d), sin[:, :, members].view(p, hk, g, m, 1, d), out=dst)
+        dst.addcmul_(kbp[:, :, None, z].view(p, hk, 1, m, width, d), cos[:, :, members].view(p, hk, g, m, 1, d))
+    qp = q_pos[rows[:, None], :, cols].transpose(1, 2)  # [P, H, L]
+    qr = rotate(q[rows[:, None], :, cols].transpose(1, 2), qp)  # [P, H, L, D]
+    if window is not None:
+        k_pos = _take(bl.pos, rows)[:, None, :] + lay.gather(2, bl.cls[None, None, :].expand(p, hq, k_len))
+        mask = mask & ((qp[..., None] - k_pos[:, :, None, :] < window) | ~valid[:, None, :, None])
+    o = F.scaled_dot_product_attention(qr, kr.view(p, hq, k_len, d), _take(vq, rows), attn_mask=mask, scale=scaling)
+    out[rows[:, None].expand_as(cols)[valid], :, cols[valid]] = o.transpose(1, 2)[valid].to(out.dtype)
 
 
-def rotation(inv_freq: torch.Tensor, scaling: float = 1.0) -> Callable:
-    """rotate(x, positions) for a RoPE of these frequencies, as transformers' rotary modules compute it (fp32 angles,
-    cat(freqs, freqs), cos and sin times the scaling, cast to x's dtype; rotate_half), at integer positions of x's
-    leading shape, negative ones too (a query moved back past a key). cos and sin come from a table built once per
-    dtype and range and grown on demand: PINE rotates each query once per token class, and the trigonometry was
-    most of its time."""
-    inv = inv_freq.detach().float()
-    tables: dict = {}  # (device, dtype) -> (lowest position, cos, sin)
+def _by_class_dense(q, kr, v, seg, delta, q_pos, rotate, scaling, window, cols, valid, mask, out) -> None:
+    """`_by_class` for a few queries (decoding): each query rotated once per class against every key in column
+    order, and each key's logit taken from its class's row; C times the products, but no blocks to build."""
+    b, hq, _, d = q.shape
+    hk, s, c, tq = kr.shape[1], kr.shape[2], delta.shape[3], cols.shape[1]
+    g = hq // hk
+    q = q.gather(2, cols[:, None, :, None].expand(b, hq, tq, d)).view(b, hk, g * tq, d)
+    q_pos = q_pos.gather(2, cols[:, None].expand(b, hq, tq)).view(b, hk, g * tq)
+    delta = delta.gather(2, cols[:, None, :, None].expand(b, hq, tq, c)).view(b, hk, g * tq, c)
+    ci = seg._keep("class_index", lambda: _class_index(seg.cls, seg.n))  # [B, S]
+    qr = rotate(q[:, :, :, None].expand(b, hk, g * tq, c, d), q_pos[..., None] - delta)  # [B, Hk, G T', C, D]
+    every = torch.matmul(qr.view(b, hk, g * tq * c, d), kr.transpose(-1, -2)).view(b, hk, g * tq, c, s)
+    logits = every.gather(3, ci[:, None, None, None, :].expand(b, hk, g * tq, 1, s))[:, :, :, 0] * scaling
+    okz = mask[:, None, None].expand(b, 1, g, tq, s).reshape(b, 1, g * tq, s)
+    if window is not None:
+        k_pos = seg.pos[:, None, None, :] + delta.gather(3, ci[:, None, None, :].expand(b, hk, g * tq, s))
+        okz = okz & (q_pos[..., None] - k_pos < window)
+    attn = torch.softmax(logits.float().masked_fill(~okz, -math.inf), dim=-1)
+    o = torch.matmul(attn.to(v.dtype), v).view(b, hq, tq, -1)
+    r = torch.arange(b, device=cols.device)[:, None].expand_as(cols)
+    out[r[valid], :, cols[valid]] = o.transpose(1, 2)[valid].to(out.dtype)
 
-    def table(x: torch.Tensor, lo: int, hi: int):
-        have = tables.get((x.device, x.dtype))
-        if have is not None and have[0] <= lo and hi < have[0] + have[1].shape[0]:
-            return have
-        lo, hi = min(lo, -64) * 2, max(hi, 64) * 2
-        ang = torch.arange(lo, hi + 1, dtype=torch.float32, device=x.device)[:, None] * inv.to(x.device)
-        emb = torch.cat((ang, ang), dim=-1)
-        tables[(x.device, x.dtype)] = (lo, (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype))
-        return tables[(x.device, x.dtype)]
 
-    def rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        positions = positions.to(x.device)
-        lo, cos, sin = table(x, int(positions.min()), int(positions.max()))
-        idx = positions - lo
-        half = x.shape[-1] // 2
-        return x * cos[idx] + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin[idx]
-
-    return rotate
+def _by_class(q, kb, vb, bl, delta, q_pos, rotate, scaling, window, cols, valid, mask, out) -> None:
+    """Every other query (the prefix, the suffix, decoded tokens, short documents and separators; `cols` [B, T']
+    padded, `valid`): each has its own layout, so instead of rotating every key for it, the query is rotated once per
+    token class against the keys at their given positions (RoPE's logit depends on the positions' difference only),
+    block group by block group; the queries of a key head's group of query heads together, in chunks of bounded
+    memory."""
+    b, hq, _, d = q.shape
+    hk, k_len, c, tq = kb.shape[1], kb.shape[2], delta.shape[3], cols.shape[1]
+    g = hq // hk
+    q = q.gather(2, cols[:, None, :, None].expand(b, hq, tq, d)).view(b, hk, g * tq, d)  # query head h = key head
+    q_pos = q_pos.gather(2, cols[:, None].expand(b, hq, tq)).view(b, hk, g * tq)  # h // g: (key head, group, query)
+    delta = delta.gather(2, cols[:, None, :, None].expand(b, hq, tq, c)).view(b, hk, g * tq, c)
+    mask = mask.gather(2, bl.src.clamp(min=0)[:, None, :].expand(b, tq, k_len)) & (bl.src >= 0)[:, None]  # blocked
+    mask = mask[:, None, None].expand(b, 1, g, tq, k_len).reshape(b, 1, g * tq, k_len)
+    blocks = [(m, kb[:, :, o:o + len(m) * w].view(b, hk, len(m), w, d)) for m, w, o in bl.groups]
+    step = max(1, (1 << 22) // max(1, b * hk * max(k_len, c * d)))  # queries per chunk: bounded memory
+    res = []
+    for a in range(0, g * tq, step):  # chunks of queries (one chunk at the sizes of the tests and of decoding)
+        z = slice(a, min(g * tq, a + step))
+        tz = z.stop - z.start
+        qr = rotate(q[:, :, z, None].expand(b, hk, tz, c, d), q_pos[:, :, z, None] - delta[:, :, z])
+        logits = torch.cat([torch.einsum("bhtcd,bhcld->bhtcl", qr[:, :, :, m], bk).reshape(b, hk, tz, -1)
+                            for m, bk in blocks], dim=3) * scaling  # [B, Hk, tz, K]: the blocked keys
+        okz = mask[:, :, z]
+        if window is not None:  # a sliding layer: the window on the re-assigned distance
+            k_pos = bl.pos[:, None, None, :] + delta[:, :, z].gather(3, bl.cls[None, None, None, :].expand(b, hk, tz,
+                                                                                                          k_len))
+            okz = okz & (q_pos[:, :, z, None] - k_pos < window)
+        attn = torch.softmax(logits.float().masked_fill(~okz, -math.inf), dim=-1)
+        res.append(torch.matmul(attn.to(vb.dtype), vb))  # [B, Hk, tz, Dv]
+    o = torch.cat(res, 2).view(b, hq, tq, -1)
+    r = torch.arange(b, device=cols.device)[:, None].expand_as(cols)
+    out[r[valid], :, cols[valid]] = o.transpose(1, 2)[valid].to(out.dtype)

@@ -23,8 +23,8 @@ import torch
 
 from ..errors import PosbiasError
 from .attn_hooks import patched_attention, register_attention, take_rope_and_cache
-from .pine import PAD, SUFFIX, VARIANTS, Segments, attend, rotation
-from .rope import rope_info
+from .pine import PAD, SUFFIX, VARIANTS, Segments, attend
+from .rope import rope_info, rotation
 
 _ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -37,7 +37,7 @@ class Pine:
     rows: list[list[int]] | None = None
     prompts: dict = field(default_factory=dict)  # tuple(prompt ids) -> classes
     input_ids: torch.Tensor | None = field(default=None, repr=False)  # the forward's, seen by the model's pre-hook
-    _memo: tuple = field(default=(), repr=False)  # (position_ids, classes, positions): once per forward, not per layer
+    _memo: tuple = field(default=(), repr=False)  # (position_ids, classes, positions, Segments): once per forward
     _rotate: dict = field(default_factory=dict, repr=False)  # RoPE kind -> rotate(x, positions)
 
 
@@ -50,6 +50,7 @@ class _LayerState:
     position_ids: torch.Tensor | None = None
     keys: torch.Tensor | None = None  # [B, Hk, S, D] un-rotated, every column so far
     values: torch.Tensor | None = None
+    given: torch.Tensor | None = None  # the keys rotated at their given positions (kept, not redone per token)
 
 
 def _rows(h: Pine, pos: torch.Tensor) -> list[list[int]]:
@@ -100,24 +101,28 @@ def _make_attention(backend):
             cache.update(key, value, module.layer_idx)
         # PINE's own store: every key and value un-rotated (PINE rotates them per query class and applies a sliding
         # layer's window to the re-assigned distances, so it needs all of them)
+        h = st.shared
+        rot = h._rotate[st.kind]
+        turned = rot(key, pos[:, None].expand(b, key.shape[1], t))  # the new keys at their given positions
         st.keys = key if st.prefill else torch.cat([st.keys, key], 2)
         st.values = value if st.prefill else torch.cat([st.values, value], 2)
+        st.given = turned if st.prefill else torch.cat([st.given, turned], 2)
         key, value = st.keys, st.values
-        h = st.shared
         if not h._memo or h._memo[0] is not st.position_ids:  # every column's class and position: once per forward
             if st.prefill:
-                h._memo = (st.position_ids, _prompt_classes(_rows(h, pos), pos), pos)
+                cls, given = _prompt_classes(_rows(h, pos), pos), pos
             else:  # a decoded token: SUFFIX
                 new = torch.full((b, t), SUFFIX, dtype=torch.long, device=pos.device)
-                h._memo = (st.position_ids, torch.cat([h._memo[1], new], 1), torch.cat([h._memo[2], pos], 1))
-        cls, given = h._memo[1], h._memo[2]
-        if cls.shape[1] != key.shape[2]:
-            raise PosbiasError(f"pine: {cls.shape[1]} classified columns for {key.shape[2]} keys",
+                cls, given = torch.cat([h._memo[1], new], 1), torch.cat([h._memo[2], pos], 1)
+            # the Segments too, so that its plan (which queries go by layout) is made once per forward
+            h._memo = (st.position_ids, cls, given, Segments(cls, given, max(1, int(cls.max()) + 1)))
+        seg = h._memo[3]
+        if seg.cls.shape[1] != key.shape[2]:
+            raise PosbiasError(f"pine: {seg.cls.shape[1]} classified columns for {key.shape[2]} keys",
                                "run PINE on the plain path (no prefix sharing), one prefill per batch")
-        n = max(1, int(cls.max()) + 1)
         scaling = kwargs.get("scaling") or module.scaling
         window = kwargs.get("sliding_window", getattr(module, "sliding_window", None)) or None  # a sliding layer
-        out = attend(query, key, value, Segments(cls, given, n), h._rotate[st.kind], scaling, h.variant, window)
+        out = attend(query, key, value, seg, rot, scaling, h.variant, window, st.given)
         return out.transpose(1, 2).contiguous().to(query.dtype), None
 
     return attention

@@ -301,3 +301,43 @@ def uniform_rope_scaling(model, factor: float, max_positions: int | None = None)
     """Positional Interpolation: the same factor s on every layer (positions i / s everywhere)."""
     n = len(rope_info(model).attns)
     return layer_rope_scaling(model, [float(factor)] * n, max_positions)
+
+
+class Rotary:
+    """A RoPE of these frequencies as transformers' rotary modules compute it (fp32 angles, cat(freqs, freqs), cos
+    and sin times the scaling, cast to x's dtype; rotate_half): `rotate(x, positions)` at integer positions of x's
+    leading shape, negative ones too (a query moved back past a key). cos and sin come from a table built once per
+    dtype and range and grown on demand: PINE rotates each query once per token class and each document's keys once
+    per layout, and the trigonometry was most of its time."""
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0):
+        self.inv, self.scaling = inv_freq.detach().float(), scaling
+        self.tables: dict = {}  # (device, dtype) -> (lowest position, cos, sin)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [*positions.shape, D] in dtype."""
+        dev = positions.device
+        lo, hi = int(positions.min()), int(positions.max())
+        have = self.tables.get((dev, dtype))
+        if have is None or not (have[0] <= lo and hi < have[0] + have[1].shape[0]):
+            lo, hi = min(lo, -64) * 2, max(hi, 64) * 2
+            ang = torch.arange(lo, hi + 1, dtype=torch.float32, device=dev)[:, None] * self.inv.to(dev)
+            emb = torch.cat((ang, ang), dim=-1)
+            have = self.tables[(dev, dtype)] = (lo, (emb.cos() * self.scaling).to(dtype),
+                                                 (emb.sin() * self.scaling).to(dtype))
+        idx = positions - have[0]
+        return have[1][idx], have[2][idx]
+
+    @staticmethod
+    def half(x: torch.Tensor) -> torch.Tensor:
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos_sin(positions.to(x.device), x.dtype)
+        return x * cos + self.half(x) * sin
+
+
+def rotation(inv_freq: torch.Tensor, scaling: float = 1.0) -> Rotary:
+    """The layer's RoPE as a `Rotary` (rotate(x, positions), and its cos, sin for PINE's key layouts)."""
+    return Rotary(inv_freq, scaling)
