@@ -68,6 +68,12 @@ def test_every_registered_method_has_an_example(tmp_path):
                                                                          "curve", "ensemble"}
 
 
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_registered_method_says_what_it_is(name):
+    """`posbias methods` prints each class's first docstring line: none may be blank."""
+    assert (METHODS[name].__doc__ or "").strip().split("\n")[0], f"{name} has no docstring for `posbias methods`"
+
+
 def test_spec_and_config_round_trip(method):
     again = get_method(method.spec)
     assert json.loads(json.dumps(method.config())) == again.config()

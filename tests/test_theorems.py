@@ -199,7 +199,7 @@ def test_decay_uniform_scores_match_path_counting():
 
 def test_check_all_runs():
     out = CH.check_all(seed=0)
-    assert set(out) == {"4.1", "4.2", "4.3", "4.4-4.5", "4.6-4.7", "I.1-I.2"}
+    assert set(out) == {"4.1", "4.2", "4.3", "4.4-4.5", "4.6-4.7", "I.1-I.2", "PINE"}
     assert all(r["holds"] for r in out.values())
     json.dumps(out)
 

@@ -35,10 +35,10 @@ def test_files_written_and_json_complete(run):
     assert saved == data
     assert set(saved) == SECTIONS
     assert saved["figures"] == list(FIGURES)
-    assert set(saved["checks"]) == {"4.1", "4.2", "4.3", "4.4-4.5", "4.6-4.7", "I.1-I.2"}
+    assert set(saved["checks"]) == {"4.1", "4.2", "4.3", "4.4-4.5", "4.6-4.7", "I.1-I.2", "PINE"}
     assert [s["theorem"] for s in saved["summary"]] == list(saved["checks"])
     assert all(s["holds"] and not s["failed"] for s in saved["summary"])
-    assert len(format_summary(saved["summary"]).splitlines()) == 6
+    assert len(format_summary(saved["summary"]).splitlines()) == 7
     assert saved["params"]["check_params"]["4.1"]["n"] == 32  # no check sizes given: the checks' own defaults
 
 

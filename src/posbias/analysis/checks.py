@@ -2,7 +2,8 @@
 
 `check_all(seed, n_tokens, depth)` runs every check of `theorems` (Thm 4.1, 4.3), `theorems_window`
 (Thm 4.2), `theorems_pe` (Lemma 4.4, Thm 4.5), `theorems_rope` (Lemma 4.6, Thm 4.7) and
-`theorems_rope_multi` (App. I); `check_kwargs` is the mapping from (N, T) to each check's arguments.
+`theorems_rope_multi` (App. I), and PINE's mask (`theorems_pine`: not the paper's, the mitigation's claim in the same
+terms); `check_kwargs` is the mapping from (N, T) to each check's arguments.
 `summarize_checks` / `format_summary` give one line per theorem for the CLI and theory.json.
 """
 
@@ -13,12 +14,13 @@ import math
 from ..errors import PosbiasError
 from .theorems import check_causal, check_prefix
 from .theorems_pe import check_decay_mask, decay_critical_distance
+from .theorems_pine import check_pine
 from .theorems_rope import check_rope
 from .theorems_rope_multi import check_rope_multi
 from .theorems_window import check_sliding_window
 
 CHECKS = {"4.1": check_causal, "4.2": check_sliding_window, "4.3": check_prefix, "4.4-4.5": check_decay_mask,
-          "4.6-4.7": check_rope, "I.1-I.2": check_rope_multi}
+          "4.6-4.7": check_rope, "I.1-I.2": check_rope_multi, "PINE": check_pine}
 MIN_TOKENS, MIN_DEPTH = 16, 8
 DECAY_MS, PROFILE_DEPTHS = (0.223, 0.5, 1.0, 2.0), (1, 2, 4, 8, 16)
 
@@ -47,6 +49,7 @@ def _decay_kwargs(n: int, depths: list[int]) -> dict:
 def check_kwargs(n_tokens: int | None = None, depth: int | None = None) -> dict[str, dict]:
     """Each check's arguments: its own defaults, with N = n_tokens and T = depth layers where given.
 
+    PINE: n = N, n_layers = T (four documents between a prefix of 2 and a suffix of 3);
     4.1, 4.3: n = N, n_layers = T (prefix K = min(4, max(2, N // 4))); 4.2: n = N, n_layers = T, widths
     from `_window_widths`; 4.4-4.5: n = N, depths = {1, 2, 4, 8, 16} below T plus T-1, n_query = N // 8,
     ms from `_decay_kwargs`; 4.6-4.7 and App. I: n = N, depths = {1, 2, 4, 8} below T plus T-1.
@@ -59,12 +62,12 @@ def check_kwargs(n_tokens: int | None = None, depth: int | None = None) -> dict[
                            f"use --depth {MIN_DEPTH} or more")
     out: dict[str, dict] = {name: {} for name in CHECKS}
     n = {} if n_tokens is None else {"n": n_tokens}
-    for name in ("4.1", "4.3", "4.6-4.7", "I.1-I.2"):
+    for name in ("4.1", "4.3", "4.6-4.7", "I.1-I.2", "PINE"):
         out[name].update(n)
     if n_tokens is not None:
         out["4.3"]["k"] = min(4, max(2, n_tokens // 4))
     if depth is not None:
-        out["4.1"]["n_layers"] = out["4.3"]["n_layers"] = out["4.2"]["n_layers"] = depth
+        out["4.1"]["n_layers"] = out["4.3"]["n_layers"] = out["4.2"]["n_layers"] = out["PINE"]["n_layers"] = depth
         out["4.6-4.7"]["depths"] = out["I.1-I.2"]["depths"] = tuple(_depths(depth, (1, 2, 4, 8)))
     if n_tokens is not None or depth is not None:
         nw = 33 if n_tokens is None else n_tokens
@@ -130,6 +133,9 @@ def _key_numbers(theorem: str, r: dict) -> str:
         return (f"d={p['d']}, alphas {p['alphas']}, beta {min(t['beta_q'] for t in r['per_theta']):.2f}, condition "
                 f"{max(t['condition_lhs'] for t in r['per_theta']):.2f} <= 2pi; argmax at T: "
                 + ", ".join(str(w["argmax"]) for w in _deepest(r["rows"], "theta1")))
+    if theorem == "PINE":
+        return (f"largest spread of a document's influence over all {r['params']['orders']} orders, relative: "
+                f"{r['spread_pine']:.1e} under PINE's mask, {r['spread_causal']:.2f} under the causal mask")
     return ""
 
 
@@ -144,5 +150,6 @@ def format_summary(summary: list[dict]) -> str:
     lines = []
     for s in summary:
         verdict = "holds" if s["holds"] else "FAILS " + ",".join(s["failed"])
-        lines.append(f"Thm {s['theorem']:<8} {verdict:<6}  {s['key']}")
+        kind = "Check" if s["theorem"] == "PINE" else "Thm"  # PINE's is a mitigation's claim, not the paper's
+        lines.append(f"{kind} {s['theorem']:<{11 - len(kind)}} {verdict:<6}  {s['key']}")
     return "\n".join(lines)

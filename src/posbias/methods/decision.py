@@ -87,6 +87,8 @@ def _decided(row: dict, choice: int) -> dict:
 
 @register_method
 class Swap(DecisionRule):
+    """Balanced position calibration: every cyclic order of the candidates read, the best mean label score wins."""
+
     name = "swap"
     usage = "swap"
 
@@ -210,6 +212,8 @@ def adaptive_record(threshold: float, early: np.ndarray, verdicts: np.ndarray, s
 
 @register_method
 class PriDe(DecisionRule):
+    """PriDe (Zheng et al. 2024): the option-ID prior from calibration items, divided out of each verdict."""
+
     name = "pride"
     usage = "pride|pride:SHARE|pride:ITEMS"
 

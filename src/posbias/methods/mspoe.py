@@ -16,6 +16,8 @@ from .registry import register_method
 
 @register_method
 class MsPoE(Method):
+    """Ms-PoE (Zhang et al. 2024): positions rescaled per head, ratios assigned by each head's position-awareness."""
+
     name = "mspoe"
     usage = "mspoe[:MIN-MAX][:query]"
     prefix_note = "Ms-PoE ranks its heads at each prompt's end and re-rotates the whole prompt per head"

@@ -51,6 +51,9 @@ def token_classes(span_of: list[int], n_items: int, n_prompt: int) -> list[int]:
 
 @register_method
 class Pine(Method):
+    """PINE (Wang et al. 2025): bidirectional attention between items, positions re-assigned by importance; the
+    outputs do not depend on the items' order."""
+
     name = "pine"
     usage = "pine[:reversed|fixed|causal|nia|pcw]"
     prefix_note = "PINE lets each item attend to the others and re-assigns positions per prompt"
