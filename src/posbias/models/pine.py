@@ -52,21 +52,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from .pine_plan import PAD, PREFIX, SUFFIX, Blocks, Plan, blocks, class_index, plan
 from .rope import Rotary
 
 VARIANTS = ("pine", "reversed", "fixed", "causal", "nia", "pcw")
 INVARIANT = {"pine": True, "reversed": True, "fixed": False, "causal": False, "nia": False, "pcw": True}
 BLOCKED = ("nia", "pcw")  # no attention between documents
 CAUSAL = ("causal",)  # the causal mask kept between documents
-PREFIX, SUFFIX, PAD = -1, -2, -3  # token classes besides the documents 0..n-1
 LAYOUT_MIN = 8  # a document with this many query tokens in a forward gets its own rotated keys (`_by_layout`)
 LAYOUT_ELEMENTS = 1 << 24  # rotated key elements per chunk of documents: bounded memory
 DENSE = 512  # query rows x classes up to which the rest go by `_by_class_dense` (no key blocks)
+FUSED = True  # the importance by fused SDPA where the documents fit the head size (the tests turn it off)
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,7 @@ class Segments:
     cls: torch.Tensor
     pos: torch.Tensor
     n: int
+    ids: torch.Tensor | None = None  # [B, S] token ids: given, an invariant variant computes in a canonical order
     _kept: dict = field(default_factory=dict, compare=False, repr=False)
 
     def _keep(self, key, make):
@@ -106,96 +107,62 @@ class Segments:
 
         return self._keep("layout", make)
 
+    def starts(self) -> torch.Tensor:
+        """[B, n + 2]: each class's first given position (documents, prefix, suffix; 0 for an empty one)."""
+        def make():
+            ci = class_index(self.cls, self.n)
+            big = torch.iinfo(torch.long).max
+            first = torch.full((ci.shape[0], self.n + 2), big, device=ci.device).scatter_reduce(
+                1, ci, self.pos, "amin")
+            return torch.where(first == big, 0, first)
+
+        return self._keep("starts", make)
+
+    def local(self) -> torch.Tensor:
+        """[B, S]: each column's offset in its class (its given position minus its class's first)."""
+        return self._keep("local", lambda: self.pos - self.starts().gather(1, class_index(self.cls, self.n)))
+
+    def canonical(self, t: int):
+        """(perm [B, S], the last t columns' perm [B, t], its inverse, the Segments in that order) or None: the
+        columns in an order that does not depend on the documents' (padding, prefix, the documents by their token
+        ids, suffix; each class's tokens in their order), the documents relabelled the same way."""
+        def make():
+            b, s = self.cls.shape
+            relabel = torch.empty(b, self.n, dtype=torch.long)
+            ids, cls = self.ids.tolist(), self.cls.tolist()
+            for r in range(b):
+                docs: dict = {}
+                for j, c in enumerate(cls[r]):
+                    if c >= 0:
+                        docs.setdefault(c, []).append(ids[r][j])
+                order = sorted(docs, key=lambda c: (docs[c], c)) + [c for c in range(self.n) if c not in docs]
+                relabel[r, order] = torch.arange(self.n)
+            relabel = relabel.to(self.cls.device)
+            new = torch.where(self.cls >= 0, relabel.gather(1, self.cls.clamp(min=0)), self.cls)
+            group = torch.where(self.cls == PAD, 0, torch.where(self.cls == PREFIX, 1, torch.where(self.cls == SUFFIX,
+                                                                                                  3, 2)))
+            col = torch.arange(s, device=self.cls.device)
+            perm = torch.argsort((group * (self.n + 1) + new.clamp(min=0)) * s + col, dim=1)
+            q_perm = perm[:, s - t:] - (s - t)
+            if (q_perm < 0).any():  # queries that are not the last in the canonical order: not reordered
+                return None
+            return perm, q_perm, torch.argsort(q_perm, dim=1), Segments(new.gather(1, perm), self.pos.gather(1, perm),
+                                                                        self.n, self.ids.gather(1, perm))
+
+        return self._keep(("canonical", t), make)
+
     def allowed(self, t: int, variant: str) -> torch.Tensor:
         return self._keep(("allowed", t, variant), lambda: allowed(self, t, variant))
 
     def blocks(self) -> "Blocks":
-        return self._keep("blocks", lambda: _blocks(_class_index(self.cls, self.n), self.n + 2, self.pos))
+        return self._keep("blocks", lambda: blocks(class_index(self.cls, self.n), self.n + 2, self.pos))
 
     def plan(self, t: int, per_chunk: int, variant: str) -> "Plan":
         """Which of the last t query columns go by layout (whole documents of LAYOUT_MIN tokens or more, in chunks
         of per_chunk documents) and which by class (the rest)."""
         return self._keep(("plan", t, per_chunk, variant),
-                          lambda: _plan(self.cls[:, -t:], self.n, per_chunk, self.allowed(t, variant), self.blocks))
-
-
-@dataclass(frozen=True)
-class Blocks:
-    """The key columns gathered class by class into padded blocks (classes grouped by length, the next power of two,
-    so a one-token separator is not padded to a document's length). groups: [(class indices [C_g], width, offset)],
-    group g's classes at columns offset .. offset + C_g * width of the blocked layout; flat [B, S]: each column's
-    place there; src [B, K]: the column each place holds (-1: padding); cls [K]: each place's class; pos [B, K]: its
-    given position."""
-
-    groups: list
-    flat: torch.Tensor
-    src: torch.Tensor
-    cls: torch.Tensor
-    pos: torch.Tensor
-
-    def put(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, H, S, D] in the blocked layout [B, H, K, D] (zeros at the padding)."""
-        b, h, s, d = x.shape
-        return x.new_zeros(b, h, self.src.shape[1], d).scatter_(2, self.flat[:, None, :, None].expand(b, h, s, d), x)
-
-
-def _blocks(ci: torch.Tensor, c: int, pos: torch.Tensor) -> Blocks:
-    b, s = ci.shape
-    dev = ci.device
-    oh = ci[..., None] == torch.arange(c, device=dev)  # [B, S, C]
-    slot = (oh.long().cumsum(1) - 1).gather(2, ci[..., None])[..., 0]  # [B, S]: the key's place in its class
-    longest = oh.sum(1).amax(0)  # [C]: each class's length (the longest over the batch)
-    bucket = torch.where(longest > 0, torch.ceil(torch.log2(longest.clamp(min=1).float())).long(), -1)
-    groups, base, cls, offset = [], torch.zeros(c, dtype=torch.long, device=dev), [], 0
-    for g in sorted(set(bucket.tolist()) - {-1}):
-        members = torch.nonzero(bucket == g)[:, 0]
-        width = int(longest[members].max())
-        base[members] = offset + torch.arange(len(members), device=dev) * width
-        groups.append((members, width, offset))
-        cls.append(members.repeat_interleave(width))
-        offset += len(members) * width
-    flat = base[ci] + slot
-    src = torch.full((b, offset), -1, dtype=torch.long, device=dev).scatter_(1, flat, torch.arange(s, device=dev)
-                                                                              .expand(b, s))
-    return Blocks(groups, flat, src, torch.cat(cls), pos.gather(1, src.clamp(min=0)))
-
-
-@dataclass(frozen=True)
-class Plan:
-    """layouts: [(rows [P], cols [P, L], valid [P, L], mask [P, 1, L, K])], chunks of documents whose query columns
-    go by layout (padded; shortest documents first, so a chunk's are of like length; the mask over the blocked
-    keys); rest: (cols [B, T'], valid [B, T'], mask [B, T', S]) or None."""
-
-    layouts: list
-    rest: tuple | None
-
-
-def _plan(q_cls: torch.Tensor, n: int, per_chunk: int, ok: torch.Tensor, blocks: Callable) -> Plan:
-    b, dev = q_cls.shape[0], q_cls.device
-    counts = (q_cls[..., None] == torch.arange(n, device=dev)).sum(1)  # [B, n]
-    big = counts >= LAYOUT_MIN
-    pairs = sorted(torch.nonzero(big).tolist(), key=lambda rd: (int(counts[rd[0], rd[1]]), rd))
-    layouts = []
-    if pairs:
-        bl = blocks()
-        okb = ok.gather(2, bl.src.clamp(min=0)[:, None, :].expand(b, ok.shape[1], -1)) & (bl.src >= 0)[:, None]
-    for a in range(0, len(pairs), per_chunk):
-        chunk = pairs[a:a + per_chunk]
-        cs = [torch.nonzero(q_cls[r] == d_)[:, 0] for r, d_ in chunk]
-        width = max(len(c) for c in cs)
-        cols = torch.stack([torch.cat([c, c[:1].expand(width - len(c))]) for c in cs])  # padded with a real column
-        valid = torch.arange(width, device=dev)[None, :] < torch.tensor([len(c) for c in cs], device=dev)[:, None]
-        rows = torch.tensor([r for r, _ in chunk], device=dev)
-        mask = (okb[rows[:, None], cols] | ~valid[..., None])[:, None]  # a padded query row sees every key
-        layouts.append((rows, cols, valid, mask))
-    rest = ~(big.gather(1, q_cls.clamp(min=0)) & (q_cls >= 0))  # [B, T]
-    if not rest.any():
-        return Plan(layouts, None)
-    width = int(rest.sum(1).max())
-    order = torch.argsort((~rest).to(torch.int8), dim=1, stable=True)[:, :width]  # each row's rest columns first
-    valid = rest.gather(1, order)
-    mask = ok.gather(1, order[..., None].expand(b, width, ok.shape[2])) | ~valid[..., None]  # over the columns
-    return Plan(layouts, (order, valid, mask))
+                          lambda: plan(self.cls[:, -t:], self.n, per_chunk, self.allowed(t, variant), self.blocks,
+                                       LAYOUT_MIN))
 
 
 def allowed(seg: Segments, t: int, variant: str) -> torch.Tensor:
@@ -217,20 +184,28 @@ def allowed(seg: Segments, t: int, variant: str) -> torch.Tensor:
 def importance(q: torch.Tensor, k: torch.Tensor, seg: Segments, ok: torch.Tensor, scaling: float) -> torch.Tensor:
     """[B, H, T, n]: each query's importance of each document (module docstring), from un-rotated q [B, H, T, D]
     and k [B, Hk, S, D]. The token-level softmax summed per key document is an attention whose values are the
-    documents' one-hot columns, so it runs as one fused SDPA (no [T, S] matrix in memory) in the model's dtype with
-    fp32 accumulation; the one-hot columns are padded to the head size (the fused kernel wants values as wide as
-    the keys) and taken D at a time when there are more documents."""
+    documents' one-hot columns: with no more documents than the head size, one fused SDPA (no [T, S] matrix in
+    memory) in the model's dtype with fp32 accumulation, the columns padded to the head size (the fused kernel wants
+    values as wide as the keys); with more, the softmax in fp32 over chunks of queries times the one-hot matrix
+    (one pass, where the fused kernel would need one per head size of documents)."""
     b, h, t, d = q.shape
     n, hk = seg.n, k.shape[1]
     col = torch.where(seg.cls >= 0, seg.cls, n)  # [B, S]: a document, or n for every other key
-    mask = ok[:, None]
-    parts = []
-    for lo in range(0, n, d):  # one pass at the sizes posbias meets (n <= head size)
-        hot = seg._keep(("hot", lo, d, hk, q.dtype), lambda lo=lo: (col[..., None] == torch.arange(
-            lo, lo + d, device=col.device)).to(q.dtype)[:, None].expand(b, hk, -1, d).contiguous())  # [B, Hk, S, D]
-        parts.append(F.scaled_dot_product_attention(q, k, hot, attn_mask=mask, scale=scaling,
-                                                    enable_gqa=hk != h)[..., :min(d, n - lo)])
-    per_token = torch.cat(parts, -1).float() / seg.onehot.sum(1).clamp(min=1)[:, None, None, :]  # [B, H, T, n]
+    if n <= d and FUSED:
+        hot = seg._keep(("hot", d, hk, q.dtype), lambda: (col[..., None] == torch.arange(d, device=col.device))
+                        .to(q.dtype)[:, None].expand(b, hk, -1, d).contiguous())  # [B, Hk, S, D]
+        per_token = F.scaled_dot_product_attention(q, k, hot, attn_mask=ok[:, None], scale=scaling,
+                                                   enable_gqa=hk != h)[..., :n].float()
+    else:
+        g, s = h // hk, k.shape[2]
+        hot = seg.onehot[:, None, None]  # [B, 1, 1, S, n]
+        qg = q.view(b, hk, g, t, d)
+        step = max(1, (1 << 24) // max(1, b * h * s))
+        per_token = torch.cat([torch.matmul(torch.softmax(
+            (torch.matmul(qg[:, :, :, z], k[:, :, None].transpose(-1, -2)).float() * scaling).masked_fill(
+                ~ok[:, None, None, z], -math.inf), dim=-1), hot) for z in
+            (slice(a, a + step) for a in range(0, t, step))], 3).view(b, h, t, n)
+    per_token = per_token / seg.onehot.sum(1).clamp(min=1)[:, None, None, :]  # [B, H, T, n]
     q_cls = seg.cls[:, -t:]
     own = torch.where(q_cls >= 0, q_cls, n)  # [B, T]
     per_doc = per_token.new_zeros(b, h, n + 1, n).index_add_(2, own[0], per_token) if b == 1 else torch.stack(
@@ -267,19 +242,38 @@ def shifts(imp: torch.Tensor | None, seg: Segments, t: int, variant: str) -> tup
     return delta, shift
 
 
-def _class_index(cls: torch.Tensor, n: int) -> torch.Tensor:
-    """Each key's class as an index into the n + 2 shifts (documents, prefix, suffix; padding as prefix)."""
-    return torch.where(cls >= 0, cls, torch.where(cls == SUFFIX, n + 1, n))
-
-
 def attend(q, k, v, seg: Segments, rotate: Rotary, scaling: float, variant: str = "pine",
-           window: int | None = None, k_given: torch.Tensor | None = None) -> torch.Tensor:
+           window: int | None = None, k_local: torch.Tensor | None = None) -> torch.Tensor:
+    """`_attend`, and for an invariant variant whose Segments carry the token ids, in the canonical column order
+    (`Segments.canonical`): every sum over keys then runs in the same order whatever the documents' order, so the
+    outputs agree to the bit, not to float tolerance. Without it a near-tie in the importance (two documents a head
+    reads alike, to the sixth digit) was broken by the summation order's rounding, and a sweep's rows moved with the
+    slot (SmolLM2 kv-lookup, fp32: two slots of ten 0.046 nats apart)."""
+    canon = seg.canonical(q.shape[2]) if seg.ids is not None and INVARIANT[variant] else None
+    if canon is None:
+        return _attend(q, k, v, seg, rotate, scaling, variant, window, k_local)
+    perm, q_perm, back, cseg = canon
+
+    def take(x, p):
+        return x.gather(2, p[:, None, :, None].expand(x.shape[0], x.shape[1], p.shape[1], x.shape[3]))
+
+    out = _attend(take(q, q_perm), take(k, perm), take(v, perm), cseg, rotate, scaling, variant, window,
+                  None if k_local is None else take(k_local, perm))
+    return take(out, back)
+
+
+def _attend(q, k, v, seg: Segments, rotate: Rotary, scaling: float, variant: str = "pine",
+            window: int | None = None, k_local: torch.Tensor | None = None) -> torch.Tensor:
     """PINE attention for the last T columns: q [B, Hq, T, D], k and v [B, Hk, S, D] un-rotated (a cache's columns
     first); rotate: the layer's RoPE (`rotation`); -> [B, Hq, T, Dv] (module docstring). window: a sliding layer's
-    window, on the re-assigned distances; k_given: k rotated at its given positions, if the caller keeps it (a
-    decoding cache). The keys rotated at their given positions are put in blocks class by class (`Blocks`); whole
-    documents' queries then go by layout (`_by_layout`), the rest by class (`_by_class`, or `_by_class_dense` for a
-    few queries: decoding)."""
+    window, on the re-assigned distances; k_local: k rotated at `seg.local()`, if the caller keeps it (a decoding
+    cache). The keys are rotated at their offsets in their class (a document's at 0, 1, ...) and put in blocks class
+    by class (`Blocks`); whole documents' queries then go by layout (`_by_layout`), the rest by class (`_by_class`,
+    or `_by_class_dense` for a few queries: decoding). Every rotation is at a position the re-assignment fixes
+    whatever the documents' order (a key's offset in its document, a document's new start, a query's new position),
+    never at a given position: in bf16 a rotation's rounding depends on its angle, so rotating at given positions
+    and correcting by the shift made the rounding depend on the order (log-probabilities 0.6 nats apart on
+    SmolLM2's kv-lookup)."""
     b, hq, t, d = q.shape
     s, n = k.shape[2], seg.n
     ok = seg.allowed(t, variant)
@@ -287,20 +281,21 @@ def attend(q, k, v, seg: Segments, rotate: Rotary, scaling: float, variant: str 
     delta, shift = shifts(imp, seg, t, variant)  # [B, H', T, C], [B, H', T]
     delta, shift = delta.expand(b, hq, t, n + 2), shift.expand(b, hq, t)
     q_pos = seg.pos[:, s - t:][:, None] + shift  # [B, H, T]: each query's re-assigned position
-    k_given = rotate(k, seg.pos[:, None].expand(b, k.shape[1], s)) if k_given is None else k_given
+    k_local = rotate(k, seg.local()[:, None].expand(b, k.shape[1], s)) if k_local is None else k_local
+    new = seg.starts()[:, None, None, :] + delta  # [B, H, T, C]: each class's new start, per query
     out = v.new_zeros(b, hq, t, v.shape[-1])
     plan = seg.plan(t, max(1, LAYOUT_ELEMENTS // (hq * s * d)), variant)
     if not plan.layouts and plan.rest[0].shape[1] * (n + 2) * hq <= DENSE:  # a few queries (decoding): no blocks
-        _by_class_dense(q, k_given, v, seg, delta, q_pos, rotate, scaling, window, *plan.rest, out)
+        _by_class_dense(q, k_local, v, seg, delta, new, q_pos, rotate, scaling, window, *plan.rest, out)
         return out
     bl = seg.blocks()
-    kb, vb = bl.put(k_given), bl.put(v)  # [B, Hk, K, D]
+    kb, vb = bl.put(k_local), bl.put(v)  # [B, Hk, K, D]
     if plan.layouts:
         kh, vq = Rotary.half(kb), vb.repeat_interleave(hq // k.shape[1], 1)
         for chunk in plan.layouts:  # chunks of documents
-            _by_layout(q, kb, kh, vq, bl, delta, q_pos, rotate, scaling, window, *chunk, out)
+            _by_layout(q, kb, kh, vq, bl, delta, new, q_pos, rotate, scaling, window, *chunk, out)
     if plan.rest is not None:
-        _by_class(q, kb, vb, bl, delta, q_pos, rotate, scaling, window, *plan.rest, out)
+        _by_class(q, kb, vb, bl, delta, new, q_pos, rotate, scaling, window, *plan.rest, out)
     return out
 
 
@@ -309,17 +304,17 @@ def _take(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return x.expand(len(rows), *x.shape[1:]) if x.shape[0] == 1 else x[rows]
 
 
-def _by_layout(q, kb, kh, vq, bl, delta, q_pos, rotate, scaling, window, rows, cols, valid, mask, out) -> None:
+def _by_layout(q, kb, kh, vq, bl, delta, new, q_pos, rotate, scaling, window, rows, cols, valid, mask, out) -> None:
     """The queries of whole documents (`rows`, `cols` [P, L] and `valid` [P, L]: P documents' query columns,
     padded): a document's tokens share one layout of the keys (its importance is its document's), so the keys are
     rotated once per document at their re-assigned positions, as the paper's loop places them, and the document's
-    queries attend to them in one fused SDPA. The keys move class by class: R(given + delta) = R(delta) R(given),
-    one broadcast product per block group on the keys already rotated at their given positions."""
+    queries attend to them in one fused SDPA. A key at offset m of a class that starts at a: R(a + m) = R(a) R(m),
+    one broadcast product per block group on the keys already rotated at their offsets."""
     p, hq, d = rows.shape[0], q.shape[1], q.shape[3]
     hk, k_len = kb.shape[1], kb.shape[2]
     g = hq // hk
     lay = delta[rows, :, cols[:, 0]]  # [P, H, C]: the document's layout (its first query's)
-    cos, sin = rotate.cos_sin(lay, kb.dtype)  # [P, H, C, D]
+    cos, sin = rotate.cos_sin(new[rows, :, cols[:, 0]], kb.dtype)  # [P, H, C, D]: at each class's new start
     kr = kb.new_empty(p, hk, g, k_len, d)
     kbp, khp = _take(kb, rows), _take(kh, rows)
     for members, width, offset in bl.groups:
@@ -336,7 +331,7 @@ def _by_layout(q, kb, kh, vq, bl, delta, q_pos, rotate, scaling, window, rows, c
     out[rows[:, None].expand_as(cols)[valid], :, cols[valid]] = o.transpose(1, 2)[valid].to(out.dtype)
 
 
-def _by_class_dense(q, kr, v, seg, delta, q_pos, rotate, scaling, window, cols, valid, mask, out) -> None:
+def _by_class_dense(q, kr, v, seg, delta, new, q_pos, rotate, scaling, window, cols, valid, mask, out) -> None:
     """`_by_class` for a few queries (decoding): each query rotated once per class against every key in column
     order, and each key's logit taken from its class's row; C times the products, but no blocks to build."""
     b, hq, _, d = q.shape
@@ -345,8 +340,9 @@ def _by_class_dense(q, kr, v, seg, delta, q_pos, rotate, scaling, window, cols, 
     q = q.gather(2, cols[:, None, :, None].expand(b, hq, tq, d)).view(b, hk, g * tq, d)
     q_pos = q_pos.gather(2, cols[:, None].expand(b, hq, tq)).view(b, hk, g * tq)
     delta = delta.gather(2, cols[:, None, :, None].expand(b, hq, tq, c)).view(b, hk, g * tq, c)
-    ci = seg._keep("class_index", lambda: _class_index(seg.cls, seg.n))  # [B, S]
-    qr = rotate(q[:, :, :, None].expand(b, hk, g * tq, c, d), q_pos[..., None] - delta)  # [B, Hk, G T', C, D]
+    new = new.gather(2, cols[:, None, :, None].expand(b, hq, tq, c)).view(b, hk, g * tq, c)
+    ci = seg._keep("class_index", lambda: class_index(seg.cls, seg.n))  # [B, S]
+    qr = rotate(q[:, :, :, None].expand(b, hk, g * tq, c, d), q_pos[..., None] - new)  # [B, Hk, G T', C, D]
     every = torch.matmul(qr.view(b, hk, g * tq * c, d), kr.transpose(-1, -2)).view(b, hk, g * tq, c, s)
     logits = every.gather(3, ci[:, None, None, None, :].expand(b, hk, g * tq, 1, s))[:, :, :, 0] * scaling
     okz = mask[:, None, None].expand(b, 1, g, tq, s).reshape(b, 1, g * tq, s)
@@ -359,10 +355,11 @@ def _by_class_dense(q, kr, v, seg, delta, q_pos, rotate, scaling, window, cols, 
     out[r[valid], :, cols[valid]] = o.transpose(1, 2)[valid].to(out.dtype)
 
 
-def _by_class(q, kb, vb, bl, delta, q_pos, rotate, scaling, window, cols, valid, mask, out) -> None:
+def _by_class(q, kb, vb, bl, delta, new, q_pos, rotate, scaling, window, cols, valid, mask, out) -> None:
     """Every other query (the prefix, the suffix, decoded tokens, short documents and separators; `cols` [B, T']
     padded, `valid`): each has its own layout, so instead of rotating every key for it, the query is rotated once per
-    token class against the keys at their given positions (RoPE's logit depends on the positions' difference only),
+    token class, at its new position less the class's new start, against the keys at their offsets in their class
+    (RoPE's logit depends on the positions' difference only),
     block group by block group; the queries of a key head's group of query heads together, in chunks of bounded
     memory."""
     b, hq, _, d = q.shape
@@ -371,6 +368,7 @@ def _by_class(q, kb, vb, bl, delta, q_pos, rotate, scaling, window, cols, valid,
     q = q.gather(2, cols[:, None, :, None].expand(b, hq, tq, d)).view(b, hk, g * tq, d)  # query head h = key head
     q_pos = q_pos.gather(2, cols[:, None].expand(b, hq, tq)).view(b, hk, g * tq)  # h // g: (key head, group, query)
     delta = delta.gather(2, cols[:, None, :, None].expand(b, hq, tq, c)).view(b, hk, g * tq, c)
+    new = new.gather(2, cols[:, None, :, None].expand(b, hq, tq, c)).view(b, hk, g * tq, c)
     mask = mask.gather(2, bl.src.clamp(min=0)[:, None, :].expand(b, tq, k_len)) & (bl.src >= 0)[:, None]  # blocked
     mask = mask[:, None, None].expand(b, 1, g, tq, k_len).reshape(b, 1, g * tq, k_len)
     blocks = [(m, kb[:, :, o:o + len(m) * w].view(b, hk, len(m), w, d)) for m, w, o in bl.groups]
@@ -379,7 +377,7 @@ def _by_class(q, kb, vb, bl, delta, q_pos, rotate, scaling, window, cols, valid,
     for a in range(0, g * tq, step):  # chunks of queries (one chunk at the sizes of the tests and of decoding)
         z = slice(a, min(g * tq, a + step))
         tz = z.stop - z.start
-        qr = rotate(q[:, :, z, None].expand(b, hk, tz, c, d), q_pos[:, :, z, None] - delta[:, :, z])
+        qr = rotate(q[:, :, z, None].expand(b, hk, tz, c, d), q_pos[:, :, z, None] - new[:, :, z])
         logits = torch.cat([torch.einsum("bhtcd,bhcld->bhtcl", qr[:, :, :, m], bk).reshape(b, hk, tz, -1)
                             for m, bk in blocks], dim=3) * scaling  # [B, Hk, tz, K]: the blocked keys
         okz = mask[:, :, z]

@@ -50,7 +50,7 @@ class _LayerState:
     position_ids: torch.Tensor | None = None
     keys: torch.Tensor | None = None  # [B, Hk, S, D] un-rotated, every column so far
     values: torch.Tensor | None = None
-    given: torch.Tensor | None = None  # the keys rotated at their given positions (kept, not redone per token)
+    local: torch.Tensor | None = None  # the keys rotated at their offsets in their class (models/pine.attend)
 
 
 def _rows(h: Pine, pos: torch.Tensor) -> list[list[int]]:
@@ -102,27 +102,31 @@ def _make_attention(backend):
         # PINE's own store: every key and value un-rotated (PINE rotates them per query class and applies a sliding
         # layer's window to the re-assigned distances, so it needs all of them)
         h = st.shared
-        rot = h._rotate[st.kind]
-        turned = rot(key, pos[:, None].expand(b, key.shape[1], t))  # the new keys at their given positions
         st.keys = key if st.prefill else torch.cat([st.keys, key], 2)
         st.values = value if st.prefill else torch.cat([st.values, value], 2)
-        st.given = turned if st.prefill else torch.cat([st.given, turned], 2)
-        key, value = st.keys, st.values
         if not h._memo or h._memo[0] is not st.position_ids:  # every column's class and position: once per forward
+            ids = h.input_ids if h.input_ids is not None and h.input_ids.shape == pos.shape else None
             if st.prefill:
                 cls, given = _prompt_classes(_rows(h, pos), pos), pos
             else:  # a decoded token: SUFFIX
                 new = torch.full((b, t), SUFFIX, dtype=torch.long, device=pos.device)
                 cls, given = torch.cat([h._memo[1], new], 1), torch.cat([h._memo[2], pos], 1)
-            # the Segments too, so that its plan (which queries go by layout) is made once per forward
-            h._memo = (st.position_ids, cls, given, Segments(cls, given, max(1, int(cls.max()) + 1)))
+                old = h._memo[3].ids
+                ids = None if old is None or ids is None else torch.cat([old, ids], 1)
+            # the Segments too, so that its plan (which queries go by layout) is made once per forward; with the
+            # token ids, PINE computes in an order that does not depend on the documents' (models/pine.attend)
+            h._memo = (st.position_ids, cls, given, Segments(cls, given, max(1, int(cls.max()) + 1), ids))
         seg = h._memo[3]
-        if seg.cls.shape[1] != key.shape[2]:
-            raise PosbiasError(f"pine: {seg.cls.shape[1]} classified columns for {key.shape[2]} keys",
+        if seg.cls.shape[1] != st.keys.shape[2]:
+            raise PosbiasError(f"pine: {seg.cls.shape[1]} classified columns for {st.keys.shape[2]} keys",
                                "run PINE on the plain path (no prefix sharing), one prefill per batch")
+        rot = h._rotate[st.kind]
+        turned = rot(key, seg.local()[:, -t:, None].transpose(1, 2).expand(b, key.shape[1], t))  # at their offsets
+        st.local = turned if st.prefill else torch.cat([st.local, turned], 2)  # kept, not redone per token
+        key, value = st.keys, st.values
         scaling = kwargs.get("scaling") or module.scaling
         window = kwargs.get("sliding_window", getattr(module, "sliding_window", None)) or None  # a sliding layer
-        out = attend(query, key, value, seg, rot, scaling, h.variant, window, st.given)
+        out = attend(query, key, value, seg, rot, scaling, h.variant, window, st.local)
         return out.transpose(1, 2).contiguous().to(query.dtype), None
 
     return attention
