@@ -107,10 +107,14 @@ class Segments:
 
         return self._keep("layout", make)
 
+    def classes(self) -> torch.Tensor:
+        """[B, S]: each column's class as an index into the n + 2 shifts (`pine_plan.class_index`)."""
+        return self._keep("classes", lambda: class_index(self.cls, self.n))
+
     def starts(self) -> torch.Tensor:
         """[B, n + 2]: each class's first given position (documents, prefix, suffix; 0 for an empty one)."""
         def make():
-            ci = class_index(self.cls, self.n)
+            ci = self.classes()
             big = torch.iinfo(torch.long).max
             first = torch.full((ci.shape[0], self.n + 2), big, device=ci.device).scatter_reduce(
                 1, ci, self.pos, "amin")
@@ -120,7 +124,7 @@ class Segments:
 
     def local(self) -> torch.Tensor:
         """[B, S]: each column's offset in its class (its given position minus its class's first)."""
-        return self._keep("local", lambda: self.pos - self.starts().gather(1, class_index(self.cls, self.n)))
+        return self._keep("local", lambda: self.pos - self.starts().gather(1, self.classes()))
 
     def canonical(self, t: int):
         """(perm [B, S], the last t columns' perm [B, t], its inverse, the Segments in that order) or None: the
@@ -155,7 +159,7 @@ class Segments:
         return self._keep(("allowed", t, variant), lambda: allowed(self, t, variant))
 
     def blocks(self) -> "Blocks":
-        return self._keep("blocks", lambda: blocks(class_index(self.cls, self.n), self.n + 2, self.pos))
+        return self._keep("blocks", lambda: blocks(self.classes(), self.n + 2, self.pos))
 
     def plan(self, t: int, per_chunk: int, variant: str) -> "Plan":
         """Which of the last t query columns go by layout (whole documents of LAYOUT_MIN tokens or more, in chunks
@@ -205,7 +209,7 @@ def importance(q: torch.Tensor, k: torch.Tensor, seg: Segments, ok: torch.Tensor
             (torch.matmul(qg[:, :, :, z], k[:, :, None].transpose(-1, -2)).float() * scaling).masked_fill(
                 ~ok[:, None, None, z], -math.inf), dim=-1), hot) for z in
             (slice(a, a + step) for a in range(0, t, step))], 3).view(b, h, t, n)
-    per_token = per_token / seg.onehot.sum(1).clamp(min=1)[:, None, None, :]  # [B, H, T, n]
+    per_token = per_token / seg.layout()[0].clamp(min=1)[:, None, None, :]  # [B, H, T, n]
     q_cls = seg.cls[:, -t:]
     own = torch.where(q_cls >= 0, q_cls, n)  # [B, T]
     per_doc = per_token.new_zeros(b, h, n + 1, n).index_add_(2, own[0], per_token) if b == 1 else torch.stack(
@@ -328,6 +332,19 @@ def _by_layout(q, kb, kh, vq, bl, delta, new, q_pos, rotate, scaling, window, ro
         k_pos = _take(bl.pos, rows)[:, None, :] + lay.gather(2, bl.cls[None, None, :].expand(p, hq, k_len))
         mask = mask & ((qp[..., None] - k_pos[:, :, None, :] < window) | ~valid[:, None, :, None])
     o = F.scaled_dot_product_attention(qr, kr.view(p, hq, k_len, d), _take(vq, rows), attn_mask=mask, scale=scaling)
+    _put(out, rows, cols, valid, o)
+
+
+def _by_key_head(cols: torch.Tensor, hk: int, *xs: torch.Tensor) -> list[torch.Tensor]:
+    """Each [B, Hq, T, ...] tensor's query columns `cols` [B, T'], as [B, Hk, G T', ...]: query head h reads key
+    head h // G, so a key head's G query heads go together as (group, query) rows."""
+    b, tq = cols.shape
+    return [x.gather(2, cols[:, None, :, *([None] * (x.dim() - 3))].expand(b, x.shape[1], tq, *x.shape[3:]))
+            .view(b, hk, -1, *x.shape[3:]) for x in xs]
+
+
+def _put(out: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, valid: torch.Tensor, o: torch.Tensor) -> None:
+    """Write o [P, H, L, Dv] (row `rows[p]`, query columns `cols` [P, L], `valid` [P, L]) into out [B, H, T, Dv]."""
     out[rows[:, None].expand_as(cols)[valid], :, cols[valid]] = o.transpose(1, 2)[valid].to(out.dtype)
 
 
@@ -337,11 +354,8 @@ def _by_class_dense(q, kr, v, seg, delta, new, q_pos, rotate, scaling, window, c
     b, hq, _, d = q.shape
     hk, s, c, tq = kr.shape[1], kr.shape[2], delta.shape[3], cols.shape[1]
     g = hq // hk
-    q = q.gather(2, cols[:, None, :, None].expand(b, hq, tq, d)).view(b, hk, g * tq, d)
-    q_pos = q_pos.gather(2, cols[:, None].expand(b, hq, tq)).view(b, hk, g * tq)
-    delta = delta.gather(2, cols[:, None, :, None].expand(b, hq, tq, c)).view(b, hk, g * tq, c)
-    new = new.gather(2, cols[:, None, :, None].expand(b, hq, tq, c)).view(b, hk, g * tq, c)
-    ci = seg._keep("class_index", lambda: class_index(seg.cls, seg.n))  # [B, S]
+    q, q_pos, delta, new = _by_key_head(cols, hk, q, q_pos, delta, new)
+    ci = seg.classes()  # [B, S]
     qr = rotate(q[:, :, :, None].expand(b, hk, g * tq, c, d), q_pos[..., None] - new)  # [B, Hk, G T', C, D]
     every = torch.matmul(qr.view(b, hk, g * tq * c, d), kr.transpose(-1, -2)).view(b, hk, g * tq, c, s)
     logits = every.gather(3, ci[:, None, None, None, :].expand(b, hk, g * tq, 1, s))[:, :, :, 0] * scaling
@@ -350,9 +364,7 @@ def _by_class_dense(q, kr, v, seg, delta, new, q_pos, rotate, scaling, window, c
         k_pos = seg.pos[:, None, None, :] + delta.gather(3, ci[:, None, None, :].expand(b, hk, g * tq, s))
         okz = okz & (q_pos[..., None] - k_pos < window)
     attn = torch.softmax(logits.float().masked_fill(~okz, -math.inf), dim=-1)
-    o = torch.matmul(attn.to(v.dtype), v).view(b, hq, tq, -1)
-    r = torch.arange(b, device=cols.device)[:, None].expand_as(cols)
-    out[r[valid], :, cols[valid]] = o.transpose(1, 2)[valid].to(out.dtype)
+    _put(out, torch.arange(b, device=cols.device), cols, valid, torch.matmul(attn.to(v.dtype), v).view(b, hq, tq, -1))
 
 
 def _by_class(q, kb, vb, bl, delta, new, q_pos, rotate, scaling, window, cols, valid, mask, out) -> None:
@@ -365,10 +377,7 @@ def _by_class(q, kb, vb, bl, delta, new, q_pos, rotate, scaling, window, cols, v
     b, hq, _, d = q.shape
     hk, k_len, c, tq = kb.shape[1], kb.shape[2], delta.shape[3], cols.shape[1]
     g = hq // hk
-    q = q.gather(2, cols[:, None, :, None].expand(b, hq, tq, d)).view(b, hk, g * tq, d)  # query head h = key head
-    q_pos = q_pos.gather(2, cols[:, None].expand(b, hq, tq)).view(b, hk, g * tq)  # h // g: (key head, group, query)
-    delta = delta.gather(2, cols[:, None, :, None].expand(b, hq, tq, c)).view(b, hk, g * tq, c)
-    new = new.gather(2, cols[:, None, :, None].expand(b, hq, tq, c)).view(b, hk, g * tq, c)
+    q, q_pos, delta, new = _by_key_head(cols, hk, q, q_pos, delta, new)
     mask = mask.gather(2, bl.src.clamp(min=0)[:, None, :].expand(b, tq, k_len)) & (bl.src >= 0)[:, None]  # blocked
     mask = mask[:, None, None].expand(b, 1, g, tq, k_len).reshape(b, 1, g * tq, k_len)
     blocks = [(m, kb[:, :, o:o + len(m) * w].view(b, hk, len(m), w, d)) for m, w, o in bl.groups]
@@ -387,6 +396,4 @@ def _by_class(q, kb, vb, bl, delta, new, q_pos, rotate, scaling, window, cols, v
             okz = okz & (q_pos[:, :, z, None] - k_pos < window)
         attn = torch.softmax(logits.float().masked_fill(~okz, -math.inf), dim=-1)
         res.append(torch.matmul(attn.to(vb.dtype), vb))  # [B, Hk, tz, Dv]
-    o = torch.cat(res, 2).view(b, hq, tq, -1)
-    r = torch.arange(b, device=cols.device)[:, None].expand_as(cols)
-    out[r[valid], :, cols[valid]] = o.transpose(1, 2)[valid].to(out.dtype)
+    _put(out, torch.arange(b, device=cols.device), cols, valid, torch.cat(res, 2).view(b, hq, tq, -1))
