@@ -488,7 +488,7 @@ def prime_calibration(active, seqs: list[list[int]], end=None) -> None:
     of each sequence in the batch layout (None: the last column, as generation's prefill)."""
     from posbias.methods.calibration import _CalibActive
     from posbias.methods.pine import _PineActive
-    from posbias.models.pine import PREFIX, SUFFIX
+    from posbias.models.pine_plan import PREFIX, SUFFIX
 
     if isinstance(active, _PineActive):  # PINE: the thirds between a 3-token prefix and a 3-token suffix as documents
         active.handle.prompts = {tuple(s): [PREFIX] * 3 + [min(3 * i // (len(s) - 6), 2) for i in range(len(s) - 6)]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from posbias.models import pine as pine_module
-from posbias.models.pine import INVARIANT, PAD, PREFIX, SUFFIX, VARIANTS, Segments, attend
+from posbias.models.pine import INVARIANT, VARIANTS, Segments, attend
+from posbias.models.pine_plan import PAD, PREFIX, SUFFIX
 from posbias.models.pine_reference import reference
 from posbias.models.rope import rotation
 
@@ -20,16 +21,19 @@ LENS = (4, 2, 5)  # three documents between a prefix of 3 and a suffix of 3 toke
 PRE, SUF, D, HQ, HK = 3, 3, 8, 4, 2
 
 
-@pytest.fixture(params=[(1, 512, True), (3, 512, False), (100, 0, True), (100, 10 ** 9, False)],
+@pytest.fixture(params=[(1, 512, True, True), (3, 512, False, True), (100, 0, True, False), (100, 10 ** 9, False, True)],
                 ids=["all-by-layout", "long-by-layout", "all-by-class", "all-by-class-dense"])
 def layout_min(request, monkeypatch):
     """Every path of `attend`: whole documents by layout (their keys rotated once per document, fused SDPA), the
     queries by class over key blocks (each query rotated once per token class), and by class over the keys in
     column order (decoding's few queries). 3 sends the documents of 4 and 5 tokens by layout and the one of 2 by
-    class, in one forward. The importance by fused SDPA in two of them, by the softmax in memory in the other two."""
+    class, in one forward. The importance by fused SDPA in two of them, by the softmax in memory in the other two.
+    The prefix's queries by themselves (one fused causal SDPA) in three, by class in the third."""
     monkeypatch.setattr(pine_module, "LAYOUT_MIN", request.param[0])
     monkeypatch.setattr(pine_module, "DENSE", request.param[1])
     monkeypatch.setattr(pine_module, "FUSED", request.param[2])
+    monkeypatch.setattr(pine_module, "PREFIX_ALONE", request.param[3])
+    monkeypatch.setattr(pine_module, "LAYOUT_COST", False)  # by layout wherever LAYOUT_MIN says
     return request.param
 
 

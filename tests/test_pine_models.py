@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from posbias import PosbiasError
-from posbias.models.pine import PREFIX, SUFFIX
 from posbias.models.pine_hook import pine
+from posbias.models.pine_plan import PREFIX, SUFFIX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,7 +47,7 @@ def _last_logprobs(model, tok, order, variant="pine"):
     return torch.log_softmax(out.float(), -1)
 
 
-def _greedy(model, tok, order, steps=6, variant="pine"):
+def _greedy(model, tok, order, steps=6, variant="pine", last=False):
     from transformers import DynamicCache
 
     ids, classes = _prompt(tok, order)
@@ -60,7 +60,7 @@ def _greedy(model, tok, order, steps=6, variant="pine"):
             nxt = int(logits.argmax())
             got.append(nxt)
             x, pos = torch.tensor([[nxt]]), pos[:, -1:] + 1
-    return got
+    return (got, torch.log_softmax(logits.float(), -1)) if last else got
 
 
 ORDERS = list(itertools.permutations(range(3)))
@@ -85,15 +85,19 @@ def test_without_reassignment_or_the_bidirectional_mask_the_order_shows(arch, va
     assert worst > 1e-3, (variant, worst)
 
 
-def test_decoding_through_the_cache_equals_a_full_forward():
-    model, tok = _model("llama")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_decoding_through_the_cache_equals_a_full_forward(arch):
+    """The decoding steps read a store kept in the canonical column order after the prefill (the documents by their
+    token ids, not as given: (2, 0, 1) is not that order), the full forward computes in it from the given order."""
+    model, tok = _model(arch)
     ids, classes = _prompt(tok, (2, 0, 1))
-    steps = _greedy(model, tok, (2, 0, 1), steps=3)
+    steps, last = _greedy(model, tok, (2, 0, 1), steps=3, last=True)
     full_ids = ids + steps[:2]
     with torch.no_grad(), pine(model) as handle:
         handle.rows = [classes]  # the two decoded tokens follow the prompt: SUFFIX, as in decoding
         logits = model(input_ids=torch.tensor([full_ids]), position_ids=torch.arange(len(full_ids))[None]).logits
     assert int(logits[0, -1].argmax()) == steps[2]
+    assert torch.allclose(torch.log_softmax(logits[0, -1].float(), -1), last, atol=1e-4), arch
 
 
 def test_the_model_is_restored_and_gpt2_is_refused():

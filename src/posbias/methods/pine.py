@@ -27,7 +27,8 @@ from typing import Iterator
 
 from ..errors import PosbiasError
 from ..models.load import Loaded
-from ..models.pine import PREFIX, SUFFIX, VARIANTS
+from ..models.pine import VARIANTS
+from ..models.pine_plan import PREFIX, SUFFIX
 from ..tasks import Task
 from .base import Active, Method, refuse_without_items
 from .registry import register_method

@@ -29,16 +29,17 @@ order. Variants (`VARIANTS`, the paper's ablations and baselines, Sec. 3.4 and 4
   pcw       Parallel Context Windows (Ratner et al. 2023): no inter-document attention, every document starts at
             the same position, the suffix after the longest one (invariant)
 
-Computation (`attend`), no Python loop over documents, tokens or layers, in three parts:
+Computation (`attend`), no Python loop over documents, tokens or layers, in four parts:
 
+  prefix      the prefix's queries see only the prefix, at its given positions, in every variant: one fused SDPA
   importance  the token-level softmax summed per key document is an attention whose values are the documents'
               one-hot columns: one fused SDPA (no [T, S] matrix in memory)
   by layout   a whole document's query tokens share one layout (its importance is its document's), so the keys are
               rotated once per document at their re-assigned positions, as the paper's loop places them, and the
               document's queries attend to them in one fused SDPA; the keys, already rotated at their given
               positions and gathered class by class into blocks, move by R(delta_c) per class (one broadcast product)
-  by class    every other query (prefix, suffix, decoded tokens, separators) has its own layout; RoPE makes a logit
-              depend on the two positions only through their difference, so the query is rotated once per token
+  by class    every other query (suffix, decoded tokens, separators, short documents) has its own layout; RoPE
+              makes a logit depend on the two positions only through their difference, so the query is rotated once per token
               class (pos_i' - delta_c(i)) against the keys at their given positions: over the key blocks, or for a
               few queries (decoding) against every key in column order, each key's logit taken from its class's row
 
@@ -56,16 +57,18 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .pine_plan import PAD, PREFIX, SUFFIX, Blocks, Plan, blocks, class_index, plan
+from .pine_plan import IDENTITY, SUFFIX, Blocks, Plan, allowed, blocks, canonical_order, class_index, plan, take
 from .rope import Rotary
 
 VARIANTS = ("pine", "reversed", "fixed", "causal", "nia", "pcw")
 INVARIANT = {"pine": True, "reversed": True, "fixed": False, "causal": False, "nia": False, "pcw": True}
 BLOCKED = ("nia", "pcw")  # no attention between documents
 CAUSAL = ("causal",)  # the causal mask kept between documents
-LAYOUT_MIN = 8  # a document with this many query tokens in a forward gets its own rotated keys (`_by_layout`)
+LAYOUT_MIN = 8  # a document of this many query tokens goes by layout (`_by_layout`) ...
+LAYOUT_COST = True  # ... and tokens x classes >= keys (the tests turn it off: LAYOUT_MIN alone decides)
 LAYOUT_ELEMENTS = 1 << 24  # rotated key elements per chunk of documents: bounded memory
 DENSE = 512  # query rows x classes up to which the rest go by `_by_class_dense` (no key blocks)
+PREFIX_ALONE = True  # the prefix's queries by one fused causal SDPA over the prefix (the tests turn it off)
 FUSED = True  # the importance by fused SDPA where the documents fit the head size (the tests turn it off)
 
 
@@ -131,32 +134,19 @@ class Segments:
         columns in an order that does not depend on the documents' (padding, prefix, the documents by their token
         ids, suffix; each class's tokens in their order), the documents relabelled the same way."""
         def make():
-            b, s = self.cls.shape
-            relabel = torch.empty(b, self.n, dtype=torch.long)
-            ids, cls = self.ids.tolist(), self.cls.tolist()
-            for r in range(b):
-                docs: dict = {}
-                for j, c in enumerate(cls[r]):
-                    if c >= 0:
-                        docs.setdefault(c, []).append(ids[r][j])
-                order = sorted(docs, key=lambda c: (docs[c], c)) + [c for c in range(self.n) if c not in docs]
-                relabel[r, order] = torch.arange(self.n)
-            relabel = relabel.to(self.cls.device)
-            new = torch.where(self.cls >= 0, relabel.gather(1, self.cls.clamp(min=0)), self.cls)
-            group = torch.where(self.cls == PAD, 0, torch.where(self.cls == PREFIX, 1, torch.where(self.cls == SUFFIX,
-                                                                                                  3, 2)))
-            col = torch.arange(s, device=self.cls.device)
-            perm = torch.argsort((group * (self.n + 1) + new.clamp(min=0)) * s + col, dim=1)
-            q_perm = perm[:, s - t:] - (s - t)
-            if (q_perm < 0).any():  # queries that are not the last in the canonical order: not reordered
-                return None
-            return perm, q_perm, torch.argsort(q_perm, dim=1), Segments(new.gather(1, perm), self.pos.gather(1, perm),
-                                                                        self.n, self.ids.gather(1, perm))
+            got = canonical_order(self.cls, self.ids, self.n, t)
+            if got is None or got is IDENTITY:
+                return got
+            perm, cls = got
+            q_perm = perm[:, -t:] - (perm.shape[1] - t)
+            return perm, q_perm, torch.argsort(q_perm, dim=1), Segments(cls, self.pos.gather(1, perm), self.n,
+                                                                        self.ids.gather(1, perm))
 
         return self._keep(("canonical", t), make)
 
     def allowed(self, t: int, variant: str) -> torch.Tensor:
-        return self._keep(("allowed", t, variant), lambda: allowed(self, t, variant))
+        return self._keep(("allowed", t, variant), lambda: allowed(self.cls, t, variant in BLOCKED,
+                                                                   variant in CAUSAL))
 
     def blocks(self) -> "Blocks":
         return self._keep("blocks", lambda: blocks(self.classes(), self.n + 2, self.pos))
@@ -166,23 +156,7 @@ class Segments:
         of per_chunk documents) and which by class (the rest)."""
         return self._keep(("plan", t, per_chunk, variant),
                           lambda: plan(self.cls[:, -t:], self.n, per_chunk, self.allowed(t, variant), self.blocks,
-                                       LAYOUT_MIN))
-
-
-def allowed(seg: Segments, t: int, variant: str) -> torch.Tensor:
-    """[B, T, S] bool: which keys each of the last T query columns may attend to (module docstring's mask)."""
-    cls, s = seg.cls, seg.cls.shape[1]
-    q_cls = cls[:, s - t:]
-    qi = torch.arange(s - t, s, device=cls.device)
-    causal = qi[:, None] >= torch.arange(s, device=cls.device)[None, :]  # [T, S]
-    qd, kd = q_cls[:, :, None], cls[:, None, :]
-    docs = (qd >= 0) & (kd >= 0)
-    cross = docs & (qd != kd)
-    ok = causal[None] & ~(cross if variant in BLOCKED else torch.zeros_like(cross))
-    if variant not in BLOCKED + CAUSAL:
-        ok = ok | cross  # bidirectional between documents
-    ok = ok & (kd != PAD) & ~((qd >= 0) & (kd == SUFFIX))
-    return ok | ((qd == PAD) & (torch.arange(s, device=cls.device)[None, None, :] == qi[None, :, None]))  # pad: itself
+                                       LAYOUT_MIN, self.cls if PREFIX_ALONE else None, LAYOUT_COST))
 
 
 def importance(q: torch.Tensor, k: torch.Tensor, seg: Segments, ok: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -254,13 +228,9 @@ def attend(q, k, v, seg: Segments, rotate: Rotary, scaling: float, variant: str 
     reads alike, to the sixth digit) was broken by the summation order's rounding, and a sweep's rows moved with the
     slot (SmolLM2 kv-lookup, fp32: two slots of ten 0.046 nats apart)."""
     canon = seg.canonical(q.shape[2]) if seg.ids is not None and INVARIANT[variant] else None
-    if canon is None:
+    if canon is None or canon is IDENTITY:
         return _attend(q, k, v, seg, rotate, scaling, variant, window, k_local)
     perm, q_perm, back, cseg = canon
-
-    def take(x, p):
-        return x.gather(2, p[:, None, :, None].expand(x.shape[0], x.shape[1], p.shape[1], x.shape[3]))
-
     out = _attend(take(q, q_perm), take(k, perm), take(v, perm), cseg, rotate, scaling, variant, window,
                   None if k_local is None else take(k_local, perm))
     return take(out, back)
@@ -281,21 +251,30 @@ def _attend(q, k, v, seg: Segments, rotate: Rotary, scaling: float, variant: str
     b, hq, t, d = q.shape
     s, n = k.shape[2], seg.n
     ok = seg.allowed(t, variant)
-    imp = importance(q, k, seg, ok, scaling) if variant in ("pine", "reversed", "causal") else None
-    delta, shift = shifts(imp, seg, t, variant)  # [B, H', T, C], [B, H', T]
+    plan = seg.plan(t, max(1, LAYOUT_ELEMENTS // (hq * s * d)), variant)
+    lead = plan.lead  # the leading prefix and padding queries: nothing moves for them, no importance needed
+    imp = importance(q[:, :, lead:], k, seg, ok[:, lead:], scaling) if variant in ("pine", "reversed", "causal") \
+        else None
+    delta, shift = shifts(imp, seg, t - lead, variant)  # [B, H', T - lead, C], [B, H', T - lead]
+    if lead:
+        delta = torch.cat([delta.new_zeros(*delta.shape[:2], lead, n + 2), delta], 2)
+        shift = torch.cat([shift.new_zeros(*shift.shape[:2], lead), shift], 2)
     delta, shift = delta.expand(b, hq, t, n + 2), shift.expand(b, hq, t)
     q_pos = seg.pos[:, s - t:][:, None] + shift  # [B, H, T]: each query's re-assigned position
     k_local = rotate(k, seg.local()[:, None].expand(b, k.shape[1], s)) if k_local is None else k_local
     new = seg.starts()[:, None, None, :] + delta  # [B, H, T, C]: each class's new start, per query
     out = v.new_zeros(b, hq, t, v.shape[-1])
-    plan = seg.plan(t, max(1, LAYOUT_ELEMENTS // (hq * s * d)), variant)
+    if plan.prefix:
+        _by_prefix(q, k_local, v, seg, ok, q_pos, rotate, scaling, window, plan.prefix, out)
+    if plan.rest is None and not plan.layouts:
+        return out
     if not plan.layouts and plan.rest[0].shape[1] * (n + 2) * hq <= DENSE:  # a few queries (decoding): no blocks
         _by_class_dense(q, k_local, v, seg, delta, new, q_pos, rotate, scaling, window, *plan.rest, out)
         return out
     bl = seg.blocks()
     kb, vb = bl.put(k_local), bl.put(v)  # [B, Hk, K, D]
-    if plan.layouts:
-        kh, vq = Rotary.half(kb), vb.repeat_interleave(hq // k.shape[1], 1)
+    if plan.layouts:  # the keys a document's queries may see: those before the suffix's block
+        kh, vq = Rotary.half(kb[:, :, :bl.seen]), vb[:, :, :bl.seen].repeat_interleave(hq // k.shape[1], 1)
         for chunk in plan.layouts:  # chunks of documents
             _by_layout(q, kb, kh, vq, bl, delta, new, q_pos, rotate, scaling, window, *chunk, out)
     if plan.rest is not None:
@@ -315,13 +294,15 @@ def _by_layout(q, kb, kh, vq, bl, delta, new, q_pos, rotate, scaling, window, ro
     queries attend to them in one fused SDPA. A key at offset m of a class that starts at a: R(a + m) = R(a) R(m),
     one broadcast product per block group on the keys already rotated at their offsets."""
     p, hq, d = rows.shape[0], q.shape[1], q.shape[3]
-    hk, k_len = kb.shape[1], kb.shape[2]
+    hk, k_len = kb.shape[1], bl.seen
     g = hq // hk
     lay = delta[rows, :, cols[:, 0]]  # [P, H, C]: the document's layout (its first query's)
     cos, sin = rotate.cos_sin(new[rows, :, cols[:, 0]], kb.dtype)  # [P, H, C, D]: at each class's new start
     kr = kb.new_empty(p, hk, g, k_len, d)
     kbp, khp = _take(kb, rows), _take(kh, rows)
     for members, width, offset in bl.groups:
+        if offset >= k_len:  # the suffix's block
+            break
         z, m = slice(offset, offset + len(members) * width), len(members)
         dst = kr[:, :, :, z].view(p, hk, g, m, width, d)
         torch.mul(khp[:, :, None, z].view(p, hk, 1, m, width, d), sin[:, :, members].view(p, hk, g, m, 1, d), out=dst)
@@ -329,10 +310,27 @@ def _by_layout(q, kb, kh, vq, bl, delta, new, q_pos, rotate, scaling, window, ro
     qp = q_pos[rows[:, None], :, cols].transpose(1, 2)  # [P, H, L]
     qr = rotate(q[rows[:, None], :, cols].transpose(1, 2), qp)  # [P, H, L, D]
     if window is not None:
-        k_pos = _take(bl.pos, rows)[:, None, :] + lay.gather(2, bl.cls[None, None, :].expand(p, hq, k_len))
+        k_pos = _take(bl.pos[:, :k_len], rows)[:, None, :] + lay.gather(2, bl.cls[None, None, :k_len].expand(p, hq,
+                                                                                                             k_len))
         mask = mask & ((qp[..., None] - k_pos[:, :, None, :] < window) | ~valid[:, None, :, None])
     o = F.scaled_dot_product_attention(qr, kr.view(p, hq, k_len, d), _take(vq, rows), attn_mask=mask, scale=scaling)
     _put(out, rows, cols, valid, o)
+
+
+def _by_prefix(q, kr, v, seg, ok, q_pos, rotate, scaling, window, length, out) -> None:
+    """The first `length` query columns, which hold every row's prefix: the prefix sees only itself, at its given
+    positions, in every variant (nothing before it moves), so one fused SDPA over the keys up to it, the queries and
+    keys at their offsets in the prefix. Written first: the other columns among them (padding, a row's first
+    documents where its prefix is shorter) are written over by their own paths."""
+    b, hq, t, _ = q.shape
+    s = kr.shape[2]
+    kl = s - t + length
+    rel = q_pos[:, :, :length] - seg.starts()[:, -2, None, None]  # at the offset from the prefix's start
+    mask = ok[:, None, :length, :kl]
+    if window is not None:
+        mask = mask & (rel[:, :1, :, None] - seg.local()[:, None, None, :kl] < window)
+    out[:, :, :length] = F.scaled_dot_product_attention(rotate(q[:, :, :length], rel), kr[:, :, :kl], v[:, :, :kl],
+                                                        attn_mask=mask, scale=scaling, enable_gqa=kr.shape[1] != hq)
 
 
 def _by_key_head(cols: torch.Tensor, hk: int, *xs: torch.Tensor) -> list[torch.Tensor]:

@@ -23,7 +23,8 @@ import torch
 
 from ..errors import PosbiasError
 from .attn_hooks import patched_attention, register_attention, take_rope_and_cache
-from .pine import PAD, SUFFIX, VARIANTS, Segments, attend
+from .pine import INVARIANT, VARIANTS, Segments, attend
+from .pine_plan import IDENTITY, PAD, SUFFIX, take
 from .rope import rope_info, rotation
 
 _ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -37,7 +38,7 @@ class Pine:
     rows: list[list[int]] | None = None
     prompts: dict = field(default_factory=dict)  # tuple(prompt ids) -> classes
     input_ids: torch.Tensor | None = field(default=None, repr=False)  # the forward's, seen by the model's pre-hook
-    _memo: tuple = field(default=(), repr=False)  # (position_ids, classes, positions, Segments): once per forward
+    _memo: tuple = field(default=(), repr=False)  # (position_ids, classes, positions, Segments, the store's): per forward
     _rotate: dict = field(default_factory=dict, repr=False)  # RoPE kind -> rotate(x, positions)
 
 
@@ -51,6 +52,7 @@ class _LayerState:
     keys: torch.Tensor | None = None  # [B, Hk, S, D] un-rotated, every column so far
     values: torch.Tensor | None = None
     local: torch.Tensor | None = None  # the keys rotated at their offsets in their class (models/pine.attend)
+    perm: torch.Tensor | None = None  # the columns' canonical order after a prefill, for the first decoding step
 
 
 def _rows(h: Pine, pos: torch.Tensor) -> list[list[int]]:
@@ -102,20 +104,24 @@ def _make_attention(backend):
         # PINE's own store: every key and value un-rotated (PINE rotates them per query class and applies a sliding
         # layer's window to the re-assigned distances, so it needs all of them)
         h = st.shared
+        if not st.prefill and st.perm is not None:  # the first decoding step: the store into the order it keeps
+            st.keys, st.values, st.local = take(st.keys, st.perm), take(st.values, st.perm), take(st.local, st.perm)
+        st.perm = None
         st.keys = key if st.prefill else torch.cat([st.keys, key], 2)
         st.values = value if st.prefill else torch.cat([st.values, value], 2)
         if not h._memo or h._memo[0] is not st.position_ids:  # every column's class and position: once per forward
             ids = h.input_ids if h.input_ids is not None and h.input_ids.shape == pos.shape else None
             if st.prefill:
                 cls, given = _prompt_classes(_rows(h, pos), pos), pos
-            else:  # a decoded token: SUFFIX
+            else:  # a decoded token: SUFFIX, after the store's columns (in the order the store keeps them)
+                kept = h._memo[4]
                 new = torch.full((b, t), SUFFIX, dtype=torch.long, device=pos.device)
-                cls, given = torch.cat([h._memo[1], new], 1), torch.cat([h._memo[2], pos], 1)
-                old = h._memo[3].ids
-                ids = None if old is None or ids is None else torch.cat([old, ids], 1)
+                cls, given = torch.cat([kept.cls, new], 1), torch.cat([kept.pos, pos], 1)
+                ids = None if kept.ids is None or ids is None else torch.cat([kept.ids, ids], 1)
             # the Segments too, so that its plan (which queries go by layout) is made once per forward; with the
             # token ids, PINE computes in an order that does not depend on the documents' (models/pine.attend)
-            h._memo = (st.position_ids, cls, given, Segments(cls, given, max(1, int(cls.max()) + 1), ids))
+            seg = Segments(cls, given, max(1, int(cls.max()) + 1), ids)
+            h._memo = (st.position_ids, cls, given, seg, _kept_order(seg, h.variant, st.prefill))
         seg = h._memo[3]
         if seg.cls.shape[1] != st.keys.shape[2]:
             raise PosbiasError(f"pine: {seg.cls.shape[1]} classified columns for {st.keys.shape[2]} keys",
@@ -127,9 +133,22 @@ def _make_attention(backend):
         scaling = kwargs.get("scaling") or module.scaling
         window = kwargs.get("sliding_window", getattr(module, "sliding_window", None)) or None  # a sliding layer
         out = attend(query, key, value, seg, rot, scaling, h.variant, window, st.local)
+        if h._memo[4] is not seg:  # a prefill: the store goes into the canonical order (at the first decoding step,
+            st.perm = seg.canonical(t)[0]  # none if none follows), so that decoding gathers nothing per layer and token
         return out.transpose(1, 2).contiguous().to(query.dtype), None
 
     return attention
+
+
+def _kept_order(seg: Segments, variant: str, prefill: bool) -> Segments:
+    """The Segments of the order the store keeps after this forward: after a prefill of an invariant variant given
+    the token ids, the canonical one (models/pine.attend computes in it; a decoded token, SUFFIX, comes last in it
+    too, so every decoding step's columns are already in it and nothing is gathered per layer and token); else
+    the given order."""
+    if not prefill or seg.ids is None or not INVARIANT[variant]:
+        return seg
+    canon = seg.canonical(seg.cls.shape[1])
+    return seg if canon is None or canon is IDENTITY else canon[3]
 
 
 def _pre_hook(module, args, kwargs):

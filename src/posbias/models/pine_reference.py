@@ -9,7 +9,8 @@ from typing import Callable
 
 import torch
 
-from .pine import BLOCKED, CAUSAL, PAD, SUFFIX, Segments
+from .pine import BLOCKED, CAUSAL, Segments
+from .pine_plan import PAD, SUFFIX
 
 
 def reference(q, k, v, seg: Segments, rotate: Callable, scaling: float, variant: str = "pine",

@@ -314,19 +314,20 @@ class Rotary:
         self.inv, self.scaling = inv_freq.detach().float(), scaling
         self.tables: dict = {}  # (device, dtype) -> (lowest position, cos, sin)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) [*positions.shape, D] in dtype."""
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, full: bool = True) -> tuple[torch.Tensor,
+                                                                                              torch.Tensor]:
+        """(cos, sin) [*positions.shape, D] in dtype (full=False: D / 2, the halves being equal)."""
         dev = positions.device
         lo, hi = int(positions.min()), int(positions.max())
         have = self.tables.get((dev, dtype))
         if have is None or not (have[0] <= lo and hi < have[0] + have[1].shape[0]):
             lo, hi = min(lo, -64) * 2, max(hi, 64) * 2
             ang = torch.arange(lo, hi + 1, dtype=torch.float32, device=dev)[:, None] * self.inv.to(dev)
-            emb = torch.cat((ang, ang), dim=-1)
-            have = self.tables[(dev, dtype)] = (lo, (emb.cos() * self.scaling).to(dtype),
-                                                 (emb.sin() * self.scaling).to(dtype))
+            have = self.tables[(dev, dtype)] = (lo, (ang.cos() * self.scaling).to(dtype),
+                                                 (ang.sin() * self.scaling).to(dtype))
         idx = positions - have[0]
-        return have[1][idx], have[2][idx]
+        cos, sin = have[1][idx], have[2][idx]
+        return (torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)) if full else (cos, sin)
 
     @staticmethod
     def half(x: torch.Tensor) -> torch.Tensor:
@@ -334,8 +335,23 @@ class Rotary:
         return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.cos_sin(positions.to(x.device), x.dtype)
-        return x * cos + self.half(x) * sin
+        """x rotated at positions (broadcast against x's leading shape): x1 c - x2 s, x2 c + x1 s per half, written
+        in place of transformers' x * cos + rotate_half(x) * sin (the same products, with one rounding per half in
+        low precision: PINE compares its own rotations only, never against the model's); a dimension the
+        positions merely broadcast over (stride 0, e.g. every head) is looked up once."""
+        positions = positions.to(x.device)
+        positions = positions[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None)
+                                    for st, n in zip(positions.stride(), positions.shape))]
+        c, s = self.cos_sin(positions, x.dtype, full=False)
+        h = x.shape[-1] // 2
+        x1, x2 = x[..., :h], x[..., h:]
+        out = x.new_empty(torch.broadcast_shapes(x.shape, (*positions.shape, x.shape[-1])))
+        o1, o2 = out[..., :h], out[..., h:]
+        torch.mul(x1, c, out=o1)
+        o1.addcmul_(x2, s, value=-1)
+        torch.mul(x2, c, out=o2)
+        o2.addcmul_(x1, s)
+        return out
 
 
 def rotation(inv_freq: torch.Tensor, scaling: float = 1.0) -> Rotary:
