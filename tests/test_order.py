@@ -123,6 +123,40 @@ def test_every_order_holds_the_same_candidates_cyclically(name):
     assert len(set(item.candidates)) == 3
 
 
+@pytest.mark.parametrize("name", ["judge-kv", "mc-kv", "judge-nq", "mc-nq"])
+def test_labels_bound_to_candidates_go_with_them_and_the_reply_instruction_stays(name):
+    """bind=candidate: each candidate shows the same label at every slot (so the orders are one set of labelled
+    texts reordered), the correct one's label is the gold at every slot and varies between items, and everything
+    but the order of the labelled items is the same text (a judge's "Reply with A or B" lists the labels in their
+    own order); bind=slot keeps A at the first slot."""
+    task = get_task(name, options=3, bind="candidate")
+    items = task.examples(12, seed=3)
+    golds = set()
+    for item in items:
+        shown = {}
+        texts = []
+        for p in range(3):
+            prompt = task.build(item, p)
+            labels = task.slot_labels(item, p)
+            assert sorted(labels) == sorted(task.labels_of(item)) and prompt.options == labels
+            for s, label in enumerate(labels):
+                shown.setdefault(item.candidates[(s - p) % 3], set()).add(label)
+            assert prompt.answers == (labels[p],)
+            golds.add(labels[p])
+            rest = prompt.user
+            for text in task.items(item, p):
+                assert text in rest
+                rest = rest.replace(text, "")
+            texts.append((rest, sorted(task.items(item, p))))
+        assert all(len(v) == 1 for v in shown.values()), shown
+        assert all(t == texts[0] for t in texts), texts
+    assert len(golds) > 1
+    assert get_task(name, options=3).slot_labels(items[0], 2) == task.labels_of(items[0])
+    assert task.config()["bind"] == "candidate" and "bind" not in get_task(name, options=3).config()
+    with pytest.raises(PosbiasError, match="bind="):
+        get_task(name, bind="label")
+
+
 def test_nq_wrong_candidates_never_match_a_gold_answer():
     from posbias.core.metrics import best_subspan_em
 

@@ -22,7 +22,7 @@ def _options(tmp_path) -> dict[str, tuple[str, dict]]:
     mc.write_text(json.dumps({"question": "q", "options": ["a", "b", "c"], "gold": 2}) + "\n")
     hops = tmp_path / "hops.jsonl"
     hops.write_text(json.dumps({"question": "q", "answers": ["a"], "documents": ["x", "y", "z"], "gold": [0, 2]}) + "\n")
-    order = {"options": 3, "labels": "digits"}
+    order = {"options": 3, "labels": "digits", "bind": "candidate"}
     plain, kv_tpl = tmp_path / "judge.txt", tmp_path / "judge-kv.txt"  # judge templates (tasks/judge_template.py)
     plain.write_text("{question} {answer_a} {answer_b}")
     kv_tpl.write_text("{context} {question} {answer_a} {answer_b}")
@@ -40,7 +40,8 @@ def _options(tmp_path) -> dict[str, tuple[str, dict]]:
             "kv-2hop": ("kv-2hop", {"facts": 6, "digits": 3, "style": "cot"}),
             "judge-nq": ("judge-nq", {**order, "reference": "no", "ask": "preference"}), "mc-nq": ("mc-nq", {**order, "reference": "no"}),
             "judge-kv": ("judge-kv", {**order, "facts": 4, "digits": 5, "ask": "preference"}), "mc-kv": ("mc-kv", {**order, "facts": 4, "digits": 4}),
-            "judge": (f"judge:{judge}", {"labels": "digits", "ask": "correct", "ties": "drop"}), "mc": (f"mc:{mc}", {"labels": "digits"}),
+            "judge": (f"judge:{judge}", {"labels": "digits", "ask": "correct", "ties": "drop", "bind": "candidate"}),
+            "mc": (f"mc:{mc}", {"labels": "digits", "bind": "candidate"}),
             "judge-nq+template": ("judge-nq", {"reference": "no", "template": str(plain)}),
             "judge-kv+template": ("judge-kv", {"template": str(kv_tpl)}),
             "judge+template": (f"judge:{judge}", {"template": str(plain)})}

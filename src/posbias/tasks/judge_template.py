@@ -2,7 +2,10 @@
 
     {question}               the item's question (an instruction, in LLMBar's files)
     {answer_a} {answer_b}    the answers in slot order: {answer_a} is shown first (k answers: up to {answer_j})
-    {label_a} {label_b}      the labels of those slots (A, B; the template's own "labels"; --labels)
+    {label_a} {label_b}      the labels shown with those slots' answers (A, B; the template's own "labels";
+                             --labels; with --bind candidate each answer's own label, wherever it is shown)
+    {option_a} {option_b}    the labels in their own order (A, B), for a reply instruction ("Reply with A or B"):
+                             the same as {label_a} {label_b} unless the labels follow the answers (--bind candidate)
     {context}                the item's reference text ("" for an item without one)
 
 A template file is plain text (the prompt alone; its final newlines dropped) or, named *.json, an object:
@@ -94,9 +97,11 @@ class JudgeTemplate:
         """Whether an item's context reaches the prompt it is rendered with."""
         return "context" in _names(self.with_context or self.prompt)
 
-    def render(self, question: str, answers: list[str], labels: tuple[str, ...], context: str) -> str:
+    def render(self, question: str, answers: list[str], labels: tuple[str, ...], context: str,
+               options: tuple[str, ...] | None = None) -> str:
         values = {"question": question, "context": context, **{f"answer_{s}": a for s, a in zip(SLOTS, answers)},
-                  **{f"label_{s}": lb for s, lb in zip(SLOTS, labels)}}
+                  **{f"label_{s}": lb for s, lb in zip(SLOTS, labels)},
+                  **{f"option_{s}": lb for s, lb in zip(SLOTS, options or labels)}}
         text = self.with_context if context and self.with_context is not None else self.prompt
         return text.format_map(values)
 
@@ -109,7 +114,7 @@ class JudgeTemplate:
 
     def check(self, k: int) -> "JudgeTemplate":
         """Refuse a template that cannot show k answers (module docstring); -> itself."""
-        known = ["question", "context", *(f"answer_{s}" for s in SLOTS[:k]), *(f"label_{s}" for s in SLOTS[:k])]
+        known = ["question", "context", *(f"{kind}_{s}" for kind in ("answer", "label", "option") for s in SLOTS[:k])]
         for key, text in (("prompt", self.prompt), ("prompt_with_context", self.with_context)):
             if text is not None:
                 _check_prompt(self.name, key, text, known, k)
@@ -174,7 +179,7 @@ def builtin(ask: str, k: int) -> JudgeTemplate:
     "Reference: ..." and ", using the reference" for items that carry a context."""
     instruction, question = ASKS[ask]
     shown = "\n\n".join(f"[Answer {{label_{s}}}]\n{{answer_{s}}}" for s in SLOTS[:k])
-    reply = (" or " if k == 2 else ", ").join(f"{{label_{s}}}" for s in SLOTS[:k])
+    reply = (" or " if k == 2 else ", ").join(f"{{option_{s}}}" for s in SLOTS[:k])
 
     def prompt(ref: str) -> str:
         return (instruction.format(ref=ref) + "\n\n" + ("Reference:\n{context}\n\n" if ref else "")

@@ -57,6 +57,7 @@ prompt with {question} {answer_a} {answer_b}, optional {label_a} {label_b} {cont
 docs/order-bias.md) and ties = refuse | drop."""
 
 TIES = ("refuse", "drop")
+BINDS = ("slot", "candidate")  # a label names a slot (the default), or goes with its candidate wherever it is shown
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ class OrderTask(Task):
         t = self.template
         own = own or (t.labels if t is not None else None)
         out = {**super().config(), "style": self.style, "labels": list(own) if own else self.label_set,
-               "has_gold": self.has_gold}
+               "has_gold": self.has_gold, **({"bind": self.bind} if self.bind != "slot" else {})}
         if t is not None:  # a built-in question is recorded by name, as before templates; a file by name, hash, text
             out.update({"ask": self.ask} if t.sha256 is None else {"template": t.config()})
         return {**out, **({"dropped_ties": self.dropped_ties} if self.dropped_ties else {})}
@@ -136,28 +137,49 @@ class OrderTask(Task):
         one, core.order.parse_choice; -1: none read."""
         return self.template.read(text, labels) if self.template is not None else super().read_choice(text, labels)
 
+    bind = "slot"
+
+    def bound(self, bind: str) -> "OrderTask":
+        """The task with its labels bound to slots (the default) or to candidates (`bind=candidate`: candidate i
+        keeps the label (i + offset) mod k wherever it is shown, the offset seeded by the item's id, so the correct
+        one's label varies between items and not between its slots; moving the candidates then only reorders the
+        same labelled texts, which PINE's invariance needs: docs/mitigations.md, "PINE")."""
+        if bind not in BINDS:
+            raise PosbiasError(f"unknown bind={bind!r}", "use `bind=slot` or `bind=candidate`")
+        self.bind = bind
+        return self
+
     def labels_of(self, item: OrderItem) -> tuple[str, ...]:
         own = self.template.labels if self.template is not None else None
         return item.labels or own or LABELS[self.label_set][: self.k]
+
+    def slot_labels(self, item: OrderItem, position: int) -> tuple[str, ...]:
+        """The labels in slot order: the task's (bind=slot), or each shown candidate's own (bind=candidate)."""
+        labels = self.labels_of(item)
+        if self.bind == "slot":
+            return labels
+        offset = random.Random(f"bind/{item.id}").randrange(self.k)
+        return tuple(labels[((s - position) % self.k + offset) % self.k] for s in range(self.k))
 
     def arrangement(self, item: OrderItem, position: int) -> list[str]:
         """The candidates in slot order with the correct one at `position` (slot s: candidate (s - p) mod k)."""
         return [item.candidates[(s - position) % self.k] for s in range(self.k)]
 
     def items(self, item: OrderItem, position: int) -> list[str]:
-        labels = self.labels_of(item)
+        labels = self.slot_labels(item, position)
         if self.template is not None:
             return self.template.items(self.arrangement(item, position), labels)
         return [f"{lb}. {c}" for lb, c in zip(labels, self.arrangement(item, position))]
 
     def build(self, item: OrderItem, position: int) -> Prompt:
-        labels = self.labels_of(item)
+        labels = self.slot_labels(item, position)
         if self.template is not None:
-            user = self.template.render(item.question, self.arrangement(item, position), labels, item.context)
+            user = self.template.render(item.question, self.arrangement(item, position), labels, item.context,
+                                        self.labels_of(item))
             prefix = self.template.answer_prefix
         else:
             ref = f"Reference:\n{item.context}\n\n" if item.context else ""
-            what = "letter" if labels == LABELS["letters"][: self.k] else "label"
+            what = "letter" if self.labels_of(item) == LABELS["letters"][: self.k] else "label"
             user = (f"{ref}Question: {item.question}\n" + "\n".join(self.items(item, position))
                     + f"\nAnswer with the {what} of the correct option.")
             prefix = "Answer:"
