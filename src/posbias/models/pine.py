@@ -185,6 +185,8 @@ def importance(q: torch.Tensor, k: torch.Tensor, seg: Segments, ok: torch.Tensor
             (slice(a, a + step) for a in range(0, t, step))], 3).view(b, h, t, n)
     per_token = per_token / seg.layout()[0].clamp(min=1)[:, None, None, :]  # [B, H, T, n]
     q_cls = seg.cls[:, -t:]
+    if not bool((q_cls >= 0).any()):  # no document among the queries (decoding): token to document
+        return per_token
     own = torch.where(q_cls >= 0, q_cls, n)  # [B, T]
     per_doc = per_token.new_zeros(b, h, n + 1, n).index_add_(2, own[0], per_token) if b == 1 else torch.stack(
         [per_token[r].new_zeros(h, n + 1, n).index_add_(1, own[r], per_token[r]) for r in range(b)])  # [B, H, n+1, n]
@@ -207,9 +209,9 @@ def shifts(imp: torch.Tensor | None, seg: Segments, t: int, variant: str) -> tup
         delta[..., :n] = (first[:, None] - start)[:, None, None, :]
         delta[..., n + 1] = (length.amax(1) - length.sum(1))[:, None, None].long()
     else:  # pine, reversed, causal: ascending importance (reversed: descending), the query's own document last
-        key = (-imp if variant == "reversed" else imp).clone()
-        own = q_cls[:, None, :, None] == torch.arange(n, device=dev)  # [B, 1, T, n]
-        key = key.masked_fill(own.expand_as(key), math.inf)
+        key = -imp if variant == "reversed" else imp
+        if bool((q_cls >= 0).any()):  # a document query: its own document last
+            key = key.masked_fill((q_cls[:, None, :, None] == torch.arange(n, device=dev)).expand_as(key), math.inf)
         order = torch.argsort(key, dim=-1, stable=True)  # ties: the lower index first
         lens = length[:, None, None, :].expand_as(key).gather(-1, order)
         starts = first[:, None, None, None] + (lens.cumsum(-1) - lens).long()
