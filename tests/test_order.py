@@ -151,6 +151,16 @@ def test_labels_bound_to_candidates_go_with_them_and_the_reply_instruction_stays
         assert all(len(v) == 1 for v in shown.values()), shown
         assert all(t == texts[0] for t in texts), texts
     assert len(golds) > 1
+    # equal scores fall to the label first in the set, wherever it is shown (bf16 ties are common): the same verdict
+    # at every slot; with slot labels, to the first slot as before
+    from types import SimpleNamespace
+
+    from posbias.scoring.teacher_forced import option_verdict
+    item = items[0]
+    picked = {option_verdict(SimpleNamespace(prompt=task.build(item, p)), [0.0] * 3)["prediction"] for p in range(3)}
+    assert picked == {task.labels_of(item)[0]}, picked
+    plain = get_task(name, options=3)
+    assert option_verdict(SimpleNamespace(prompt=plain.build(item, 2)), [0.0] * 3)["choice"] == 0
     assert get_task(name, options=3).slot_labels(items[0], 2) == task.labels_of(items[0])
     assert task.config()["bind"] == "candidate" and "bind" not in get_task(name, options=3).config()
     with pytest.raises(PosbiasError, match="bind="):

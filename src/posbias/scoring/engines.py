@@ -276,7 +276,7 @@ def _label_verdict(scorer: ScorerView, row: Encoded, steps: list[Step]) -> dict:
 
     lps = [logprob(s) for s in range(len(options))]
     seen = [s for s, v in enumerate(lps) if v is not None]
-    choice = max(seen, key=lambda s: (lps[s], -s)) if seen else -1
+    choice = max(seen, key=lambda s: (lps[s], -row.prompt.tie_rank(s))) if seen else -1
     return {"correct": choice == row.prompt.position, "prediction": options[choice] if seen else "", "choice": choice,
             "option_logprobs": [None if v is None else round(v, 6) for v in lps]}
 

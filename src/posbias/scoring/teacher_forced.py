@@ -122,8 +122,9 @@ def verdicts(tokenizer, rows: list[Encoded], owner: list[int], answers: list[lis
 
 def option_verdict(row: Encoded, option_logprobs: list[float]) -> dict:
     """An order-task row from each option label's logprob as the next token: the choice is the best label's slot
-    (the first of equal ones, as argmax takes), correct iff it is the gold slot."""
-    choice = max(range(len(option_logprobs)), key=lambda s: (option_logprobs[s], -s))
+    (of equal ones the first, as argmax takes; with labels that go with their candidates the first label of the set,
+    Prompt.tie_rank), correct iff it is the gold slot."""
+    choice = max(range(len(option_logprobs)), key=lambda s: (option_logprobs[s], -row.prompt.tie_rank(s)))
     return {"correct": choice == row.prompt.position, "prediction": row.prompt.options[choice], "choice": choice,
             "option_logprobs": [round(x, 6) for x in option_logprobs]}
 

@@ -30,6 +30,8 @@ class Prompt:
     meta: facts about this prompt a row records beside its score (a haystack's true needle depths and length).
     verdict_head: text the labels follow when teacher forcing scores them (a judge template's verdict pattern before
     {label}, "[[" for "[[{label}]]"): encode puts it after the answer prefix; generation does not see it.
+    option_rank: each slot's label's place in the label set, where the labels go with their candidates (tasks/order.py,
+    bind=candidate): equal scores fall to the label first in the set, not to the slot first shown (`tie_rank`).
     """
 
     example_id: str
@@ -41,6 +43,12 @@ class Prompt:
     items: tuple[str, ...] = ()
     meta: dict = field(default_factory=dict, compare=False, hash=False)
     verdict_head: str = ""
+    option_rank: tuple[int, ...] = ()
+
+    def tie_rank(self, slot: int) -> int:
+        """Where option `slot` stands when scores tie (lower first): its label's place in the label set, else the
+        slot itself."""
+        return self.option_rank[slot] if self.option_rank else slot
 
 
 @dataclass(frozen=True)

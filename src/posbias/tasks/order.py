@@ -188,7 +188,9 @@ class OrderTask(Task):
         meta = {"candidate_chars": [len(c) for c in item.candidates],
                 **({"candidate_scores": list(item.scores)} if item.scores is not None else {})}
         head = self.template.head if self.template is not None else ""
-        return Prompt(item.id, position, user, prefix, (labels[position],), tuple(labels), meta=meta, verdict_head=head)
+        rank = tuple(self.labels_of(item).index(lb) for lb in labels) if self.bind == "candidate" else ()
+        return Prompt(item.id, position, user, prefix, (labels[position],), tuple(labels), meta=meta, verdict_head=head,
+                      option_rank=rank)
 
 
 # --- NQ: the oracle file's questions, wrong candidates from questions of the same kind ---------------------------
