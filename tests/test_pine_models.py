@@ -140,3 +140,44 @@ def test_a_pine_sweep_gives_every_example_the_same_row_at_every_slot(engine, tas
     if engine == "teacher-forced" and task == "kv-lookup":
         plain, _ = rows("none")
         assert all(len(v) > 1 for v in plain.values())
+
+
+def test_pine_batches_hold_one_example_and_its_rows_agree_at_every_slot(tmp_path, monkeypatch):
+    """Items of different lengths: a padded batch that mixed examples would size PINE's key blocks (their widths are
+    the batch's longest) and pad a row by the company it keeps, and in bf16 the order of a sum shows: SmolLM2 on
+    LLMBar Natural (bind=candidate) had 7 of 100 pairs whose PINE rows differed by slot, 2 when scored one row at a
+    time (those two: answers ending in newlines, which BPE merges with the separator's). So PINE's rows are batched
+    one example at a time (Method.batch_by_example): every batch holds one example, and every slot's row agrees to
+    the bit; without it, batches mix examples."""
+    import json
+
+    from posbias import SweepConfig, run_sweep
+    from posbias.methods.pine import Pine, _PineActive
+    from tiny import tiny_loaded
+
+    lines = [{"id": f"p{i}", "question": f"Which is {i}?", "answers": [f"it is {i}" + " really" * (i % 4),
+                                                                    f"no, {i + 1}" + " surely" * (3 - i % 3)],
+              "preferred": 0} for i in range(8)]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    lo = tiny_loaded("llama", chat=False)
+    lo.model.to(torch.bfloat16)  # bf16, as SmolLM2 and Gemma-3 run here
+    lo.info["dtype"] = "bf16"
+    seen = []
+    set_rows = _PineActive.set_rows
+    monkeypatch.setattr(_PineActive, "set_rows", lambda self, rows, reader=None: (
+        seen.append({r.prompt.example_id for r in rows}), set_rows(self, rows, reader))[1])
+
+    def differing():
+        seen.clear()
+        res = run_sweep(SweepConfig(task=f"judge:{path}", task_options={"bind": "candidate"}, n=8, method="pine",
+                                    max_batch=8), loaded=lo, progress=False)
+        by = {}
+        for r in res.rows:
+            by.setdefault(r["example_id"], set()).add((r["prediction"], tuple(sorted(r["option_logprobs"]))))
+        return sum(len(v) > 1 for v in by.values())
+
+    assert differing() == 0 and seen and all(len(ids) == 1 for ids in seen), seen
+    monkeypatch.setattr(Pine, "batch_by_example", False)
+    differing()
+    assert any(len(ids) > 1 for ids in seen), seen

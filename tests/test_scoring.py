@@ -108,3 +108,14 @@ def test_plan_batches_is_deterministic_and_bounded():
     assert sorted(i for b in plan for i in b) == list(range(7))
     for b in plan:
         assert len(b) <= 3 and len(b) * max(lengths[i] for i in b) <= 200 or len(b) == 1
+
+
+def test_batches_given_groups_never_mix_them_and_keep_the_budget():
+    lengths = [50, 10, 40, 10, 30, 50, 20, 40]
+    groups = ["a", "b", "a", "b", "c", "a", "c", "b"]
+    batches = plan_batches(lengths, 100, 2, groups)
+    assert sorted(i for b in batches for i in b) == list(range(8))
+    assert all(len({groups[i] for i in b}) == 1 and len(b) <= 2 and len(b) * max(lengths[i] for i in b) <= 100
+               for b in batches), batches
+    assert plan_batches(lengths, 100, 2, groups) == batches  # deterministic: a resumed sweep gets the same
+    assert any(len({groups[i] for i in b}) > 1 for b in plan_batches(lengths, 1000, 8))  # without groups they mix

@@ -59,6 +59,7 @@ class Pine(Method):
     usage = "pine[:reversed|fixed|causal|nia|pcw]"
     prefix_note = "PINE lets each item attend to the others and re-assigns positions per prompt"
     reads_attention = True  # it replaces the model's attention: in process only
+    batch_by_example = True  # one example's orders share a canonical layout; other examples' would change its blocks
 
     def __init__(self, variant: str = "pine"):
         if variant not in VARIANTS:

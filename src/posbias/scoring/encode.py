@@ -118,11 +118,18 @@ def right_pad(seqs: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     return pad(seqs, pad_id, "right")
 
 
-def plan_batches(lengths: list[int], max_tokens: int, max_rows: int) -> list[list[int]]:
-    """Group row indices into batches, longest first, within a padded-token budget.
+def plan_batches(lengths: list[int], max_tokens: int, max_rows: int, groups: list | None = None) -> list[list[int]]:
+    """Group row indices into batches, longest first, within a padded-token budget; given `groups` (a key per row), a
+    batch holds one group's rows only (methods/base.py, `batch_by_example`).
 
     Deterministic in its input, so a resumed sweep recomputes the very same batches.
     """
+    if groups is not None:
+        members: dict = {}
+        for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+            members.setdefault(groups[i], []).append(i)
+        return [[idx[j] for j in b] for idx in members.values()
+                for b in plan_batches([lengths[i] for i in idx], max_tokens, max_rows)]
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     cur: list[int] = []
