@@ -33,7 +33,7 @@ def _options(tmp_path) -> dict[str, tuple[str, dict]]:
             "niah+keys": ("niah", {"keys": 3}), "niah+values": ("niah", {"values": 2}),
             "niah+queries": ("niah", {"queries": 2}),
             "kv-lookup": ("kv-lookup", {"facts": 7, "digits": 4}), "kv-uuid": ("kv-uuid", {"pairs": 12, "source": "generate"}),
-            "nq": ("nq", {"docs": 20, "answers": "first", "question": "both"}),
+            "nq": ("nq", {"docs": 20, "answers": "first", "question": "both", "numbered": "no"}),
             "jsonl": (f"jsonl:{qa}", {"answers": "first", "question": "both"}),
             "jsonl+hops": (f"jsonl:{hops}", {"prompt": "coc"}),
             "musique": ("musique", {"docs": 10, "prompt": "coc"}),

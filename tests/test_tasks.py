@@ -96,6 +96,24 @@ def test_nq_gold_moves_distractors_stay(docs):
         assert all(u.startswith("Write a high-quality answer") and u.endswith(f"Question: {e.question}\nAnswer:") for u in users)
 
 
+def test_nq_unnumbered_documents_are_the_same_lines_in_every_slot():
+    """numbered=no: each document's line is the same text wherever it sits (PINE's case), only their order moves;
+    the gold still moves slot by slot, nothing is left of the numbering, and the run records it."""
+    t, plain = get_task("nq", numbered="no"), get_task("nq")
+    e = t.examples(1, seed=0)[0]
+    lines = [t.build(e, p).user.splitlines() for p in range(10)]
+    docs = [[ln for ln in u if ln.startswith("Document")] for u in lines]
+    assert all(sorted(d) == sorted(docs[0]) for d in docs)
+    gold = e.docs[e.gold]
+    assert all(d[p] == f"Document (Title: {gold.title}) {gold.text}" for p, d in enumerate(docs))
+    assert all([ln for ln in u if not ln.startswith("Document")] == [ln for ln in lines[0] if not ln.startswith("Document")]
+               for u in lines)
+    assert "[" not in "".join(docs[0]).split("(Title:")[0] and t.slot_label is None and plain.slot_label
+    assert t.config()["numbered"] is False and "numbered" not in plain.config()
+    with pytest.raises(PosbiasError, match="numbered"):
+        get_task("nq", numbered="maybe")
+
+
 def test_the_question_before_and_after_the_documents_is_the_query_aware_prompt(tmp_path):
     """Lost in the Middle's qa_with_query_aware_contextualization.prompt (and Found in the Middle's prompt): the question
     on both sides of the documents; the default stays the study's qa.prompt (after only)."""

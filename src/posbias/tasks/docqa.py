@@ -38,9 +38,10 @@ class QAExample:
     answer_prefix: str = ""  # a user's line may give what the reply starts with (teacher forcing scores after it)
 
 
-def doc_lines(docs: list[Doc]) -> list[str]:
-    """The study's search-result lines, "Document [i](Title: t) text", in order."""
-    return [f"Document [{i + 1}](Title: {d.title}) {d.text}" for i, d in enumerate(docs)]
+def doc_lines(docs: list[Doc], numbered: bool = True) -> list[str]:
+    """The study's search-result lines, "Document [i](Title: t) text", in order (numbered=False: "Document (Title: t)
+    text", a line that does not change with its slot)."""
+    return [f"Document {f'[{i + 1}]' if numbered else ''}(Title: {d.title}) {d.text}" for i, d in enumerate(docs)]
 
 
 # where the question goes: after the documents (the study's qa.prompt, the default), or before and after them (the
@@ -50,8 +51,8 @@ def doc_lines(docs: list[Doc]) -> list[str]:
 QUESTION_PLACES = ("after", "both")
 
 
-def qa_prompt(question: str, docs: list[Doc], place: str = "after") -> str:
-    results = "\n".join(doc_lines(docs))
+def qa_prompt(question: str, docs: list[Doc], place: str = "after", numbered: bool = True) -> str:
+    results = "\n".join(doc_lines(docs, numbered))
     before = f"Question: {question}\n\n" if place == "both" else ""
     return f"{INSTRUCTION}\n\n{before}{results}\n\nQuestion: {question}\nAnswer:"
 
@@ -72,16 +73,23 @@ class DocQA(RecordsTask):
             raise PosbiasError(f"unknown question place {question!r}", "use `question=after` or `question=both`")
         self.name, self._records, self._n_slots, self._answers = name, records, n_docs, answers
         self.question, self.derive_limit = question, derive_limit  # derive_limit: a user's file (generation_limit)
+        self.numbered = True
+
+    def unnumbered(self) -> "DocQA":
+        """The task with its documents not numbered: a document's line is the same text in every slot (PINE)."""
+        self.numbered, self.slot_label = False, None
+        return self
 
     def config(self) -> dict:
         out = {**super().config(), "docs": self._n_slots, "answers": self._answers}
-        return {**out, "question": self.question} if self.question != "after" else out  # older fingerprints stay valid
+        out = {**out, "question": self.question} if self.question != "after" else out  # older fingerprints stay valid
+        return out if self.numbered else {**out, "numbered": False}
 
     slot_label = r"Document \[\d+\]"  # the numbering stays with the slot when documents move
     dummy = "(Title: Empty) This document holds no information."
 
     def items(self, ex: QAExample, position: int) -> list[str]:
-        return doc_lines(move(list(ex.docs), ex.gold, position))
+        return doc_lines(move(list(ex.docs), ex.gold, position), self.numbered)
 
     def generation_limit(self, count_tokens) -> tuple[int, str | None]:
         """NQ: the fixed 48 tokens every table here was measured with. A user's file: 48 tokens of room beyond its
@@ -95,10 +103,12 @@ class DocQA(RecordsTask):
     def build(self, ex: QAExample, position: int) -> Prompt:
         docs = move(list(ex.docs), ex.gold, position)
         answers = ex.answers if self._answers == "all" else ex.answers[:1]
-        return Prompt(ex.id, position, qa_prompt(ex.question, docs, self.question), ex.answer_prefix, answers)
+        return Prompt(ex.id, position, qa_prompt(ex.question, docs, self.question, self.numbered), ex.answer_prefix,
+                      answers)
 
 
-def nq_task(docs: int = 10, data_dir: str | Path | None = None, answers: str = "all", question: str = "after") -> DocQA:
+def nq_task(docs: int = 10, data_dir: str | Path | None = None, answers: str = "all", question: str = "after",
+            numbered: str = "yes") -> DocQA:
     """NQ-open, 10 or 20 documents: gold (ctxs[0]) plus the first docs-1 distractors.
 
     docs: 10 or 20 documents, the gold one and the first 9 or 19 distractors
@@ -106,13 +116,17 @@ def nq_task(docs: int = 10, data_dir: str | Path | None = None, answers: str = "
       per prompt, a cheaper search fitness; not for reported tables)
     question: where the question goes, after the documents (the study's prompt) | both (before and after them:
       query-aware contextualisation)
+    numbered: yes ("Document [4](Title: ...)", the study's) | no ("Document (Title: ...)": a document's line is the
+      same text in every slot, so PINE's rows can agree at every slot)
     """
+    if numbered not in ("yes", "no"):
+        raise PosbiasError(f"numbered must be yes or no, got {numbered!r}", "use `numbered=yes` or `numbered=no`")
     if docs not in (10, 20):
         raise PosbiasError(f"nq has 10 or 20 documents, not {docs}", "use `docs=10` or `docs=20`")
     path = data_file("nq", "nq/nq-open-20docs-gold_at_0.jsonl.gz", data_dir)
     task = DocQA("nq", list(_nq_records(path, docs, file_stamp(path))), docs, answers, question)
     task.inputs = (path,)
-    return task
+    return task if numbered == "yes" else task.unnumbered()
 
 
 @functools.lru_cache(maxsize=4)
