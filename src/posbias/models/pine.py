@@ -378,6 +378,7 @@ def _by_class(q, kb, vb, bl, delta, new, q_pos, rotate, scaling, window, cols, v
     hk, k_len, c, tq = kb.shape[1], kb.shape[2], delta.shape[3], cols.shape[1]
     g = hq // hk
     q, q_pos, delta, new = _by_key_head(cols, hk, q, q_pos, delta, new)
+    q = q * scaling  # on the queries, not on every logit
     mask = mask.gather(2, bl.src.clamp(min=0)[:, None, :].expand(b, tq, k_len)) & (bl.src >= 0)[:, None]  # blocked
     mask = mask[:, None, None].expand(b, 1, g, tq, k_len).reshape(b, 1, g * tq, k_len)
     blocks = [(m, kb[:, :, o:o + len(m) * w].view(b, hk, len(m), w, d)) for m, w, o in bl.groups]
@@ -388,12 +389,12 @@ def _by_class(q, kb, vb, bl, delta, new, q_pos, rotate, scaling, window, cols, v
         tz = z.stop - z.start
         qr = rotate(q[:, :, z, None].expand(b, hk, tz, c, d), q_pos[:, :, z, None] - new[:, :, z])
         logits = torch.cat([torch.einsum("bhtcd,bhcld->bhtcl", qr[:, :, :, m], bk).reshape(b, hk, tz, -1)
-                            for m, bk in blocks], dim=3) * scaling  # [B, Hk, tz, K]: the blocked keys
+                            for m, bk in blocks], dim=3)  # [B, Hk, tz, K]: the blocked keys
         okz = mask[:, :, z]
         if window is not None:  # a sliding layer: the window on the re-assigned distance
             k_pos = bl.pos[:, None, None, :] + delta[:, :, z].gather(3, bl.cls[None, None, None, :].expand(b, hk, tz,
                                                                                                           k_len))
             okz = okz & (q_pos[:, :, z, None] - k_pos < window)
-        attn = torch.softmax(logits.float().masked_fill(~okz, -math.inf), dim=-1)
+        attn = torch.softmax(logits.masked_fill(~okz, -math.inf), dim=-1, dtype=torch.float32)
         res.append(torch.matmul(attn.to(vb.dtype), vb))  # [B, Hk, tz, Dv]
     _put(out, torch.arange(b, device=cols.device), cols, valid, torch.cat(res, 2).view(b, hq, tq, -1))
