@@ -142,13 +142,14 @@ def test_a_pine_sweep_gives_every_example_the_same_row_at_every_slot(engine, tas
         assert all(len(v) > 1 for v in plain.values())
 
 
-def test_pine_batches_hold_one_example_and_its_rows_agree_at_every_slot(tmp_path, monkeypatch):
-    """Items of different lengths: a padded batch that mixed examples would size PINE's key blocks (their widths are
-    the batch's longest) and pad a row by the company it keeps, and in bf16 the order of a sum shows: SmolLM2 on
-    LLMBar Natural (bind=candidate) had 7 of 100 pairs whose PINE rows differed by slot, 2 when scored one row at a
-    time (those two: answers ending in newlines, which BPE merges with the separator's). So PINE's rows are batched
-    one example at a time (Method.batch_by_example): every batch holds one example, and every slot's row agrees to
-    the bit; without it, batches mix examples."""
+def test_pine_batches_hold_rows_of_one_shape_and_its_rows_agree_at_every_slot(tmp_path, monkeypatch):
+    """Items of different lengths: a padded batch that mixed rows of different shapes would size PINE's key blocks
+    (their widths are the batch's longest) and pad a row by the company it keeps, and in bf16 the order of a sum
+    shows: SmolLM2 on LLMBar Natural (bind=candidate) had 7 of 100 pairs whose PINE rows differed by slot, 2 when
+    scored one row at a time (those two: answers ending in newlines, which BPE merges with the separator's). So a
+    PINE batch holds rows of one shape (Method.batch_keys: the prefix's, documents' and suffix's lengths in the
+    canonical order), as one example's orders are: every slot's row agrees to the bit; without the keys, batches mix
+    shapes. Rows of one shape from different examples still share a batch (judge-kv: the plain path's batch sizes)."""
     import json
 
     from posbias import SweepConfig, run_sweep
@@ -164,20 +165,24 @@ def test_pine_batches_hold_one_example_and_its_rows_agree_at_every_slot(tmp_path
     lo.model.to(torch.bfloat16)  # bf16, as SmolLM2 and Gemma-3 run here
     lo.info["dtype"] = "bf16"
     seen = []
-    set_rows = _PineActive.set_rows
+    set_rows, shape = _PineActive.set_rows, Pine.batch_keys
     monkeypatch.setattr(_PineActive, "set_rows", lambda self, rows, reader=None: (
-        seen.append({r.prompt.example_id for r in rows}), set_rows(self, rows, reader))[1])
+        seen.append(({len(r.prompt_ids) for r in rows}, shape(Pine(), rows, reader), {r.prompt.example_id for r in
+                                                                                      rows})),
+        set_rows(self, rows, reader))[1])
 
-    def differing():
+    def differing(task, options):
         seen.clear()
-        res = run_sweep(SweepConfig(task=f"judge:{path}", task_options={"bind": "candidate"}, n=8, method="pine",
-                                    max_batch=8), loaded=lo, progress=False)
+        res = run_sweep(SweepConfig(task=task, task_options=options, n=8, method="pine", max_batch=8), loaded=lo,
+                        progress=False)
         by = {}
         for r in res.rows:
             by.setdefault(r["example_id"], set()).add((r["prediction"], tuple(sorted(r["option_logprobs"]))))
         return sum(len(v) > 1 for v in by.values())
 
-    assert differing() == 0 and seen and all(len(ids) == 1 for ids in seen), seen
-    monkeypatch.setattr(Pine, "batch_by_example", False)
-    differing()
-    assert any(len(ids) > 1 for ids in seen), seen
+    assert differing(f"judge:{path}", {"bind": "candidate"}) == 0
+    assert seen and all(len(lengths) == 1 and len(set(keys)) == 1 for lengths, keys, _ in seen), seen
+    assert differing("judge-kv", {"bind": "candidate"}) == 0 and any(len(ids) > 1 for *_, ids in seen), seen
+    monkeypatch.setattr(Pine, "batch_keys", lambda self, rows, reader: None)
+    differing(f"judge:{path}", {"bind": "candidate"})
+    assert any(len(lengths) > 1 or len(set(keys)) > 1 for lengths, keys, _ in seen), seen

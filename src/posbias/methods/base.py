@@ -95,9 +95,6 @@ class Method(ABC):
     rearranges: ClassVar[bool] = False  # True: `rearrange` rewrites the prompts before they are scored (reordering)
     reads_attention: bool = False  # True: it measures the model's attention in process (not on a served model)
     passes: int = 1  # forward passes (reads) per row, for the cost estimate (an order ensemble: its K orders)
-    # True: a padded batch holds one example's rows only, so a row's computation does not depend on which other
-    # examples share its batch (PINE: its key blocks take their sizes from the batch, and padding moves the keys)
-    batch_by_example: ClassVar[bool] = False
     # True: its rows are the unmodified model's, read in every order (the order decision rules), so compare hands it
     # the `none` entry's rows instead of reading them again
     reuses_unmodified: ClassVar[bool] = False
@@ -148,6 +145,12 @@ class Method(ABC):
     def check(self, loaded: Loaded) -> None:
         """Raise PosbiasError if the method cannot be applied to this model (called before a run writes anything)."""
         return  # any model
+
+    def batch_keys(self, rows: list, reader: "PromptReader") -> list | None:
+        """A key per row (scoring.encode.Encoded) that the rows of a padded batch share, with their length, so that a
+        row's computation does not depend on which rows share its batch; None: rows batch freely (PINE: its key
+        blocks take their sizes from the batch, and padding moves the keys)."""
+        return None
 
     def check_info(self, info: dict) -> None:
         """Raise PosbiasError if the method cannot run on the model `info` describes (a served model's record; in

@@ -59,7 +59,6 @@ class Pine(Method):
     usage = "pine[:reversed|fixed|causal|nia|pcw]"
     prefix_note = "PINE lets each item attend to the others and re-assigns positions per prompt"
     reads_attention = True  # it replaces the model's attention: in process only
-    batch_by_example = True  # one example's orders share a canonical layout; other examples' would change its blocks
 
     def __init__(self, variant: str = "pine"):
         if variant not in VARIANTS:
@@ -84,6 +83,21 @@ class Pine(Method):
         from ..models.pine_hook import check_model
 
         check_model(loaded.model)
+
+    def batch_keys(self, rows, reader) -> list:
+        """Each row's shape in the canonical order (models/pine.py: the documents by their token ids): its prefix's,
+        documents' and suffix's lengths. Rows of one shape (and length) share a padded batch, as one example's orders
+        do, and change nothing of each other's computation; rows of another shape would resize the key blocks."""
+        out = []
+        for r in rows:
+            spans = reader.item_spans(r.prompt)
+            cls = token_classes(spans.span_of, spans.n_items, len(r.prompt_ids))
+            docs: dict = {}
+            for t, c in zip(r.prompt_ids, cls):
+                docs.setdefault(c, []).append(t)
+            lengths = [len(docs[c]) for c in sorted((c for c in docs if c >= 0), key=lambda c: (docs[c], c))]
+            out.append((len(docs.get(PREFIX, ())), tuple(lengths), len(docs.get(SUFFIX, ()))))
+        return out
 
     @contextmanager
     def apply(self, loaded: Loaded) -> Iterator[Active]:

@@ -120,7 +120,7 @@ def right_pad(seqs: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
 
 def plan_batches(lengths: list[int], max_tokens: int, max_rows: int, groups: list | None = None) -> list[list[int]]:
     """Group row indices into batches, longest first, within a padded-token budget; given `groups` (a key per row), a
-    batch holds one group's rows only (methods/base.py, `batch_by_example`).
+    batch holds one group's rows only (methods/base.py, `batch_keys`).
 
     Deterministic in its input, so a resumed sweep recomputes the very same batches.
     """

@@ -226,8 +226,8 @@ class Scorer:
                 self._score_shared(rows, done, emit)
             else:
                 costs = [self.engine.cost(r, self.max_new_tokens) for r in rows]
-                keys = [r.prompt.example_id for r in rows] if method.batch_by_example else None
-                for idx in plan_batches(costs, self.batch_tokens, self.max_batch, keys):
+                keys = method.batch_keys(rows, _Prompts(self))  # a row's shape: rows of one shape only, if given
+                for idx in plan_batches(costs, self.batch_tokens, self.max_batch, keys and list(zip(costs, keys))):
                     batch = [rows[i] for i in idx]
                     if not all(r.key in done for r in batch):
                         active.set_rows(batch, _Prompts(self))
