@@ -16,7 +16,15 @@ _PARAM = re.compile(r"`(?P<name>[a-z_][a-z0-9_]*)(?:=(?P<value>[^`\s][^`]*))?`")
 
 
 class PosbiasError(Exception):
-    """User-facing error. The CLI prints it on one line and exits with status 2."""
+    """User-facing error. The CLI prints it on one line and exits with status 2.
+
+    What a run folder's resume hint reads (eval/sweep.py, `with_resume_hint`): fix_before_resume, the fix without a
+    hint a run added (None: `fix`); fix_resumes, whether the fix leaves the kept rows as they are (rerun with
+    `resume`) or changes them (rerun with `overwrite`); in_folder, raised inside a run that opened its folder."""
+
+    fix_before_resume: str | None = None
+    fix_resumes: bool = True
+    in_folder: bool = False
 
     def __init__(self, problem: str, fix: str | None = None):
         self.problem = problem

@@ -36,7 +36,7 @@ def served_error(problem: str, fix: str, resumes: bool) -> PosbiasError:
     itself), so a run folder's rows are kept (rerun with `resume`), or changes them (rerun with `overwrite`): the
     sweep's hint says which (eval/sweep.py, with_resume_hint)."""
     e = PosbiasError(problem, fix)
-    e.fix_resumes = resumes  # type: ignore[attr-defined]
+    e.fix_resumes = resumes
     return e
 
 

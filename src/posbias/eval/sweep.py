@@ -353,15 +353,16 @@ def with_resume_hint(e: PosbiasError, kept: int, folder: bool | None = None) -> 
     rows as they are (a server to start, a transport key such as timeout=: the error's `fix_resumes`, default yes),
     "..., and rerun with `overwrite`" where it changes them (prompts=, context_window=). A folder without a row still
     holds the run (run.json), so a plain rerun would be refused: it gets the hint too."""
-    base = getattr(e, "fix_before_resume", e.fix)  # a hint an inner run (a compare entry) added is replaced
-    if not (folder if folder is not None else (kept > 0 or getattr(e, "in_folder", False))):
+    hinted_before = e.in_folder or e.fix_before_resume is not None  # an inner run's (compare entry's) hint is replaced
+    base = e.fix_before_resume if hinted_before else e.fix
+    if not (folder if folder is not None else (kept > 0 or e.in_folder)):
         return e
-    resumes = getattr(e, "fix_resumes", True)
+    resumes = e.fix_resumes
     rows = "no row is kept yet" if kept < 1 else "1 row is kept" if kept == 1 else f"{kept} rows are kept"
     lost = "nothing is lost" if kept < 1 else "the row kept is scored again" if kept == 1 else f"the {kept} rows kept are scored again"
     rerun = f"rerun with `resume` ({rows})" if resumes else f"rerun with `overwrite` ({lost})"
     hinted = PosbiasError(e.problem, f"{base}, and {rerun}" if base else rerun)
-    hinted.fix_before_resume, hinted.fix_resumes, hinted.in_folder = base, resumes, True  # type: ignore[attr-defined]
+    hinted.fix_before_resume, hinted.fix_resumes, hinted.in_folder = base, resumes, True
     return hinted
 
 
