@@ -106,6 +106,12 @@ def detect(models: list[dict]) -> Dialect:
     return DIALECTS["openai"]
 
 
+def needs_tokenizer(prompts: str) -> PosbiasError:
+    """The refusal of prompts=text|tokens without the served model's tokenizer (the spec's check and the dialect's)."""
+    return PosbiasError(f"prompts={prompts} needs the served model's tokenizer", "add tokenizer=DIR (or a registered "
+                        "name) to the model spec, or use prompts=chat and `engine=generate`")
+
+
 def choose_prompts(d: Dialect, asked: str | None, tokenizer: bool) -> str:
     """The prompt protocol: the one asked for if the dialect takes it (refused in one line otherwise), else the
     dialect's first one that needs no tokenizer the spec lacks."""
@@ -117,7 +123,6 @@ def choose_prompts(d: Dialect, asked: str | None, tokenizer: bool) -> str:
             raise PosbiasError(f"this server's dialect, {d.name}, takes no prompts={asked} (it takes {', '.join(d.prompts)})",
                                f"use prompts={use} in the model spec{generate}{other}")
         if asked != "chat" and not tokenizer:
-            raise PosbiasError(f"prompts={asked} needs the served model's tokenizer", "add tokenizer=DIR (or a "
-                               "registered name) to the model spec, or use prompts=chat and `engine=generate`")
+            raise needs_tokenizer(asked)
         return asked
     return next(p for p in d.prompts if tokenizer or p == "chat")

@@ -23,7 +23,7 @@ from typing import Iterator
 
 from ..errors import PosbiasError
 from .base import Capabilities, Reply, Request, ServedBackend, Step, prompt_steps, teacher_forcing_route
-from .dialects import DIALECTS, Dialect, choose_prompts, detect, get_dialect
+from .dialects import DIALECTS, Dialect, choose_prompts, detect, get_dialect, needs_tokenizer
 from .http import Http, served_error
 
 PROMPTS = ("tokens", "text", "chat")
@@ -112,8 +112,7 @@ class OpenAIBackend(ServedBackend):
         if "dialect" in args:
             get_dialect(str(args["dialect"]))
         if args.get("prompts", "chat") != "chat" and "tokenizer" not in args:
-            raise PosbiasError(f"prompts={args['prompts']} needs the served model's tokenizer", "add tokenizer=DIR (or a "
-                               "registered name) to the model spec, or use prompts=chat and `engine=generate`")
+            raise needs_tokenizer(args["prompts"])
         teacher_forcing_route(args, args.get("prompts", "tokens" if "tokenizer" in args else "chat") == "tokens")
 
     @classmethod
