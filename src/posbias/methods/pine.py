@@ -25,10 +25,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+import torch
+
 from ..errors import PosbiasError
 from ..models.load import Loaded
 from ..models.pine import VARIANTS
-from ..models.pine_plan import PREFIX, SUFFIX
+from ..models.pine_plan import IDENTITY, PREFIX, SUFFIX, canonical_order
 from ..tasks import Task
 from .base import Active, Method, refuse_without_items
 from .registry import register_method
@@ -50,6 +52,21 @@ def token_classes(span_of: list[int], n_items: int, n_prompt: int) -> list[int]:
     return out + [SUFFIX] * (n_prompt - len(out))
 
 
+def row_classes(row, reader) -> list[int]:
+    """A row's (scoring.encode.Encoded) prompt token classes, from its item spans as the Scorer encodes it."""
+    spans = reader.item_spans(row.prompt)
+    return token_classes(spans.span_of, spans.n_items, len(row.prompt_ids))
+
+
+def shape(classes: list[int], ids: list[int]) -> tuple:
+    """A prompt's classes in PINE's canonical column order (models/pine_plan.canonical_order), as (class, run
+    length) pairs: what sizes its key blocks and plan."""
+    cls = torch.tensor([classes])
+    got = canonical_order(cls, torch.tensor([ids]), max(1, max(classes) + 1), cls.shape[1])
+    values, counts = torch.unique_consecutive((cls if got is IDENTITY else got[1])[0], return_counts=True)
+    return tuple(zip(values.tolist(), counts.tolist()))
+
+
 @register_method
 class Pine(Method):
     """PINE (Wang et al. 2025): bidirectional attention between items, positions re-assigned by importance; the
@@ -64,6 +81,7 @@ class Pine(Method):
         if variant not in VARIANTS:
             raise PosbiasError(f"unknown PINE variant {variant!r}", f"write pine or pine:{'|'.join(VARIANTS[1:])}")
         self.variant = variant
+        self._known: dict = {}  # tuple(prompt ids) -> classes, from batch_keys, until the row's batch runs
 
     @classmethod
     def from_spec(cls, arg: str) -> "Pine":
@@ -89,32 +107,33 @@ class Pine(Method):
         documents' and suffix's lengths. Rows of one shape (and length) share a padded batch, as one example's orders
         do, and change nothing of each other's computation; rows of another shape would resize the key blocks."""
         out = []
-        for r in rows:
-            spans = reader.item_spans(r.prompt)
-            cls = token_classes(spans.span_of, spans.n_items, len(r.prompt_ids))
-            docs: dict = {}
-            for t, c in zip(r.prompt_ids, cls):
-                docs.setdefault(c, []).append(t)
-            lengths = [len(docs[c]) for c in sorted((c for c in docs if c >= 0), key=lambda c: (docs[c], c))]
-            out.append((len(docs.get(PREFIX, ())), tuple(lengths), len(docs.get(SUFFIX, ()))))
+        for r in rows:  # the classes kept for the batch's set_rows (the spans re-tokenize the prompt)
+            key = tuple(r.prompt_ids)
+            if key not in self._known:
+                self._known[key] = row_classes(r, reader)
+            out.append(shape(self._known[key], r.prompt_ids))
         return out
 
     @contextmanager
     def apply(self, loaded: Loaded) -> Iterator[Active]:
         from ..models.pine_hook import pine
 
-        with pine(loaded.model, self.variant) as handle:
-            yield _PineActive(handle)
+        self._known = {}
+        try:
+            with pine(loaded.model, self.variant) as handle:
+                yield _PineActive(handle, self._known)
+        finally:
+            self._known = {}
 
 
 class _PineActive(Active):
     """Before each batch: every prompt's token classes, keyed by its token ids (the hook matches the rows)."""
 
-    def __init__(self, handle):
-        self.handle = handle
+    def __init__(self, handle, known: dict):
+        self.handle, self.known = handle, known
 
     def set_rows(self, rows, reader=None) -> None:
         self.handle.prompts = {}
         for r in rows:
-            spans = reader.item_spans(r.prompt)
-            self.handle.prompts[tuple(r.prompt_ids)] = token_classes(spans.span_of, spans.n_items, len(r.prompt_ids))
+            key = tuple(r.prompt_ids)
+            self.handle.prompts[key] = self.known.pop(key, None) or row_classes(r, reader)

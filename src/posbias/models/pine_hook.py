@@ -38,7 +38,7 @@ class Pine:
     rows: list[list[int]] | None = None
     prompts: dict = field(default_factory=dict)  # tuple(prompt ids) -> classes
     input_ids: torch.Tensor | None = field(default=None, repr=False)  # the forward's, seen by the model's pre-hook
-    _memo: tuple = field(default=(), repr=False)  # (position_ids, classes, positions, Segments, the store's): per forward
+    _memo: tuple = field(default=(), repr=False)  # (position_ids, Segments, the store's Segments): once per forward
     _rotate: dict = field(default_factory=dict, repr=False)  # RoPE kind -> rotate(x, positions)
 
 
@@ -114,15 +114,15 @@ def _make_attention(backend):
             if st.prefill:
                 cls, given = _prompt_classes(_rows(h, pos), pos), pos
             else:  # a decoded token: SUFFIX, after the store's columns (in the order the store keeps them)
-                kept = h._memo[4]
+                kept = h._memo[2]
                 new = torch.full((b, t), SUFFIX, dtype=torch.long, device=pos.device)
                 cls, given = torch.cat([kept.cls, new], 1), torch.cat([kept.pos, pos], 1)
                 ids = None if kept.ids is None or ids is None else torch.cat([kept.ids, ids], 1)
             # the Segments too, so that its plan (which queries go by layout) is made once per forward; with the
             # token ids, PINE computes in an order that does not depend on the documents' (models/pine.attend)
             seg = Segments(cls, given, max(1, int(cls.max()) + 1), ids)
-            h._memo = (st.position_ids, cls, given, seg, _kept_order(seg, h.variant, st.prefill))
-        seg = h._memo[3]
+            h._memo = (st.position_ids, seg, _kept_order(seg, h.variant, st.prefill))
+        seg = h._memo[1]
         if seg.cls.shape[1] != st.keys.shape[2]:
             raise PosbiasError(f"pine: {seg.cls.shape[1]} classified columns for {st.keys.shape[2]} keys",
                                "run PINE on the plain path (no prefix sharing), one prefill per batch")
@@ -133,7 +133,7 @@ def _make_attention(backend):
         scaling = kwargs.get("scaling") or module.scaling
         window = kwargs.get("sliding_window", getattr(module, "sliding_window", None)) or None  # a sliding layer
         out = attend(query, key, value, seg, rot, scaling, h.variant, window, st.local)
-        if h._memo[4] is not seg:  # a prefill: the store goes into the canonical order (at the first decoding step,
+        if h._memo[2] is not seg:  # a prefill: the store goes into the canonical order (at the first decoding step,
             st.perm = seg.canonical(t)[0]  # none if none follows), so that decoding gathers nothing per layer and token
         return out.transpose(1, 2).contiguous().to(query.dtype), None
 

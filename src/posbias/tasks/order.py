@@ -79,6 +79,7 @@ class OrderTask(Task):
     default_engine = "teacher-forced"
     max_new_tokens = 8
     order = True  # sweeps add the order figures (core/order.py) and accept the order decisions (swap, pride)
+    bind = "slot"  # what a label names (BINDS; `bound`)
 
     def __init__(self, name: str, items: list[OrderItem] | None, k: int, style: str = "mc", labels: str = "letters",
                  make=None, has_gold: bool = True, ask: str = "correct", dropped_ties: int = 0,
@@ -136,8 +137,6 @@ class OrderTask(Task):
         """The slot a generated verdict names: the template's verdict pattern (its last match; a tie -2) or, without
         one, core.order.parse_choice; -1: none read."""
         return self.template.read(text, labels) if self.template is not None else super().read_choice(text, labels)
-
-    bind = "slot"
 
     def bound(self, bind: str) -> "OrderTask":
         """The task with its labels bound to slots (the default) or to candidates (`bind=candidate`: candidate i
