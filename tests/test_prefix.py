@@ -498,14 +498,14 @@ def test_on_cpu_a_group_of_examples_stays_small_so_rows_are_written_as_they_fini
     bf16, and on an accelerator, a group fills batch_tokens. The rows come out the same either way (fp32)."""
     import posbias.models.dtype as dt
     import posbias.models.prefix as mp
-    import posbias.scoring.scorer as sc
+    import posbias.scoring.runners as sc
     from posbias.scoring.prefix import GROUP_TOKENS
 
     lo = tiny_loaded("llama")
     task = get_task("kv-lookup", facts=4, digits=3)
     rows = Scorer(lo, task).rows(task.examples(40, seed=0), [0, 1, 2, 3])
     monkeypatch.setattr(sc, "GROUP_TOKENS", 600)  # the tiny prompts are short: a budget of a few examples
-    groups = Scorer(lo, task)._plan(rows)
+    groups = Scorer(lo, task).runner._plan(rows)
     assert len(groups) > 4 and GROUP_TOKENS == 2048
     assert all(len(g.shares) == 1 or len(g.shares) * max(len(s.spine) for s in g.shares) <= 600 for g in groups)
     ticks: list[int] = []
@@ -515,10 +515,10 @@ def test_on_cpu_a_group_of_examples_stays_small_so_rows_are_written_as_they_fini
     native = ("AMD EPYC", frozenset({"avx512_bf16"}))
     monkeypatch.setattr(dt, "_cpu_info", lambda: native)
     monkeypatch.setattr(dt, "_onednn_cap", lambda: "")  # not capped to AVX2 by the environment (the AVX2 stand-in)
-    assert len(Scorer(lo, task)._plan(rows)) == len(groups)  # fp32 stays small on any CPU
+    assert len(Scorer(lo, task).runner._plan(rows)) == len(groups)  # fp32 stays small on any CPU
     monkeypatch.setitem(lo.info, "dtype", "bf16")  # the plan reads the dtype the model was loaded in
-    assert len(Scorer(lo, task)._plan(rows)) < len(groups)
+    assert len(Scorer(lo, task).runner._plan(rows)) < len(groups)
     monkeypatch.setattr(dt, "_cpu_info", lambda: ("Core i7", frozenset({"avx2"})))
-    assert len(Scorer(lo, task)._plan(rows)) == len(groups)  # emulated bf16 is slow: small groups
+    assert len(Scorer(lo, task).runner._plan(rows)) == len(groups)  # emulated bf16 is slow: small groups
     monkeypatch.setattr(mp, "launch_bound", lambda model: True)
-    assert len(Scorer(lo, task)._plan(rows)) < len(groups)
+    assert len(Scorer(lo, task).runner._plan(rows)) < len(groups)

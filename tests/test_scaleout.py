@@ -129,14 +129,15 @@ def test_a_unit_scored_alone_gives_the_numbers_of_the_whole_run(model_dir, data,
     task = get_task(f"jsonl:{data}")
     scorer = Scorer(lo, task, "teacher-forced", max_batch=4, prefix_sharing=shared)
     rows = scorer.rows(task.examples(12), [0, 1, 2, 3])
-    units = scorer.units(rows)
+    none = scorer.resolve(None)
+    units = scorer.runner.units(rows, none)
     assert len(units) == (3 if shared else 12) and sorted(i for u in units for i in u) == list(range(48))
     if shared:
         assert all(len({rows[i].key[0] for i in u}) == 4 for u in units)  # whole examples, 4 to a group
     whole = scorer.score(rows)
     alone = [r for u in units for r in scorer.score([rows[i] for i in sorted(u)])]
     _same_rows(whole, alone)
-    assert [rows[i].key for i in scorer.order(rows)] == [(r["example_id"], r["position"]) for r in whole]
+    assert [rows[i].key for i in scorer.runner.order(rows, none)] == [(r["example_id"], r["position"]) for r in whole]
 
 
 # ----------------------------------------------------------------------------- 2 processes against 1

@@ -25,7 +25,8 @@ class Capabilities:
     prefix_sharing: bool  # posbias's own prefix sharing (a served engine has its own prefix cache)
     batching: str  # "padded": the Scorer plans padded-token batches | "requests": one request per sequence, many in flight
     top_logprobs: bool = False  # generated tokens come with their most likely alternatives (ids, or text)
-    teacher_forcing: str = ""  # a served model's route: "generate" (greedy generation) | "prompt_logprobs" | "" (none)
+    teacher_forcing: str = ""  # its route: "forward" (in process: one forward of prompt + answer) | served, "generate"
+    #                            (greedy generation) or "prompt_logprobs" | "" (none)
 
 
 @dataclass
@@ -136,6 +137,11 @@ class Backend(ABC):
         method.check_info(self.info)
 
     @property
+    def in_flight(self) -> int:
+        """Requests the backend keeps in flight at once (a served run's budget windows hold this many)."""
+        return 1
+
+    @property
     def context_window(self) -> int:
         return int(self.info["context_window"])
 
@@ -189,6 +195,10 @@ class ServedBackend(Backend):
     overrides `run` where its engine takes the requests another way (vLLM's offline engine: chunks of them)."""
 
     concurrency: int = 1  # units in flight at once
+
+    @property
+    def in_flight(self) -> int:
+        return self.concurrency
 
     def run(self, requests: list[Request]) -> Iterator[tuple[int, Reply]]:
         """(index into `requests`, reply) for each request, in the order they complete."""

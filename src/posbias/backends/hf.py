@@ -10,7 +10,8 @@ from __future__ import annotations
 from ..models.load import Loaded, load_model
 from .base import Backend, Capabilities
 
-CAPS = Capabilities(prompt_logprobs=True, token_prompts=True, methods=True, prefix_sharing=True, batching="padded")
+CAPS = Capabilities(prompt_logprobs=True, token_prompts=True, methods=True, prefix_sharing=True, batching="padded",
+                    teacher_forcing="forward")
 
 
 class HFBackend(Backend):

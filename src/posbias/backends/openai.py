@@ -156,6 +156,10 @@ class OpenAIBackend(ServedBackend):
         return {"rule": "greedy" if self.dialect.exact_greedy else "greedy as far as the API goes (temperature 0)",
                 "request": {**fields, "seed": self.seed}, "dialect": self.dialect.name}
 
+    @property
+    def in_flight(self) -> int:
+        return self.concurrency * self.batch  # `concurrency` units of up to `batch` requests each
+
     def settings(self) -> dict:
         return {"concurrency": self.concurrency, "batch": self.batch, "timeout_s": self.http.timeout,
                 "retries": self.http.retries, "cache": str(self.http.cache) if self.http.cache else None}

@@ -71,10 +71,6 @@ class ModelSpec:
     def caps(self) -> Capabilities:
         return self.cls.capabilities(self.args)
 
-    @property
-    def served(self) -> bool:
-        return self.caps.batching == "requests"
-
 
 def parse_spec(spec: str) -> ModelSpec:
     """`BACKEND:model,key=value,...` (or a plain in-process model name / path) -> ModelSpec; unknown backends (a

@@ -84,6 +84,10 @@ class VLLMBackend(ServedBackend):
     def counters(self) -> dict:
         return dict(self.counts)
 
+    @property
+    def in_flight(self) -> int:
+        return CHUNK  # the requests of one LLM.generate call
+
     def run(self, requests: list[Request]) -> Iterator[tuple[int, Reply]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt

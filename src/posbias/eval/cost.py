@@ -10,9 +10,10 @@ piece of work, and sweep.json's "cost" record (docs/backends.md, "Cost and budge
   spent     this invocation's rows: the served backend's counters (the tokens the server counted) where it counts
             them, else each row's estimate with its generated answer's own tokens; rows an earlier invocation left in
             examples.jsonl (resume) are priced the second way; rows compare hands over (`scored`) are not counted.
-  budget    before each further piece (in process: a unit of the batch plan, `Scorer.units`; served: a window of rows
-            whose requests fill the backend's in-flight capacity, sent together) the spent USD plus the piece's
-            estimate must stay within it, else `BudgetReached`: every scored row logged, no sweep.json (resumable).
+  budget    before each further piece (in process: a unit of the batch plan, `runners.InProcess.units`; served: a
+            window of rows whose requests fill the backend's declared `in_flight`, sent together) the spent USD plus
+            the piece's estimate must stay within it, else `BudgetReached`: every scored row logged, no sweep.json
+            (resumable).
 
 The sweep's run object (eval/sweep.py, `SweepRun`) holds its `Meter` and scores the pieces `Meter.pieces` gives.
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, replace
-from types import SimpleNamespace
 from typing import Iterator
 
 from ..backends import Request
@@ -31,7 +31,6 @@ from ..tasks import placement_key
 
 PER = 1_000_000  # prices are USD per 1M tokens
 CHARS_PER_TOKEN = 4  # a chat prompt without token ids (a chat-only server): its tokens estimated from its characters
-IN_FLIGHT = 64  # requests a window holds on a backend that names no concurrency (the vllm backend's chunk)
 
 
 @dataclass(frozen=True)
@@ -80,16 +79,6 @@ def request_tokens(q: Request) -> tuple[Tokens, bool]:
     return Tokens(1, prompt, 1 if q.kind == "logprobs" else q.max_tokens), counted
 
 
-def _view(scorer):
-    """The scorer as the engine's request builder reads it; in process: as a server with prompt logprobs and token
-    prompts (what the rows would cost as requests)."""
-    if scorer.backend.caps.batching == "requests":
-        return scorer
-    caps = replace(scorer.backend.caps, teacher_forcing="prompt_logprobs", token_prompts=True)
-    return SimpleNamespace(loaded=scorer.loaded, task=scorer.task, max_new_tokens=scorer.max_new_tokens,
-                           count_tokens=scorer.count_tokens, backend=SimpleNamespace(caps=caps, tokenizer=scorer.backend.tokenizer))
-
-
 def _key(row: dict) -> tuple:
     return (row["example_id"], placement_key(row["position"]))
 
@@ -119,15 +108,15 @@ class Meter:
         meter.passes = passes
         return meter
 
-    def begin(self, scorer, rows: list, done_rows: list[dict]) -> None:
-        """Before scoring: the estimate (printed on stderr) and the rows already paid for."""
-        self.on = scorer.backend.caps.batching == "requests" or self.prices is not None
+    def begin(self, runner, rows: list, done_rows: list[dict]) -> None:
+        """Before scoring: the estimate (printed on stderr) and the rows already paid for. runner: how the rows reach
+        the model (scoring/runners.py): it prices a row and says how work splits into pieces."""
+        self.on = runner.billed or self.prices is not None
         if not self.on:
             return
-        self.scorer, self.rows, self.est, self.counted = scorer, rows, {}, True
-        view = scorer if scorer.backend.caps.batching == "requests" else _view(scorer)
+        self.runner, self.rows, self.est, self.counted = runner, rows, {}, True
         for r in rows:
-            priced = [request_tokens(q) for q in scorer.engine.requests(view, r)]
+            priced = [request_tokens(q) for q in runner.price(r)]
             self.est[r.key] = total(t for t, _ in priced).times(self.passes)
             self.counted = self.counted and all(c for _, c in priced)
         done = {_key(d) for d in done_rows}
@@ -135,7 +124,7 @@ class Meter:
         self.estimate = total(self.est[r.key] for r in self.left)
         paid = [d for d in done_rows if _key(d) not in self.handed and _key(d) in self.est]
         self.before, self.rows_before, self.done_before = total(map(self.scored, paid)), len(paid), len(done_rows)
-        self.counters0 = dict(scorer.backend.counters())
+        self.counters0 = dict(runner.counters())
         if self.left and is_main_process():  # (a resumed run with nothing left to score says nothing)
             print(self.line(), file=sys.stderr, flush=True)
 
@@ -146,13 +135,13 @@ class Meter:
         if "passes" in row and self.passes > 1:  # an order ensemble: the orders it read (adaptive: maybe fewer)
             est = est.times(row["passes"] / self.passes)
         if row.get("cut") is False and est.requests == 1:
-            return replace(est, completion=min(est.completion, self.scorer.count_tokens(row.get("prediction") or "") + 1))
+            return replace(est, completion=min(est.completion, self.runner.count_tokens(row.get("prediction") or "") + 1))
         return est
 
     def measured(self, new_rows: list[dict]) -> tuple[Tokens, str]:
         """This invocation's spent tokens: the backend's counters (since `begin`) where they count the tokens, else
         the rows' estimates -> (tokens, how counted)."""
-        now = self.scorer.backend.counters()
+        now = self.runner.counters()
         d = {k: v - self.counters0.get(k, 0) for k, v in now.items() if isinstance(v, (int, float))}
         sent = d.get("replies", d.get("requests", 0))  # replies (the openai backend) leave out cache hits
         if "prompt_tokens" in d and (d["prompt_tokens"] > 0 or sent == 0):
@@ -207,44 +196,26 @@ class Meter:
             out += f"; budget {usd(self.budget)}, {usd(self.elsewhere + self.before.usd(p))} spent before"
         return out
 
-    def pieces(self, scorer, rows: list, method, done: set, out: list[dict]) -> Iterator[list]:
+    def pieces(self, rows: list, method, done: set, out: list[dict]) -> Iterator[list]:
         """What to score, in pieces: all the rows at once without a budget; with one, each piece only when the spent
-        cost (`out`: the rows scored so far, which the caller extends) plus its estimate stays within it. In process
-        the pieces are units of the one-call plan (each planned into the very same batches: identical numbers);
-        served, windows of rows whose requests fill the backend's in-flight capacity (each sent, then counted)."""
+        cost (`out`: the rows scored so far, which the caller extends) plus its estimate stays within it. A piece is a
+        run of the runner's units (in process: units of the one-call plan, each planned into the very same batches,
+        so identical numbers; served: rows) holding at most its `in_flight` requests (None: one unit a piece)."""
         if self.budget is None or not self.on:
             yield rows
             return
-        yield from (self._units if scorer.loaded is not None else self._windows)(scorer, rows, method, done, out)
-
-    def _units(self, scorer, rows: list, method, done: set, out: list[dict]) -> Iterator[list]:
-        for unit in scorer.units(rows, method):
-            left = [rows[i] for i in unit if rows[i].key not in done]
-            if left and not self.fits(total(self.est[r.key] for r in left), self.spent(out)):
-                self.stop(out)
-            if left:
-                yield [rows[i] for i in unit]
-
-    def _windows(self, scorer, rows: list, method, done: set, out: list[dict]) -> Iterator[list]:
-        todo, cap = [r for r in rows if r.key not in done], in_flight(scorer.backend)
-        while todo:
-            window, cost, spent = [], Tokens(), self.spent(out)  # nothing in flight: every reply is counted
-            for r in todo:
-                e = self.est[r.key]
-                if window and cost.requests + e.requests > cap or not self.fits(cost + e, spent):
+        units = [u for u in self.runner.units(rows, method) if any(rows[i].key not in done for i in u)]
+        cap, k = self.runner.in_flight, 0
+        while k < len(units):
+            piece, cost, spent = [], Tokens(), self.spent(out)  # nothing in flight: every reply is counted
+            while k < len(units):
+                more = total(self.est[rows[i].key] for i in units[k] if rows[i].key not in done)
+                if piece and (cap is None or cost.requests + more.requests > cap) or not self.fits(cost + more, spent):
                     break
-                window.append(r)
-                cost = cost + e
-            if not window:
+                piece, cost, k = piece + units[k], cost + more, k + 1
+            if not piece:
                 self.stop(out)
-            yield window
-            todo = todo[len(window):]
-
-
-def in_flight(backend) -> int:
-    """Requests a served backend keeps in flight: concurrency x batch (the openai backend), else IN_FLIGHT."""
-    n = getattr(backend, "concurrency", None)
-    return max(1, int(n) * int(getattr(backend, "batch", 1))) if n else IN_FLIGHT
+            yield [rows[i] for i in piece]
 
 
 def spent_usd(record: dict) -> float:

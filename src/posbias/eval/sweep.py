@@ -249,7 +249,7 @@ class SweepRun:
         done_rows = self._logged(log, rows)
         timing = Timing(self.folder if log is not None else None, self.backend, self.folder.resuming)
         try:
-            self.meter.begin(self.scorer, rows, done_rows)
+            self.meter.begin(self.scorer.runner, rows, done_rows)
             new_rows = self._score(rows, done_rows, log, timing.tick)
         except BudgetReached:  # every scored row is logged and no sweep.json written: resume with a larger budget
             timing.save()
@@ -300,7 +300,7 @@ class SweepRun:
             if num_processes() > 1:  # rows split by example across processes, gathered in rounds
                 return score_split(self.scorer, rows, self.method, done, log, tick)
             out: list[dict] = []
-            for piece in self.meter.pieces(self.scorer, rows, self.method, done, out):  # one piece without a budget
+            for piece in self.meter.pieces(rows, self.method, done, out):  # one piece without a budget
                 out += self.scorer.score(piece, self.method, done, on_batch)
             return out
         finally:
@@ -325,7 +325,7 @@ class SweepRun:
                   **({"decision": decision} if decision else {}), **({"inputs": self.inputs} if self.inputs else {})}
         # how the backend ran (not compared on resume): in process its attention kernels; served, how requests went
         record["backend"] = {"settings": self.backend.settings(),
-                             **(timing.backend_record() if self.backend.caps.batching == "requests" else {})}
+                             **timing.backend_record()}  # (in process: none)
         if self.meter.rec is not None:  # what it cost (given prices)
             record["cost"] = self.meter.rec
         return all_rows, record

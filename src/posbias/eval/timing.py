@@ -40,6 +40,8 @@ class Timing:
 
     def backend_record(self) -> dict:  # record["backend"]'s counters: the totals, and this invocation's own
         rec, names = self.record(), list(self.backend.counters())
+        if not names:  # a backend that counts nothing (in process): no counters to record
+            return {}
         return {"counters": {k: rec[k] for k in names}, "this_run": {k: rec["this_run"][k] for k in names}}
 
     def save(self) -> None:

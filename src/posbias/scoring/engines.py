@@ -95,8 +95,9 @@ class Engine(ABC):
         """Refuse (one line) a backend (its capabilities and name) this protocol cannot run on (for `task`, if given)."""
 
     @abstractmethod
-    def requests(self, scorer: ScorerView, row: Encoded) -> list[Request]:
-        """What to ask a served backend for one row."""
+    def requests(self, scorer: ScorerView, row: Encoded, caps=None) -> list[Request]:
+        """What to ask a served backend for one row (caps: a backend's capabilities other than the scorer's, as the
+        in-process runner prices a row: runners.InProcess.price)."""
 
     @abstractmethod
     def verdict(self, scorer: ScorerView, row: Encoded, replies: list[Reply]) -> dict:
@@ -130,8 +131,6 @@ class TeacherForced(Engine):
         return len(row.answer_ids), len(row.prompt_ids) - p + max(map(len, row.answer_ids))
 
     def check(self, caps, backend: str, task: Task | None = None) -> None:
-        if caps.batching != "requests":
-            return
         if not caps.teacher_forcing:
             raise PosbiasError(f"backend '{backend}' offers no route for teacher forcing", "use `engine=generate`")
         if not caps.token_prompts and task is not None and not task.order:
@@ -139,15 +138,15 @@ class TeacherForced(Engine):
                                "token's top logprobs)", "use `engine=generate`, or prompts=text (or tokens) with "
                                "tokenizer=DIR in the model spec")
 
-    def requests(self, scorer: ScorerView, row: Encoded) -> list[Request]:
-        n, order = len(row.prompt_ids), bool(row.prompt.options)
-        if scorer.backend.caps.teacher_forcing == "prompt_logprobs":
+    def requests(self, scorer: ScorerView, row: Encoded, caps=None) -> list[Request]:
+        n, order, caps = len(row.prompt_ids), bool(row.prompt.options), caps or scorer.backend.caps
+        if caps.teacher_forcing == "prompt_logprobs":
             if order:  # each option label's logprob as the next token
                 return [Request("logprobs", ids=row.prompt_ids + [t], start=n) for t in row.option_ids]
             return [Request("logprobs", ids=row.prompt_ids + a, start=n) for a in row.answer_ids]
         if order:
-            return [_prompt_request(scorer, row, max_tokens=1, stop_newline=False, top=TOP_LABELS)]
-        return [_prompt_request(scorer, row, max_tokens=max(map(len, row.answer_ids)), stop_newline=False, top=1)]
+            return [_prompt_request(caps, row, max_tokens=1, stop_newline=False, top=TOP_LABELS)]
+        return [_prompt_request(caps, row, max_tokens=max(map(len, row.answer_ids)), stop_newline=False, top=1)]
 
     def verdict(self, scorer: ScorerView, row: Encoded, replies: list[Reply]) -> dict:
         if scorer.backend.caps.teacher_forcing != "prompt_logprobs":
@@ -210,11 +209,11 @@ class Generate(Engine):
     def branch(self, row: Encoded, p: int, max_new_tokens: int) -> tuple[int, int]:
         return 1, len(row.prompt_ids) - p + max_new_tokens
 
-    def requests(self, scorer: ScorerView, row: Encoded) -> list[Request]:
-        limit = scorer.max_new_tokens
-        if not scorer.backend.caps.token_prompts:  # a chat model may restate the answer prefix first: room for it
+    def requests(self, scorer: ScorerView, row: Encoded, caps=None) -> list[Request]:
+        limit, caps = scorer.max_new_tokens, caps or scorer.backend.caps
+        if not caps.token_prompts:  # a chat model may restate the answer prefix first: room for it
             limit += scorer.count_tokens(row.prompt.answer_prefix) if row.prompt.answer_prefix else 0
-        return [_prompt_request(scorer, row, max_tokens=limit, stop_newline=not scorer.task.multiline)]
+        return [_prompt_request(caps, row, max_tokens=limit, stop_newline=not scorer.task.multiline)]
 
     def verdict(self, scorer: ScorerView, row: Encoded, replies: list[Reply]) -> dict:
         text = replies[0].text
@@ -225,10 +224,10 @@ class Generate(Engine):
                            replies[0].finish == "length")
 
 
-def _prompt_request(scorer: ScorerView, row: Encoded, **kw) -> Request:
+def _prompt_request(caps, row: Encoded, **kw) -> Request:
     """A generation request for the row's prompt: its token ids (the token and text protocols), or one chat message
     with the answer prefix after the user's text (a chat server applies its own template)."""
-    if scorer.backend.caps.token_prompts:
+    if caps.token_prompts:
         return Request("generate", ids=row.prompt_ids, **kw)
     return Request("generate", messages=[{"role": "user", "content": render(None, row.prompt, chat=False)}], **kw)
 

@@ -82,8 +82,8 @@ def score_split(scorer: Scorer, rows: list[Encoded], method: Method, done: set, 
     from accelerate.utils import gather_object
 
     rank, parts = process_index(), num_processes()
-    order = {rows[i].key: k for k, i in enumerate(scorer.order(rows, method))}
-    todo = [u for u in scorer.units(rows, method) if any(rows[i].key not in done for i in u)]
+    order = {rows[i].key: k for k, i in enumerate(scorer.runner.order(rows, method))}
+    todo = [u for u in scorer.runner.units(rows, method) if any(rows[i].key not in done for i in u)]
 
     def rank_of(d: dict) -> int:
         return order[(d["example_id"], placement_key(d["position"]))]
