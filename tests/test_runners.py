@@ -15,7 +15,7 @@ from conftest import tiny_loaded
 from posbias import PosbiasError, get_task
 from posbias.backends.base import Capabilities
 from posbias.eval.cost import Meter
-from posbias.scoring.runners import RUNNERS, InProcess, Served, runner_for
+from posbias.scoring.runners import RUNNERS, InProcess, Served, register_runner, runner_for
 from posbias.scoring.scorer import Scorer
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "posbias"
@@ -25,6 +25,8 @@ def test_the_runner_is_the_one_the_backend_s_batching_names_and_an_unknown_word_
     scorer = Scorer(tiny_loaded("llama"), get_task("kv-lookup", facts=4, digits=3))
     assert type(scorer.runner) is InProcess and scorer.runner.in_flight is None and not scorer.runner.billed
     assert RUNNERS == {"padded": InProcess, "requests": Served}
+    with pytest.raises(PosbiasError, match="a runner named 'padded' is already registered"):
+        register_runner(type("Mine", (InProcess,), {}))
     caps = Capabilities(prompt_logprobs=False, token_prompts=True, methods=False, prefix_sharing=False, batching="stream")
     odd = SimpleNamespace(backend=SimpleNamespace(caps=caps, name="mine"))
     with pytest.raises(PosbiasError, match="backend 'mine' declares batching 'stream'.*declare one of: padded, requests"):

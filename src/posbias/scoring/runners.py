@@ -25,6 +25,7 @@ from ..backends import Request
 from ..errors import PosbiasError
 from ..methods import Method
 from ..models.dtype import cpu_kind
+from ..registry import Registry
 from ..tasks import Prompt, as_json
 from .encode import Encoded, plan_batches
 from .prefix import GROUP_TOKENS, MIN_TOKENS, plan_shared
@@ -283,7 +284,19 @@ class Served(Runner):
                 emit([row], [verdict])
 
 
-RUNNERS: dict[str, type[Runner]] = {r.batching: r for r in (InProcess, Served)}
+RUNNERS = Registry("runner")  # batching word -> Runner class; a plugin registers a runner for its backend's word
+
+
+def register_runner(cls: type[Runner]) -> type[Runner]:
+    """Register a Runner subclass under its `batching` word (a class decorator); a taken word is refused."""
+    if not (isinstance(cls, type) and issubclass(cls, Runner)) or not getattr(cls, "batching", None):
+        raise PosbiasError(f"{cls!r} is not a Runner subclass with a `batching` word", "subclass posbias's Runner and "
+                           "set batching to the word your backend's Capabilities declare")
+    return RUNNERS.add(cls.batching, cls)
+
+
+for _r in (InProcess, Served):
+    register_runner(_r)
 
 
 def runner_for(scorer: "Scorer") -> Runner:
