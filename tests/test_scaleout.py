@@ -137,7 +137,7 @@ def test_a_unit_scored_alone_gives_the_numbers_of_the_whole_run(model_dir, data,
     whole = scorer.score(rows)
     alone = [r for u in units for r in scorer.score([rows[i] for i in sorted(u)])]
     _same_rows(whole, alone)
-    assert [rows[i].key for i in scorer.runner.order(rows, none)] == [(r["example_id"], r["position"]) for r in whole]
+    assert [rows[i].key for i in scorer.runner.result_order(rows, none)] == [(r["example_id"], r["position"]) for r in whole]
 
 
 # ----------------------------------------------------------------------------- 2 processes against 1

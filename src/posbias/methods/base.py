@@ -17,12 +17,12 @@ class that overrides the stages it needs (no pipeline asks what kind a method is
     check_task / check / check_info   refuse, in one line, what it cannot run on (before anything is written)
     rearrange(prompts, task, attention)   the prompts as the model sees them (reordering; `rearranges` True)
     apply(loaded)                     the model while the method is on (a reversible context manager)
-    read(reader, rows, done, on_batch)    how each row is read: once (default) or under several orders (ensemble);
+    read(view, rows, done, on_batch)    how each row is read: once (default) or under several orders (ensemble);
                                       `passes` reads per row, for the cost estimate
     calibration(n) / decide(rows, calibration, k)   held-out items to calibrate on and the verdict from every
                                       order's row (the order decision rules); default: none, the rows as read
 
-A method sees the Scorer only through `Reader`, a narrow view (scoring/scorer.py implements it).
+A method sees the Scorer only through `ReadView`, a narrow view (scoring/scorer.py implements it).
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ class Active:
         """Before a teacher-forced forward of prompt + answer: cols[i] is the column of row i's last
         prompt token (an input-dependent method such as Ms-PoE measures there, as generation would)."""
 
-    def set_rows(self, rows, reader: "PromptReader | None" = None) -> None:
+    def set_rows(self, rows, view: "HookView | None" = None) -> None:
         """Before each batch is scored: the batch's rows (scoring.encode.Encoded) and what the Scorer can say about their
-        prompts (`PromptReader`), for a method that reads them (attention calibration measures each item first)."""
+        prompts (`HookView`), for a method that reads them (attention calibration measures each item first)."""
 
 
-class PromptReader(Protocol):
+class HookView(Protocol):
     """What a method's active hooks (`Active.set_rows`) may ask of the Scorer about a batch's prompts."""
 
     task: Task
@@ -62,7 +62,7 @@ class PromptReader(Protocol):
         """Which prompt tokens belong to each item, as the Scorer encodes the prompt (scoring/spans.py)."""
 
 
-class Reader(Protocol):
+class ReadView(Protocol):
     """What a method's `read` stage may ask of the Scorer."""
 
     task: Task
@@ -146,7 +146,7 @@ class Method(ABC):
         """Raise PosbiasError if the method cannot be applied to this model (called before a run writes anything)."""
         return  # any model
 
-    def batch_keys(self, rows: list, reader: "PromptReader") -> list | None:
+    def batch_keys(self, rows: list, view: "HookView") -> list | None:
         """A key per row (scoring.encode.Encoded) that the rows of a padded batch share, with their length, so that a
         row's computation does not depend on which rows share its batch; None: rows batch freely (PINE: its key
         blocks take their sizes from the batch, and padding moves the keys)."""
@@ -173,10 +173,10 @@ class Method(ABC):
     def apply(self, loaded: Loaded) -> AbstractContextManager[Active]:
         """Context manager: the model is mitigated inside, restored exactly on exit; yields an Active."""
 
-    def read(self, reader: Reader, rows: list, done: set, on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
+    def read(self, view: ReadView, rows: list, done: set, on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
         """The result dicts of the rows not in `done` (on_batch called with each batch of them as it is scored):
         by default each row read once with the method on."""
-        return reader.read(rows, done, on_batch)
+        return view.read(rows, done, on_batch)
 
     def calibration(self, n: int) -> int:
         """How many held-out calibration items a run of n evaluated items takes (read in every order after them)."""

@@ -104,10 +104,10 @@ class Calibration(Method):
         """The calibrated layers: the given ones, else the last half (the paper: the last 16 of 32)."""
         return self.layers if self.layers is not None else list(range(n_layers // 2, n_layers))
 
-    def prior_for(self, prompts, reader) -> torch.Tensor:
+    def prior_for(self, prompts, view) -> torch.Tensor:
         """[P, n] the content-free item's attention at each slot: from the file, or measured in each prompt."""
         if self.record is not None:
-            if self.record.get("chat") is not None and self.record["chat"] != reader.chat:
+            if self.record.get("chat") is not None and self.record["chat"] != view.chat:
                 raise PosbiasError(f"the prior in {self.prior_path} was measured with chat={self.record['chat']}",
                                    "measure it with the same `chat` setting as the sweep")
             prior = torch.tensor(self.record["prior"])
@@ -115,10 +115,10 @@ class Calibration(Method):
                 raise PosbiasError(f"the prior has {prior.shape[0]} slots, the prompts {len(prompts[0].items)}",
                                    "measure a prior for this task with `posbias analyze prior`")
             return prior.expand(len(prompts), -1)
-        task = reader.task
+        task = view.task
         n = len(prompts[0].items)
         dummies = [with_dummy(p, k, task.slot_label, task.dummy) for p in prompts for k in range(n)]
-        measured = torch.tensor(reader.item_attention(dummies)).view(len(prompts), n, n)  # [P, dummy slot, item]
+        measured = torch.tensor(view.item_attention(dummies)).view(len(prompts), n, n)  # [P, dummy slot, item]
         return measured.diagonal(dim1=1, dim2=2)  # the dummy's own attention at its slot
 
     @contextmanager
@@ -144,15 +144,15 @@ class _CalibActive(Active):
         self.method, self.st = method, st
         self.rows: list = []
 
-    def set_rows(self, rows, reader=None) -> None:
-        if reader is None:  # methods/base.py PromptReader: task, chat, item_attention, item_spans
+    def set_rows(self, rows, view=None) -> None:
+        if view is None:  # methods/base.py HookView: task, chat, item_attention, item_spans
             return
         prompts = [r.prompt for r in rows]
         with self.st.suspended():
-            attn = torch.tensor(reader.item_attention(prompts))  # [R, n]
-            prior = self.method.prior_for(prompts, reader)
+            attn = torch.tensor(view.item_attention(prompts))  # [R, n]
+            prior = self.method.prior_for(prompts, view)
         self.alpha = torch.softmax((attn - prior) / self.method.t, dim=-1)  # alpha_k = Softmax(rel_k, t)
-        self.spans = [_prompt_spans(reader, r) for r in rows]
+        self.spans = [_prompt_spans(view, r) for r in rows]
         self.rows = rows
         self.st.set(self.spans, self.alpha)  # generation: one sequence per row, the prompt ends in the last column
 
@@ -164,9 +164,9 @@ class _CalibActive(Active):
         self.st.set([self.spans[i] for i in own], self.alpha[own], torch.as_tensor(cols))
 
 
-def _prompt_spans(reader, row) -> list[int]:
+def _prompt_spans(view, row) -> list[int]:
     """The span id of each prompt token (items 0..n-1, anything else n), checked against the row's tokens."""
-    sp = reader.item_spans(row.prompt)
+    sp = view.item_spans(row.prompt)
     n = sp.n_items
     ids = [s if s < n else n for s in sp.span_of]
     if row.prompt_ids[: len(sp.ids)] != sp.ids:

@@ -40,7 +40,7 @@ from ..errors import PosbiasError
 from ..models.load import Loaded
 from ..tasks import Prompt, Task, as_json
 from ..tasks.arrange import arrange, gold_slot
-from .base import Active, Method, Reader, refuse_without_items
+from .base import Active, Method, ReadView, refuse_without_items
 from .registry import register_method
 
 MODES = ("shift", "perm")
@@ -164,7 +164,7 @@ class Ensemble(Method):
     def apply(self, loaded: Loaded) -> Iterator[Active]:
         yield Active()
 
-    def read(self, reader: Reader, rows: list, done: set, on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
+    def read(self, view: ReadView, rows: list, done: set, on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
         """One result dict per row not in `done` (rows: the Scorer's encoded rows), in row order, chunk by chunk."""
         todo = [r for r in rows if r.key not in done]
         examples = list(dict.fromkeys(r.key[0] for r in todo))
@@ -173,9 +173,9 @@ class Ensemble(Method):
             mine = set(examples[c:c + CHUNK])
             chunk = [r for r in todo if r.key[0] in mine]
             first = range(FIRST) if self.adaptive else range(self.orders)
-            got = self._orders(reader, chunk, first)
+            got = self._orders(view, chunk, first)
             rest = [r for r in chunk if not (self.adaptive and self.settled(got[r.key]))]
-            more = self._orders(reader, rest, range(len(first), self.orders)) if rest and self.adaptive else {}
+            more = self._orders(view, rest, range(len(first), self.orders)) if rest and self.adaptive else {}
             new = []
             for r in chunk:
                 res = got[r.key] + more.get(r.key, [])
@@ -188,17 +188,17 @@ class Ensemble(Method):
                 on_batch(new)
         return out
 
-    def _orders(self, reader: Reader, rows: list, js) -> dict[tuple, list[dict]]:
+    def _orders(self, view: ReadView, rows: list, js) -> dict[tuple, list[dict]]:
         """{row key: [the result of each order j in js]}, read on the unmodified model."""
         prompts, owner, slots = [], [], []
         for r in rows:
             for j in js:
-                p = self.variant(r.prompt, j, reader.task)
+                p = self.variant(r.prompt, j, view.task)
                 prompts.append(replace(p, example_id=f"{r.key[0]}#order{j}"))
                 owner.append(r.key)
                 slots.append(gold_slot(r.key[1], self.order(r.prompt, j)) if isinstance(r.key[1], int) else None)
         got: dict[tuple, list[dict]] = {r.key: [] for r in rows}
-        for key, slot, res in zip(owner, slots, reader.read_unmodified(prompts)):
+        for key, slot, res in zip(owner, slots, view.read_unmodified(prompts)):
             got[key].append({**res, "arranged_slot": slot})
         return got
 

@@ -52,9 +52,9 @@ def token_classes(span_of: list[int], n_items: int, n_prompt: int) -> list[int]:
     return out + [SUFFIX] * (n_prompt - len(out))
 
 
-def row_classes(row, reader) -> list[int]:
+def row_classes(row, view) -> list[int]:
     """A row's (scoring.encode.Encoded) prompt token classes, from its item spans as the Scorer encodes it."""
-    spans = reader.item_spans(row.prompt)
+    spans = view.item_spans(row.prompt)
     return token_classes(spans.span_of, spans.n_items, len(row.prompt_ids))
 
 
@@ -102,7 +102,7 @@ class Pine(Method):
 
         check_model(loaded.model)
 
-    def batch_keys(self, rows, reader) -> list:
+    def batch_keys(self, rows, view) -> list:
         """Each row's shape in the canonical order (models/pine.py: the documents by their token ids): its prefix's,
         documents' and suffix's lengths. Rows of one shape (and length) share a padded batch, as one example's orders
         do, and change nothing of each other's computation; rows of another shape would resize the key blocks."""
@@ -110,7 +110,7 @@ class Pine(Method):
         for r in rows:  # the classes kept for the batch's set_rows (the spans re-tokenize the prompt)
             key = tuple(r.prompt_ids)
             if key not in self._known:
-                self._known[key] = row_classes(r, reader)
+                self._known[key] = row_classes(r, view)
             out.append(shape(self._known[key], r.prompt_ids))
         return out
 
@@ -132,8 +132,8 @@ class _PineActive(Active):
     def __init__(self, handle, known: dict):
         self.handle, self.known = handle, known
 
-    def set_rows(self, rows, reader=None) -> None:
+    def set_rows(self, rows, view=None) -> None:
         self.handle.prompts = {}
         for r in rows:
             key = tuple(r.prompt_ids)
-            self.handle.prompts[key] = self.known.pop(key, None) or row_classes(r, reader)
+            self.handle.prompts[key] = self.known.pop(key, None) or row_classes(r, view)

@@ -165,11 +165,11 @@ class InProcess(Runner):
                 self._run_shared(rows, done, emit)
                 return
             costs = [s.engine.cost(r, s.max_new_tokens) for r in rows]
-            keys = method.batch_keys(rows, s.prompt_reader)  # a row's shape: rows of one shape only, if given
+            keys = method.batch_keys(rows, s.hook_view)  # a row's shape: rows of one shape only, if given
             for idx in plan_batches(costs, s.batch_tokens, s.max_batch, keys and list(zip(costs, keys))):
                 batch = [rows[i] for i in idx]
                 if not all(r.key in done for r in batch):
-                    active.set_rows(batch, s.prompt_reader)
+                    active.set_rows(batch, s.hook_view)
                     emit(batch, s.engine.score(s, batch, active))
 
     def units(self, rows: list[Encoded], method: Method) -> list[list[int]]:
@@ -182,7 +182,7 @@ class InProcess(Runner):
         s = self.scorer
         return plan_batches([s.engine.cost(r, s.max_new_tokens) for r in rows], s.batch_tokens, s.max_batch)
 
-    def order(self, rows: list[Encoded], method: Method) -> list[int]:
+    def result_order(self, rows: list[Encoded], method: Method) -> list[int]:
         """Indices of `rows` in the order `run` emits them: row order on the prefix-shared path, batch order (longest
         first, plan_batches) on the plain one."""
         if self.scoring_path(method).shared:

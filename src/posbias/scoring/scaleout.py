@@ -82,7 +82,7 @@ def score_split(scorer: Scorer, rows: list[Encoded], method: Method, done: set, 
     from accelerate.utils import gather_object
 
     rank, parts = process_index(), num_processes()
-    order = {rows[i].key: k for k, i in enumerate(scorer.runner.order(rows, method))}
+    order = {rows[i].key: k for k, i in enumerate(scorer.runner.result_order(rows, method))}
     todo = [u for u in scorer.runner.units(rows, method) if any(rows[i].key not in done for i in u)]
 
     def rank_of(d: dict) -> int:

@@ -148,9 +148,9 @@ class Scorer:
         """Score rows under `method` (default: the unmodified model); batches whose rows are all in
         `done` are skipped (resume). Returns the new result dicts, in batch order (prefix-shared: in row order)."""
         method = self.resolve(method)
-        return method.read(_Reading(self, method), rows, done or set(), on_batch)  # the method's read stage
+        return method.read(_ReadView(self, method), rows, done or set(), on_batch)  # the method's read stage
 
-    def _read(self, rows: list[Encoded], method: Method, done: set,
+    def _read_once(self, rows: list[Encoded], method: Method, done: set,
               on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
         """Each row not in `done` read once with `method` on (a method's default read stage)."""
         out: list[dict] = []
@@ -173,9 +173,9 @@ class Scorer:
         return in_row_order(out, rows) if self.runner.in_row_order(method) else out
 
     @property
-    def prompt_reader(self) -> "_Prompts":
-        """The scorer as a method's active hooks read prompts (methods/base.py `PromptReader`)."""
-        return _Prompts(self)
+    def hook_view(self) -> "_HookView":
+        """The scorer as a method's active hooks read prompts (methods/base.py `HookView`)."""
+        return _HookView(self)
 
     def item_spans(self, prompt: Prompt):
         """Which prompt tokens belong to each item (scoring/spans.py), as this scorer encodes the prompt."""
@@ -220,8 +220,8 @@ def in_row_order(results: list[dict], rows: list[Encoded]) -> list[dict]:
     return sorted(results, key=lambda d: order.get((d["example_id"], placement_key(d["position"])), len(order)))
 
 
-class _Prompts:
-    """The Scorer as a method's active hooks see it (methods/base.py `PromptReader`): the task, the chat setting, and
+class _HookView:
+    """The Scorer as a method's active hooks see it (methods/base.py `HookView`): the task, the chat setting, and
     the items' attention and spans."""
 
     def __init__(self, scorer: Scorer):
@@ -229,20 +229,20 @@ class _Prompts:
         self.item_attention, self.item_spans = scorer.runner.attention(), scorer.item_spans
 
 
-class _Reading:
-    """The Scorer as a method's read stage sees it (methods/base.py `Reader`): the task, the default reading with the
+class _ReadView:
+    """The Scorer as a method's read stage sees it (methods/base.py `ReadView`): the task, the default reading with the
     method on, and a reading of prompts on the unmodified model (an order ensemble's orders)."""
 
     def __init__(self, scorer: Scorer, method: Method):
         self._scorer, self._method, self.task = scorer, method, scorer.task
 
     def read(self, rows: list[Encoded], done: set, on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
-        return self._scorer._read(rows, self._method, done, on_batch)
+        return self._scorer._read_once(rows, self._method, done, on_batch)
 
     def read_unmodified(self, prompts: list[Prompt]) -> list[dict]:
         s = self._scorer
         rows = [encode(s.backend.tokenizer, p, s.chat, options=s.engine.reads_options) for p in prompts]
         s.check_window(rows)
         index = {r.key: i for i, r in enumerate(rows)}
-        got = s._read(rows, get_method("none").for_task(s.task), set(), None)
+        got = s._read_once(rows, get_method("none").for_task(s.task), set(), None)
         return sorted(got, key=lambda d: index[(d["example_id"], placement_key(d["position"]))])
