@@ -8,7 +8,8 @@
   buckets | buckets:B1,B2        Attention Buckets (several RoPE bases)
   moice:DIR                      MoICE routers trained by `posbias moice train` (the model stays frozen)
   hidden:DIR | hidden:C:S[:A-B]  positional hidden-channel scaling (a `posbias hidden search` folder, or explicit)
-  swap | pride[:0.05]            order tasks only: verdict rules over the candidates' orders (decision.py)
+  swap | aswap[:T] | pride[:0.05]   order tasks only: verdict rules over the candidates' orders (decision.py; aswap
+                                 reads the swapped order only where the first verdict is unsure)
   reorder[:bm25|oracle|attention][:litm|first|last]   reordering the items by a relevance signal (reorder.py)
   ensemble[:K][:shift|perm][:adaptive]   the majority answer over K orders of the items (ensemble.py)
   curve:RUN[:bm25|oracle]   the most relevant items into the slots a sweep measured best (curve.py)
@@ -16,6 +17,7 @@
   calib:prompt | calib:DIR       Found-in-the-Middle attention calibration (calibration.py)
   pine[:reversed|fixed|causal|nia|pcw]   PINE: position-invariant attention over the items (pine.py)
 
+`posbias methods` prints the registry itself (tests/test_methods.py checks this list names every built-in).
 Every method also takes the generic `name:key=value,...` (posbias/specs.py), its keys the constructor's parameters
 (`Method.spec_params()`): `mspoe:min_ratio=1.2,max_ratio=1.8`, `pi:factor=1.2`, `layers:factors=1,1.1,1.2`.
 """
