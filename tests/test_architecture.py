@@ -26,6 +26,7 @@ LAYERS = [  # lowest first; units in one layer may not import each other
     ("runs", "specs", "registry"),
     ("data",),  # the benchmark data sets: registry, lookup order, fetch (no torch)
     ("core",),
+    ("policy_schema",),  # what a policy file must hold (reads core/stats.py ALPHA)
     ("policy",),  # reads the position test's level (core/metrics.py ALPHA)
     ("report",),
     ("models", "tasks", "integrations"),
