@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import PosbiasError
-from ..runs import MARKER, can_write_in, read_json
+from ..outdir import can_write_in
+from ..runs import MARKER, read_json
 from ..version import __version__
 from .blocks import PNG_URI, esc
 from .provenance import Run, provenance
