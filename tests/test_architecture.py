@@ -23,9 +23,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "posbias"
 
 LAYERS = [  # lowest first; units in one layer may not import each other
     ("version", "errors"),
+    ("outdir",),  # may this process write into a folder (runs.RunFolder checks through it)
     ("runs", "specs", "registry"),
     ("data",),  # the benchmark data sets: registry, lookup order, fetch (no torch)
     ("core",),
+    ("policy_schema",),  # what a policy file must hold (reads core/stats.py ALPHA)
     ("policy",),  # reads the position test's level (core/metrics.py ALPHA)
     ("report",),
     ("models", "tasks", "integrations"),
@@ -42,8 +44,9 @@ LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 # what the CLI may import: the public API and its sub-namespaces (synth's and data's packages themselves, not their
 # modules)
 PUBLIC = {"posbias", *(f"posbias.{u}" for u in LAYERS[-3]), "posbias.synth", "posbias.data"}
-PURE = ("posbias.version", "posbias.errors", "posbias.runs", "posbias.specs", "posbias.data", "posbias.core.metrics", "posbias.core.bezier",
-        "posbias.core.ga", "posbias.core.ga_space", "posbias.tasks", "posbias.report")  # (prefixes) no torch, no transformers
+PURE = ("posbias.version", "posbias.errors", "posbias.outdir", "posbias.runs", "posbias.specs", "posbias.data",
+        "posbias.core.metrics", "posbias.core.bezier", "posbias.core.ga", "posbias.core.ga_space", "posbias.tasks",
+        "posbias.report")  # (prefixes) no torch, no transformers
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 
 

@@ -14,7 +14,8 @@ import pytest
 from posbias.report import plots
 from posbias.report.grid_plots import plot_grid_heatmap
 from posbias.report.longctx_blocks import effective_bases
-from posbias.report.sections import Run, grid, renderer_for
+from posbias.report.provenance import Run
+from posbias.report.sections import grid, renderer_for
 
 SIZES, DEPTHS = [512, 1024], [0, 50, 100]
 ACC = {(512, 0): 1.0, (512, 50): 0.75, (512, 100): 1.0, (1024, 0): 1.0, (1024, 50): 0.25, (1024, 100): 0.5}

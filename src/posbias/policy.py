@@ -32,9 +32,9 @@ from typing import Any, NoReturn, Sequence, TypeVar
 
 from .core.stats import ALPHA
 from .errors import PosbiasError
+from .policy_schema import VERSION, is_number, is_pair, is_whole, validate_policy
 from .runs import MARKER, folder_kind, kind_name
 
-VERSION = 1
 T = TypeVar("T")
 
 
@@ -155,11 +155,11 @@ def ranking_note(policy: dict) -> str | None:
                 "computed again), then export the policy again")
     if test["p"] < ALPHA:
         return None
-    gap = "" if not (_number(c.get("gap")) and _pair(c.get("gap_ci"))) else \
+    gap = "" if not (is_number(c.get("gap")) and is_pair(c.get("gap_ci"))) else \
         f"; gap {c['gap']:.3f} [{c['gap_ci'][0]:.3f}, {c['gap_ci'][1]:.3f}]"
     total = (policy.get("measured") or {}).get("n")
     varied = f"{test['n']} answer differently at some slot"
-    over = f"n = {total} examples ({varied}" if _whole(total) else f"the examples ({varied}"
+    over = f"n = {total} examples ({varied}" if is_whole(total) else f"the examples ({varied}"
     return (f"warning: no position effect: permutation test p = {test['p']:.3f} over {over}; level {ALPHA}{gap}): "
             "this ranking is noise; measure more examples, or a task the model does above the floor")
 
@@ -188,7 +188,7 @@ def read_policy(path: str | Path) -> dict:
     except (AttributeError, KeyError, TypeError, ValueError) as e:  # a field of another type than a sweep writes
         raise PosbiasError(f"{f} is neither a policy nor a finished sweep record ({type(e).__name__}: {e})",
                            "pass a policy file (posbias policy export RUN) or a finished sweep folder") from None
-    _validate(pol, f)
+    validate_policy(pol, f)
     if pol.get("curve") and not pol["curve"].get("position_test"):  # an older posbias judged by the gap interval
         pol = {**pol, "curve": {**pol["curve"], "separable": None}}
     return {**pol, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
@@ -245,94 +245,6 @@ def _resume_command(folder: Path) -> str:
     return "rerun " + shlex.join([w for w in words if w not in ("--overwrite", "--resume")] + ["--resume"])
 
 
-def _validate(pol: dict, where: str | Path) -> None:
-    """Refuse, in one line, a policy (a file's, or a dict: `where` names it) of another version, or with a field the
-    code reads missing or of the wrong type (naming the field and what it must be), or a broken ranking."""
-    if pol.get("posbias_policy") != VERSION:
-        raise PosbiasError(f"{where} is policy version {pol.get('posbias_policy')!r}, this posbias reads {VERSION}",
-                           "export the policy again with this posbias (posbias policy export RUN)")
-    need = _Fields(pol, where)
-    need("model", isinstance(pol.get("model"), str) and pol["model"], "the name of the model the curve belongs to")
-    need("task", isinstance(pol.get("task"), dict), "an object (the task's shape, task.config())")
-    need("n_slots", _whole(pol.get("n_slots")) and pol["n_slots"] >= 1, "a whole number of slots, 1 or more")
-    ranking, n = pol.get("ranking"), pol["n_slots"]
-    need("ranking", isinstance(ranking, list) and all(map(_whole, ranking)), "a list of slots (whole numbers), best first")
-    if sorted(ranking) != list(range(n)):
-        raise PosbiasError(f"{where} ranks slots {ranking}, not each of its {n} slots once", "export the policy again")
-    for k, s in enumerate(_optional(pol, "slots", list, need, "a list of per-slot objects")):
-        ok = (isinstance(s, dict) and _whole(s.get("slot")) and _number(s.get("accuracy")) and _whole(s.get("n"))
-              and _pair(s.get("ci")))
-        need(f"slots[{k}]", ok, 'an object {"slot": whole number, "accuracy": number, "ci": [low, high], "n": whole number}')
-    run = _optional(pol, "measured", dict, need, "an object (how the curve was measured)").get("run")
-    need("measured.run", run is None or isinstance(run, str), "the path of the sweep record, or null")
-    split = _optional(pol, "fitted_on", dict, need, "an object (the examples the curve was measured on), or null")
-    if split:
-        need("fitted_on.task", isinstance(split.get("task"), str), "a task name")
-        for key in ("seed", "skip", "n"):
-            need(f"fitted_on.{key}", _whole(split.get(key)) and split[key] >= 0, "a whole number, 0 or more")
-    _validate_curve(_optional(pol, "curve", dict, need, "an object (the curve's test, gap and shape), or null"), need)
-
-
-def _validate_curve(curve: dict, need: "_Fields") -> None:
-    """The curve's fields ranking_note reads: the gap, its interval and the average (shown), and the position-effect
-    test (decides): {"name": text, "statistic": number, "p": number in [0, 1], "n": whole, "permutations": whole}, or
-    null in a policy of an older posbias; `separable` must agree with it (p < ALPHA)."""
-    need("curve.gap_ci", curve.get("gap_ci") is None or _pair(curve["gap_ci"]), "[low, high] (two numbers), or null")
-    for key in ("gap", "average"):
-        need(f"curve.{key}", curve.get(key) is None or _number(curve[key]), "a number, or null")
-    test = curve.get("position_test")
-    need("curve.position_test", test is None or isinstance(test, dict), "an object (the position-effect test), or null")
-    if test is not None:
-        need("curve.position_test.name", isinstance(test.get("name"), str), "the test's name")
-        need("curve.position_test.p", _number(test.get("p")) and 0 <= test["p"] <= 1, "a p-value, a number in [0, 1]")
-        need("curve.position_test.statistic", _number(test.get("statistic")), "a number")
-        for key in ("n", "permutations"):
-            need(f"curve.position_test.{key}", _whole(test.get(key)) and test[key] >= 0, "a whole number, 0 or more")
-    sep, want = curve.get("separable"), None if test is None else bool(test["p"] < ALPHA)
-    need("curve.separable", sep in (None, True, False) and (test is None or sep is want),
-         "true, false or null" if test is None else f"{json.dumps(want)} (position_test.p {test['p']} "
-                                                    f"{'<' if want else '>='} {ALPHA})")
-
-
-_MISSING = object()
-
-
-class _Fields:
-    """need(field, ok, must): refuse in one line, naming the policy, the field and what it must be, unless ok."""
-
-    def __init__(self, pol: dict, where: str | Path):
-        self.pol, self.where = pol, where
-
-    def __call__(self, name: str, ok: Any, must: str) -> None:
-        if ok:
-            return
-        got: Any = self.pol
-        for part in name.replace("[", ".").replace("]", "").split("."):
-            got = got.get(part, _MISSING) if isinstance(got, dict) else got[int(part)]
-        shown = "nothing (no such field)" if got is _MISSING else json.dumps(got)
-        raise PosbiasError(f"{self.where}: '{name}' must be {must}, got {shown if len(shown) <= 60 else shown[:57] + '...'}",
-                           "correct that field, or export the policy again (posbias policy export RUN)")
-
-
-def _optional(pol: dict, name: str, kind: type, need: _Fields, must: str):
-    """A field the policy may leave out (or null): its value, or an empty one of `kind`; a value of another type refused."""
-    value = pol.get(name)
-    need(name, value is None or isinstance(value, kind), must)
-    return value or kind()
-
-
-def _whole(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _pair(x: Any) -> bool:
-    return isinstance(x, list) and len(x) == 2 and all(map(_number, x))
-
-
 def check_policy(policy: dict, model: str | None = None, task: dict | None = None, n_slots: int | None = None) -> None:
     """Refuse, in one line, a policy measured on another model, task shape or slot count."""
     where = policy.get("measured", {}).get("run") or "the policy"
@@ -365,7 +277,7 @@ def as_policy(policy: Any) -> dict:
     if not isinstance(policy, dict):
         raise PosbiasError(f"a policy is a path or a dict, not {type(policy).__name__}",
                            "pass a policy file (posbias policy export RUN) or read_policy(path)")
-    _validate(policy, "the policy dict")
+    validate_policy(policy, "the policy dict")
     return policy
 
 

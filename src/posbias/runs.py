@@ -11,7 +11,8 @@ A pipeline (sweep, compare, LPES search, distillation, synthetic grid, theory) w
   finish(record)             writes the result file atomically, last: its presence means complete
 
 Besides: atomic JSON writes, a JSONL log that survives a kill mid-line, one progress bar helper, the main-process
-check under `accelerate launch`, the library versions record. Nothing here imports torch or transformers.
+check under `accelerate launch`, the library versions record. The checks on the folder itself (writable, no other
+live writer) are in outdir.py. Nothing here imports torch or transformers.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import shlex
 import shutil
 import socket
 import sys
-import tempfile
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from .errors import PosbiasError
+from .outdir import check_out_dir, refuse_live_writer
 from .version import __version__
 
 MARKER = "run.json"  # kind + fingerprint of the run a folder holds
@@ -215,16 +216,6 @@ def folder_kind(path: str | Path) -> str | None:
     return str(kind) if kind else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class RunFolder:
     """One pipeline's output folder (see the module docstring). path None: a run without files (API use).
 
@@ -262,7 +253,7 @@ class RunFolder:
         other = self._marker_kind(overwrite)
         if other != self.kind:
             raise PosbiasError(f"{self.path} holds {kind_name(other)}, not {kind_name(self.kind)}", "pass another `out`")
-        _refuse_live_writer(self.file(LOCK), self.path)
+        refuse_live_writer(self.file(LOCK), self.path)
         started = self.started()
         if started and not (resume or overwrite):
             fix = ("pass `resume=True` to continue it or `overwrite=True` to start again" if self.resumable
@@ -341,7 +332,7 @@ class RunFolder:
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:  # a lock whose process is gone (or a half-written one) is removed; a live one refuses
-                _refuse_live_writer(path, self.path)
+                refuse_live_writer(path, self.path)
                 path.unlink(missing_ok=True)
                 continue
             os.write(fd, me.encode())
@@ -353,47 +344,3 @@ class RunFolder:
             yield
         finally:
             path.unlink(missing_ok=True)
-
-
-def _refuse_live_writer(lock: Path, folder: Path) -> None:
-    """Raise if another live process (or one on another host) holds the folder's lock."""
-    try:
-        pid_text, host = lock.read_text().split()
-        pid = int(pid_text)
-    except (OSError, ValueError):
-        return  # no lock, or a half-written one
-    if host != socket.gethostname():
-        raise PosbiasError(f"{folder} is locked by a process on {host}",
-                           f"if none runs there, delete {lock}; else pass another `out`")
-    if pid != os.getpid() and _alive(pid):
-        raise PosbiasError(f"{folder} is being written by another posbias process (pid {pid})",
-                           "wait for it to finish, or pass another `out`")
-
-
-def check_out_dir(path: Path) -> None:
-    """An output folder must be a directory, or creatable: the nearest existing folder above it writable."""
-    if path.exists() and not path.is_dir():
-        raise PosbiasError(f"`out` {path} is a file", "pass a directory path")
-    _check_writable(path)
-
-
-def _check_writable(path: Path) -> None:
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir():
-        raise PosbiasError(f"`out` {path} cannot be created: {probe} is a file", "pass a directory path")
-    if not can_write_in(probe):
-        raise PosbiasError(f"`out` {path} cannot be written ({probe} takes no new files)",
-                           "pass a folder you can write to, e.g. `out=runs/NAME`")
-
-
-def can_write_in(folder: Path) -> bool:
-    """Whether a file can be created in `folder`: tried (permission bits do not tell for root, /proc, read-only mounts)."""
-    try:
-        with tempfile.TemporaryFile(prefix=".posbias-probe-", dir=folder):
-            return True
-    except OSError:
-        return False

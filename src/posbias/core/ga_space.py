@@ -12,7 +12,7 @@ Two spaces share one interface (``initial``, ``mutate``, ``valid``, ``factors``,
   curve (Bezier, or a Table 6 alternative) that gives the per-layer factors.
 * ``LayerSpace``: the "brute force" space of Table 7, one y gene per layer and no curve.
 
-``GeneticSearch`` / ``RandomSearch`` in ``posbias.core.ga`` drive them.
+``GeneticSearch`` in ``posbias.core.ga`` and ``RandomSearch`` in ``posbias.core.ga_random`` drive them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..errors import PosbiasError
-from ..runs import check_out_dir
+from ..outdir import check_out_dir
 from .dtype import choose_dtype
 from .gguf_cache import READY, gguf_cache_dir
 from .load import _locate, load_model

@@ -20,12 +20,12 @@ than full and sliding, and unknown position schemes fall back. tests/test_model_
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 import torch
 
 from .compat import ATTEND, cache_key, takes_hook
+from .prefix_cache import joined_layer, presized_layer
 from .rope import LENGTH_DEPENDENT
 
 
@@ -143,57 +143,6 @@ def prefill(model, spines: list[list[int]], pad_id: int) -> list[tuple[torch.Ten
     return [(stack(i, 0), stack(i, 1)) for i in range(len(per[0]))]
 
 
-@functools.cache
-def _presized_class():
-    """The cache layer class, built once (transformers is imported lazily in this module)."""
-    from transformers.cache_utils import DynamicLayer
-
-    class Presized(DynamicLayer):
-        def __init__(self, k: torch.Tensor, v: torch.Tensor, n: int):
-            """k, v [R, H, columns, D]: the buffers, allocated once; their first n columns in use."""
-            super().__init__()
-            self.k, self.v, self.n, self.device, self.is_initialized = k, v, n, k.device, True
-            self.keys, self.values = k[:, :, :n], v[:, :, :n]
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-            n, q = self.n, key_states.shape[-2]
-            if n + q > self.k.shape[2]:  # past the room asked for: grow (as DynamicLayer would, once)
-                self.k = torch.cat([self.k[:, :, :n], key_states.new_empty((*self.k.shape[:2], q, self.k.shape[3]))], 2)
-                self.v = torch.cat([self.v[:, :, :n], value_states.new_empty((*self.v.shape[:2], q, self.v.shape[3]))], 2)
-            self.k[:, :, n:n + q], self.v[:, :, n:n + q] = key_states, value_states
-            self.n = n + q
-            self.keys, self.values = self.k[:, :, :self.n], self.v[:, :, :self.n]
-            return self.keys, self.values
-
-    return Presized
-
-
-def _presized_layer(keys: torch.Tensor, values: torch.Tensor, room: int):
-    """A cache layer holding `keys`/`values` [R, H, W, D] with room for `room` more columns, written in place
-    (transformers' DynamicLayer concatenates the whole cache at every forward)."""
-    r, h, w, _ = keys.shape
-    k = keys.new_empty((r, h, w + room, keys.shape[-1]))
-    v = values.new_empty((r, h, w + room, values.shape[-1]))
-    k[:, :, :w], v[:, :, :w] = keys, values
-    return _presized_class()(k, v, w)
-
-
-def _joined_layer(layers: list[tuple[torch.Tensor, torch.Tensor]], width: int, room: int):
-    """One cache layer with the rows of `layers` ((keys, values) [R, H, columns, D] per part) stacked, each part's
-    columns left-aligned in `width`, with room for `room` more. The columns a part does not fill are zeros (its rows'
-    masks hide them, and a hidden column must not hold a NaN from uninitialised memory, which a masked softmax would
-    still multiply)."""
-    first, vfirst = layers[0]
-    rows = sum(keys.shape[0] for keys, _ in layers)
-    k = first.new_zeros((rows, first.shape[1], width + room, first.shape[3]))
-    v = vfirst.new_zeros((rows, vfirst.shape[1], width + room, vfirst.shape[3]))
-    r = 0
-    for keys, values in layers:
-        k[r:r + keys.shape[0], :, :keys.shape[2]], v[r:r + keys.shape[0], :, :keys.shape[2]] = keys, values
-        r += keys.shape[0]
-    return _presized_class()(k, v, width)
-
-
 def split_attention(model) -> str | None:
     """None if SharedKV can run split attention for this model, else why not (one line). Split: a branch's queries
     attend to its spine's keys and values where the spine holds them (no copy per branch) and to the branch's own
@@ -261,10 +210,10 @@ class SharedKV:
         if self.split:
             self._read_in_place(spine_kv, int(owner[0]), spine_pos)
             empty = lambda t: t.new_empty((len(owner), t.shape[1], 0, t.shape[3]))  # noqa: E731
-            self.cache.layers = [_presized_layer(empty(k), empty(v), room) for k, v in spine_kv]
+            self.cache.layers = [presized_layer(empty(k), empty(v), room) for k, v in spine_kv]
             self.kpos = spine_pos[:, :0]  # [R, 0]: the rows' own columns, none yet
         else:  # a batch holds R x (width + room) columns of KV per layer, appended in place
-            self.cache.layers = [_presized_layer(rows(k), rows(v), room) for k, v in spine_kv]
+            self.cache.layers = [presized_layer(rows(k), rows(v), room) for k, v in spine_kv]
             self.kpos = spine_pos
 
     @classmethod
@@ -291,7 +240,7 @@ class SharedKV:
         width = max(k.shape[1] for k in kpos)
         out.kpos = torch.cat([pad(k, width) for k in kpos])
         out.cache = DynamicCache()
-        out.cache.layers = [_joined_layer([kv(p, i) for p in parts], width, room) for i in range(len(parts[0].cache.layers))]
+        out.cache.layers = [joined_layer([kv(p, i) for p in parts], width, room) for i in range(len(parts[0].cache.layers))]
         return out
 
     def _read_in_place(self, spine_kv: list[tuple[torch.Tensor, torch.Tensor]], e: int, spine_pos: torch.Tensor) -> None:

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import PosbiasError
-from ..runs import MARKER, can_write_in, read_json
+from ..outdir import can_write_in
+from ..runs import MARKER, read_json
 from ..version import __version__
 from .blocks import PNG_URI, esc
-from .sections import Run, provenance, renderer_for
+from .provenance import Run, provenance
+from .sections import renderer_for
 
 # A run's result file is named in its run.json ("result", written by runs.RunFolder). Folders from before that was
 # recorded: by kind, else the first word of the kind + ".json" (grid -> grid.json)

@@ -10,28 +10,15 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from ..core.metrics import format_effect
 from ..core.order import format_no_gold
 from ..core.stats import format_p
-from .blocks import Raw, details, esc, figure, figures, fmt, key_values, para, pos_label, rows_table, scalars, table
+from .blocks import Raw, details, esc, figure, figures, fmt, key_values, para, pos_label, rows_table, table
 from .flip_blocks import flips_block, order_table
 from .longctx_blocks import long_blocks
-
-
-@dataclass
-class Run:
-    """One finished run folder: its marker (run.json), its result and where it lies."""
-
-    path: Path
-    kind: str
-    marker: dict  # run.json: kind, fingerprint, command (newer runs)
-    result: dict  # the result file's content
-    result_name: str  # e.g. sweep.json
-
+from .provenance import Run
 
 Renderer = Callable[[Run], str]
 RENDERERS: dict[str, Renderer] = {}
@@ -347,29 +334,6 @@ def attention(run: Run) -> str:
     if not out:
         return generic(run)
     return "".join([*out, figures(run.path, ("attention_heatmap.png", "attention_gold.png", "attention_rollout.png"))])
-
-
-def _entry_versions(run: Run) -> dict:
-    """A comparison records no versions itself: those its first sweep folder recorded."""
-    entries = run.result.get("methods") if run.kind == "comparison" else None
-    sub = run.path / str(entries[0].get("dir", "")) / "sweep.json" if entries else None
-    if sub is None or not sub.is_file():
-        return {}
-    return json.loads(sub.read_text(encoding="utf-8")).get("versions") or {}
-
-
-def provenance(run: Run) -> str:
-    """The command that made the run, its configuration, model and library versions."""
-    r, fp = run.result, run.marker.get("fingerprint") or {}
-    config = r.get("config") if isinstance(r.get("config"), dict) else fp.get("config")
-    model = next((m for m in (r.get("model_info"), r.get("base_model"), r.get("model"), fp.get("model")) if isinstance(m, dict)), None)
-    vers = r.get("versions") or _entry_versions(run)
-    rows = [["command", Raw(f"<code>{esc(run.marker.get('command') or '-')}</code>")],
-            ["folder", Raw(f"<code>{esc(run.path)}</code>")], ["kind / result file", f"{run.kind} / {run.result_name}"],
-            ["model", ", ".join(f"{k} {fmt(v)}" for k, v in scalars(model).items()) if model else "-"],
-            ["versions", ", ".join(f"{k} {v}" for k, v in vers.items()) if vers else "-"]]
-    return "".join([Raw('<div class="prov">'), table(["provenance", ""], rows), Raw("</div>"), details("configuration", key_values(config) if config else ""),
-                    details("fingerprint (run.json)", Raw(f"<pre>{esc(json.dumps(fp, indent=1, default=str))}</pre>"))])
 
 
 @renderer("prior")

@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PosbiasError
-from ..runs import RunFolder, cached_record, check_out_dir, write_json_atomic
+from ..outdir import check_out_dir
+from ..runs import RunFolder, cached_record, write_json_atomic
 from ..runs import progress as progress_bar
 from .data import DataConfig
 from .evaluate import EvalConfig

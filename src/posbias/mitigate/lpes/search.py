@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ...backends import open_model
-from ...core.ga import STATE_VERSION, CurveSpace, GeneticSearch, LayerSpace, RandomSearch
+from ...core.ga import STATE_VERSION, CurveSpace, GeneticSearch, LayerSpace
+from ...core.ga_random import RandomSearch
 from ...errors import PosbiasError
 from ...models.load import Loaded
 from ...runs import RunFolder, is_main_process, read_json, write_json_atomic
