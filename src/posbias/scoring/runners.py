@@ -19,7 +19,7 @@ import functools
 from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, ClassVar, NamedTuple
+from typing import Any, Callable, ClassVar, NamedTuple
 
 from ..backends import Request
 from ..errors import PosbiasError
@@ -32,9 +32,7 @@ from .prefix import GROUP_TOKENS, MIN_TOKENS, plan_shared
 from .relevance import item_attention
 from .teacher_forced import token_details
 
-if TYPE_CHECKING:
-    from .scorer import Scorer
-
+Scorer = Any  # scoring.scorer.Scorer, which builds its runner (not imported: imports run one way)
 Emit = Callable[[list[Encoded], list[dict]], None]  # a batch of rows and their results, as they are scored
 
 
@@ -53,7 +51,7 @@ class Runner(ABC):
     in_flight: int | None = None  # requests one budget piece may hold (None: one unit of `units` a piece)
     billed: ClassVar[bool] = False  # its requests are what a provider bills: the cost estimate is printed unpriced
 
-    def __init__(self, scorer: "Scorer"):
+    def __init__(self, scorer: Scorer):
         self.scorer = scorer  # what both runners share: task, engine, answer length, chat, encoding
         self.backend = scorer.backend
 
@@ -99,7 +97,7 @@ class InProcess(Runner):
     batching = "padded"
     PRICED_AS = {"teacher_forcing": "prompt_logprobs", "token_prompts": True}  # a row priced as on such a server
 
-    def __init__(self, scorer: "Scorer"):
+    def __init__(self, scorer: Scorer):
         super().__init__(scorer)
         self.loaded = scorer.backend.loaded
         self._split: tuple[bool, str | None] | None = None  # (split attention?, why not where asked), once decided
@@ -245,7 +243,7 @@ class Served(Runner):
     batching = "requests"
     billed = True
 
-    def __init__(self, scorer: "Scorer"):
+    def __init__(self, scorer: Scorer):
         super().__init__(scorer)
         self.in_flight = max(1, int(self.backend.in_flight))  # what the backend declares it keeps in flight
 
@@ -299,7 +297,7 @@ for _r in (InProcess, Served):
     register_runner(_r)
 
 
-def runner_for(scorer: "Scorer") -> Runner:
+def runner_for(scorer: Scorer) -> Runner:
     """The runner of the scorer's backend, by the batching it declares: the one place in-process and served part."""
     kind = scorer.backend.caps.batching
     if kind not in RUNNERS:
