@@ -399,16 +399,16 @@ def test_scorer_records_the_prefix_attention_it_runs(tmp_path, monkeypatch):
     task = _docs_task(tmp_path)
     lo = tiny_loaded("llama")
     rows = Scorer(lo, task).rows(task.examples(3), [0, 1, 2, 3])
-    auto, copy = Scorer(lo, task, "teacher-forced"), Scorer(lo, task, "teacher-forced", prefix_attention="copy")
+    auto, copy = Scorer(lo, task, "teacher-forced"), Scorer(lo, task, "teacher-forced", prefix_sharing="copy")
     assert auto.settings("none")["prefix_attention"] == "split" and "prefix_attention" not in copy.settings("none")
     _assert_same(copy.score(rows), auto.score(rows))
-    gemma = Scorer(tiny_loaded("gemma3"), task, "teacher-forced", prefix_attention="split").settings("none")
+    gemma = Scorer(tiny_loaded("gemma3"), task, "teacher-forced", prefix_sharing="split").settings("none")
     assert gemma["prefix_attention"].startswith("copy (sliding-window")
     monkeypatch.setitem(lo.info, "dtype", "bf16")  # the rule reads the dtype the model was loaded in
     assert "prefix_attention" not in Scorer(lo, task, "teacher-forced").settings("none")
-    assert Scorer(lo, task, "teacher-forced", prefix_attention="split").settings("none")["prefix_attention"] == "split"
-    with pytest.raises(PosbiasError, match="unknown prefix_attention 'fast'"):
-        Scorer(lo, task, prefix_attention="fast")
+    assert Scorer(lo, task, "teacher-forced", prefix_sharing="split").settings("none")["prefix_attention"] == "split"
+    with pytest.raises(PosbiasError, match="unknown prefix_sharing 'fast'"):
+        Scorer(lo, task, prefix_sharing="fast")
     with pytest.raises(PosbiasError, match="unknown prefix_attention"):
         SweepConfig(model="tiny", task="kv-lookup", prefix_attention="fast").validate()
 

@@ -127,6 +127,10 @@ class Scoring:
     prefix_sharing: bool = True
     prefix_attention: str | None = field(default=None, metadata={"record": "if set"})  # recorded only when set
 
+    def prefix(self) -> bool | str:
+        """The Scorer's `prefix_sharing` argument: False, True, or the attention asked for ("split", "copy")."""
+        return (self.prefix_attention or True) if self.prefix_sharing else False
+
     def _validate_scoring(self) -> None:
         if self.prefix_attention not in (None, *PREFIX_ATTENTION):
             raise PosbiasError(f"unknown prefix_attention '{self.prefix_attention}'",

@@ -233,7 +233,7 @@ class SweepRun:
             self.label, self.identity = spec_label(self.cfg.model), spec_identity(self.cfg.model)  # a loaded name as it is
         self.backend.check_method(self.method)
         self.scorer = Scorer(self.backend, self.task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens,
-                             cfg.max_batch, cfg.prefix_sharing, cfg.prefix_attention)
+                             cfg.max_batch, cfg.prefix())
 
     def fingerprint(self) -> dict:
         """run.json: the resolved config (what a resume compares), the task, the model and the method."""

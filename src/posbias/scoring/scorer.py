@@ -52,10 +52,13 @@ class Scorer:
 
     def __init__(self, loaded: Loaded | Backend, task: Task, engine: str | None = None, max_new_tokens: int | None = None,
                  chat: str | bool = "auto", batch_tokens: int = BATCH_TOKENS, max_batch: int = MAX_BATCH,
-                 prefix_sharing: bool = True, prefix_attention: str | None = None):
-        if prefix_attention not in (None, *PREFIX_ATTENTION):
-            raise PosbiasError(f"unknown prefix_attention '{prefix_attention}'",
-                               f"use {' or '.join(PREFIX_ATTENTION)}, or None (split where it runs and was checked)")
+                 prefix_sharing: bool | str = True):
+        """prefix_sharing: True (the prefix-shared path where the model and method allow it; its branches attend
+        split where that runs and keeps verdicts, else copy: runners.InProcess.split_attention), "split" or "copy"
+        (shared, attending so), False (the plain path)."""
+        if prefix_sharing not in (True, False, *PREFIX_ATTENTION):
+            raise PosbiasError(f"unknown prefix_sharing {prefix_sharing!r}",
+                               f"use True, False, or {' or '.join(PREFIX_ATTENTION)} (shared, attending so)")
         if max_new_tokens is not None and max_new_tokens < 1:
             raise PosbiasError(f"`max_new_tokens` must be at least 1, got {max_new_tokens}", "pass `max_new_tokens=16` or so")
         if batch_tokens < 1 or max_batch < 1:
@@ -76,7 +79,8 @@ class Scorer:
         task.check_engine(self.engine.name)
         task.bind_tokens(*self._counters())  # a task sized in tokens (niah) counts with the model's own tokenizer
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
-        self.prefix_sharing, self.prefix_attention = prefix_sharing, prefix_attention
+        self.prefix_sharing = prefix_sharing is not False
+        self.prefix_attention = prefix_sharing if isinstance(prefix_sharing, str) else None
         # the runner, chosen once: requests in flight to a served model, or padded batches in process
         self.runner = runner_for(self)  # in process or served (scoring/runners.py), chosen once
 

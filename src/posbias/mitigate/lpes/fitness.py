@@ -121,6 +121,6 @@ def build_fitness(cfg: SearchConfig, loaded: Loaded, task: Task, space) -> Fitne
     through one Scorer."""
     positions = search_positions(cfg, task)
     scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch,
-                    cfg.prefix_sharing, cfg.prefix_attention)
+                    cfg.prefix())
     rows = scorer.rows(task.examples(cfg.n, cfg.seed, cfg.split_start(task.pool_size)), positions)
     return Fitness(scorer, rows, positions, cfg.weights, space, fitness_key(cfg, loaded.info))
