@@ -226,3 +226,12 @@ def test_smollm2s_default_system_turn_and_token_count(smollm2):
     s, e = shown.gold[0]["tokens"]
     assert shown.gold[0]["text"] in smollm2.tokenizer.decode(
         smollm2.tokenizer(shown.text, add_special_tokens=False)["input_ids"][s:e])
+
+
+def test_an_unknown_setting_or_a_negative_skip_is_refused_in_one_line():
+    """show_prompt's settings are a sweep's config names (ShowSettings): a misspelt one is named, not ignored."""
+    lo = tiny_loaded("llama")
+    with pytest.raises(PosbiasError, match="show_prompt takes no setting 'seeds'.*use settings among: model, chat, seed"):
+        show_prompt("kv-lookup", 0, loaded=lo, seeds=3)
+    with pytest.raises(PosbiasError, match="`skip` must be >= 0"):
+        show_prompts("kv-lookup", "0,1", loaded=lo, skip=-1)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from ..backends import Backend, Capabilities, as_backend, parse_spec
 from ..errors import PosbiasError
@@ -198,24 +198,52 @@ def _gold(tokenizer, row: Encoded, text: str, chat: bool) -> list[dict]:
     return out
 
 
-def show_prompt(task: str | Task, position=None, example: int = 0, *, model: str = DEFAULT_MODEL,
-                loaded: Loaded | Backend | None = None, chat: str | bool = "auto", seed: int = 0, skip: int = 0,
-                data_dir: str | None = None, task_options: dict | None = None, engine: str | None = None,
-                max_new_tokens: int | None = None) -> ShownPrompt:
+@dataclass(frozen=True)
+class ShowSettings:
+    """What a shown prompt depends on besides the task, placement and example, named as a sweep's config names it
+    (`SweepConfig`): model (its tokenizer loads alone where no `loaded` is given), chat, seed, skip, data_dir,
+    task_options, engine, max_new_tokens."""
+
+    model: str = DEFAULT_MODEL
+    chat: str | bool = "auto"
+    seed: int = 0
+    skip: int = 0
+    data_dir: str | None = None
+    task_options: dict | None = None
+    engine: str | None = None
+    max_new_tokens: int | None = None
+
+    @classmethod
+    def of(cls, given: dict) -> "ShowSettings":
+        """The settings from keyword arguments; an unknown name or a negative skip refused in one line."""
+        names = [f.name for f in fields(cls)]
+        if unknown := sorted(set(given) - set(names)):
+            raise PosbiasError(f"show_prompt takes no setting '{unknown[0]}'", f"use settings among: {', '.join(names)}")
+        out = cls(**given)
+        if out.skip < 0:
+            raise PosbiasError(f"`skip` must be >= 0, got {out.skip}", "use `skip=0` or more")
+        return out
+
+    def task(self, task: str | Task) -> Task:
+        return task if isinstance(task, Task) else get_task(task, data_dir=self.data_dir, **(self.task_options or {}))
+
+
+def show_prompt(task: str | Task, position=None, example: int = 0, *, loaded: Loaded | Backend | None = None,
+                **settings) -> ShownPrompt:
     """The prompt of row `example` (in the order `seed` and `skip` give) with the gold item at `position` (one slot,
     "50%", or one pair (0, 1) / "0:1" on a two-hop task; None: the task's first default placement), encoded as a
-    sweep with these settings encodes it. `loaded`: a model already loaded (or a backend); else `model`'s tokenizer
-    is loaded alone. Bad input (an unknown task, a position out of range, several placements) is a PosbiasError."""
-    if skip < 0:
-        raise PosbiasError(f"`skip` must be >= 0, got {skip}", "use `skip=0` or more")
-    t = task if isinstance(task, Task) else get_task(task, data_dir=data_dir, **(task_options or {}))
+    sweep with these settings (`ShowSettings`: model, chat, seed, skip, data_dir, task_options, engine,
+    max_new_tokens) encodes it. `loaded`: a model already loaded (or a backend); else `model`'s tokenizer is loaded
+    alone. Bad input (an unknown task or setting, a position out of range, several placements) is a PosbiasError."""
+    s = ShowSettings.of(settings)
+    t = s.task(task)
     placement = _placement(t, position)
-    ex = _example(t, example, seed, skip)
-    backend = as_backend(loaded) if loaded is not None else tokenizer_of(model)
+    ex = _example(t, example, s.seed, s.skip)
+    backend = as_backend(loaded) if loaded is not None else tokenizer_of(s.model)
     if backend.tokenizer is None:
         raise PosbiasError("this backend has no tokenizer, so its prompts are the server's to render",
                            "open it with tokenizer=DIR in the model spec (the served model's directory)")
-    scorer = Scorer(backend, t, engine, max_new_tokens, chat)
+    scorer = Scorer(backend, t, s.engine, s.max_new_tokens, s.chat)
     row = scorer.rows([ex], [placement])[0]
     tok = backend.tokenizer
     text = render(tok, row.prompt, scorer.chat)
@@ -223,7 +251,7 @@ def show_prompt(task: str | Task, position=None, example: int = 0, *, model: str
     text += tok.decode(shared) if shared else ""  # an order task: the option labels' shared leading tokens
     p: Prompt = row.prompt
     return ShownPrompt(
-        task=t.name, model=str(backend.info.get("name", model)), example_id=p.example_id, position=placement,
+        task=t.name, model=str(backend.info.get("name", s.model)), example_id=p.example_id, position=placement,
         text=text, n_tokens=len(row.prompt_ids), chat_used=scorer.chat,
         system=default_system(tok) if scorer.chat else None, template_sha256=template_sha256(tok) if scorer.chat else None,
         gold=_needle_at(_gold(tok, row, text, scorer.chat), ex, text), answers=list(p.answers), options=list(p.options),
@@ -240,19 +268,16 @@ def _judge_template(task: Task) -> str | None:
     return f"built-in, ask={cfg['ask']}" if "ask" in cfg else None
 
 
-def show_prompts(task: str | Task, positions=None, example: int = 0, *, model: str = DEFAULT_MODEL,
-                 loaded: Loaded | Backend | None = None, chat: str | bool = "auto", seed: int = 0, skip: int = 0,
-                 data_dir: str | None = None, task_options: dict | None = None, engine: str | None = None,
-                 max_new_tokens: int | None = None) -> list[ShownPrompt]:
+def show_prompts(task: str | Task, positions=None, example: int = 0, *, loaded: Loaded | Backend | None = None,
+                 **settings) -> list[ShownPrompt]:
     """`show_prompt` at every placement `positions` names, as a sweep names them ("all", "0,4,9", "0%,50%,100%", a
     list of slots; on a two-hop task pairs "0:1,5:13", "connected", a list of pairs), in the order a sweep scores
     them (`posbias show --position`); the task and the tokenizer are loaded once. None: the task's first default
     placement. Every check is made before the tokenizer loads."""
-    if skip < 0:
-        raise PosbiasError(f"`skip` must be >= 0, got {skip}", "use `skip=0` or more")
-    t = task if isinstance(task, Task) else get_task(task, data_dir=data_dir, **(task_options or {}))
+    s = ShowSettings.of(settings)
+    t = s.task(task)
     found = _placements(t, positions)
-    _example(t, example, seed, skip)
-    backend = as_backend(loaded) if loaded is not None else tokenizer_of(model)
-    return [show_prompt(t, p, example, model=model, loaded=backend, chat=chat, seed=seed, skip=skip, engine=engine,
-                        max_new_tokens=max_new_tokens) for p in found]
+    _example(t, example, s.seed, s.skip)
+    backend = as_backend(loaded) if loaded is not None else tokenizer_of(s.model)
+    kept = {k: v for k, v in vars(s).items() if k not in ("data_dir", "task_options")}  # the task is built
+    return [show_prompt(t, p, example, loaded=backend, **kept) for p in found]
