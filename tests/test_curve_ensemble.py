@@ -158,12 +158,12 @@ def test_ensemble_orders_are_permutations_and_order_0_is_the_prompt(mode):
     task = get_task("kv-lookup", facts=10)
     m = get_method(f"ensemble:4:{mode}")
     p = task.prompt(task.examples(1)[0], 2)
-    orders = [m.order(p, j) for j in range(4)]
+    orders = [m.permutation(p, j) for j in range(4)]
     assert orders[0] == list(range(10)) and all(sorted(o) == list(range(10)) for o in orders)
     assert len({tuple(o) for o in orders}) == 4
     if mode == "shift":  # the gold visits evenly spread slots: 2, 2+3 (round 2.5), 2+5, 2+8 (round 7.5)
         assert [o.index(2) for o in orders] == [2, 4, 7, 0]
-    assert orders == [m.order(p, j) for j in range(4)]  # seeded: the same again
+    assert orders == [m.permutation(p, j) for j in range(4)]  # seeded: the same again
 
 
 def test_ensemble_vote_majority_and_mean_logprob():
@@ -217,7 +217,7 @@ def test_every_order_of_an_ensemble_is_a_different_one(spec, n):
     m.check_task(task, [0], "teacher-forced")
     for ex in task.examples(5):
         p = task.prompt(ex, 1)
-        orders = [tuple(m.order(p, j)) for j in range(m.orders)]
+        orders = [tuple(m.permutation(p, j)) for j in range(m.orders)]
         assert len(set(orders)) == m.orders and orders[0] == tuple(range(n))
 
 

@@ -111,7 +111,7 @@ class Ensemble(Method):
         raise PosbiasError(f"{self.label} asks for {self.orders} orders, and {task}'s {n} items have only {most} "
                            f"distinct {kinds}", f"write ensemble:{most}:{self.mode}{tail}{' or fewer orders' * (most > 2)}{perm}")
 
-    def order(self, prompt: Prompt, j: int) -> list[int]:
+    def permutation(self, prompt: Prompt, j: int) -> list[int]:
         """order[s] = the slot whose item order j shows at slot s (order 0: as built)."""
         n = len(prompt.items)
         if self.mode == "shift":  # d = round(j*n/K) differ for j < K <= n (steps of n/K >= 1): K distinct shifts
@@ -134,7 +134,7 @@ class Ensemble(Method):
         if not prompt.items:
             raise PosbiasError(f"{task.name} does not list its items, so {self.label} cannot reorder them",
                                "use a task with items (kv-lookup, nq, jsonl:PATH, niah is one needle: not)")
-        return arrange(prompt, self.order(prompt, j), task.slot_label)
+        return arrange(prompt, self.permutation(prompt, j), task.slot_label)
 
     def vote(self, results: list[dict]) -> dict:
         """The ensemble's row from the orders' results (in order): the majority answer; a tie goes to one of the tied
@@ -196,7 +196,7 @@ class Ensemble(Method):
                 p = self.variant(r.prompt, j, view.task)
                 prompts.append(replace(p, example_id=f"{r.key[0]}#order{j}"))
                 owner.append(r.key)
-                slots.append(gold_slot(r.key[1], self.order(r.prompt, j)) if isinstance(r.key[1], int) else None)
+                slots.append(gold_slot(r.key[1], self.permutation(r.prompt, j)) if isinstance(r.key[1], int) else None)
         got: dict[tuple, list[dict]] = {r.key: [] for r in rows}
         for key, slot, res in zip(owner, slots, view.read_unmodified(prompts)):
             got[key].append({**res, "arranged_slot": slot})
