@@ -33,7 +33,7 @@ from ..tasks.depths import apart, shared_problem
 from .config import plain
 from .grid_config import GridConfig, size_option
 from .grid_text import format_grid
-from .longctx import REFERENCES, THRESHOLD, fill_sizes, long_record, ruler_share
+from .longctx import THRESHOLD, fill_sizes, long_record, ruler_share
 from .opening import opened
 from .sweep import SweepConfig, SweepResult, run_sweep
 
@@ -96,7 +96,7 @@ def check_window(loaded: Backend, cfg: GridConfig, tasks: dict[int, Task]) -> No
         slots = sorted(set(depth_slots(cfg.depth_list(), task)))
         examples = task.examples(cfg.n, cfg.seed, cfg.skip)
         rows = [encode(loaded.tokenizer, task.build(ex, p), scorer.chat) for ex in examples for p in slots]
-        for ex in examples if isinstance(task, Haystack) and task.context == "full" else ():
+        for ex in examples if isinstance(task, Haystack) and task.has_haystack else ():
             if info := task.depth_clash(ex, slots):  # two depths on one place: one prompt scored under both
                 t = apart(size, info, lambda t: task.depth_clash(ex, slots, t))  # noqa: B023 (called at once)
                 raise PosbiasError(shared_problem(ex.id, size, info), f"use a longer length than {size} tokens ({t} "
@@ -186,11 +186,12 @@ class GridRun:
         """niah with a haystack: the closed-book and needle-alone sweeps on the first size's examples and the cells'
         resolved engine (eval/longctx.py)."""
         size = next(iter(tasks))
-        if getattr(tasks[size], "context", None) != "full":
+        task = tasks[size]
+        if not (isinstance(task, Haystack) and task.has_haystack):
             return {}
         cfg = replace(self.cfg, engine=engine)
         return {name: self._sweep(f"ref-{name}", _sweep_config(cfg, size, [0], self.method, context=context), backend)
-                for name, context in REFERENCES.items()}
+                for name, context in task.references.items()}
 
     def _sweep(self, name: str, sweep: SweepConfig, backend: Backend) -> SweepResult:
         """One sweep in the grid's folder (OUT/name), resumed where a resumed grid had started it."""
