@@ -19,7 +19,8 @@ al. 2025) put a needle at a depth percent of a context of T tokens of natural te
              passage with its question; `nq-sentence`: the sentences of that passage that hold an answer; or PATH:
              your own JSONL, one {"needle": str, "question": str, "answers": [str, ...]} per line (optional "id",
              and "answer_prefix": the text the reply starts with, which teacher forcing needs); a repeated line is
-             another example with its own haystack window (a repeated id gets its line number: `sf-line2`)
+             another example with its own haystack window (a repeated id gets its line number: `sf-line2`); each
+             built or read in tasks/needles.py
   answer_prefix   the reply's start for needles without their own (nq, nq-sentence, a file's lines without one); a
              needle with none is scored on the generated answer: its default engine is `generate`, and teacher
              forcing is refused (its first token would be scored against the first token of a free reply)
