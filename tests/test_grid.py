@@ -170,7 +170,7 @@ NEEDLE = {"needle": str(Path(__file__).parent / "data" / "sf-needle.jsonl"),
     ({"n": 1, "engine": "teacher-forced"}, "the needle has no answer prefix"),
 ])
 def test_a_niah_grid_checks_its_needle_file_before_the_model_loads(tmp_path, monkeypatch, kw, text):
-    monkeypatch.setattr("posbias.eval.grid.open_backend", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("posbias.eval.opening.open_backend", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(PosbiasError, match=text):
         run_grid(GridConfig(task="niah", task_options=NEEDLE, sizes="1k", **kw), tmp_path / "g", progress=False)
     assert not (tmp_path / "g").exists()

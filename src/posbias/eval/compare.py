@@ -10,31 +10,28 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..backends import Backend, as_backend, check_method, open_backend, parse_spec
+from ..backends import Backend, check_method, parse_spec
 from ..core.metrics import paired_difference
-from ..core.stats import p_cell
 from ..errors import PosbiasError
 from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process
-from ..scoring.scaleout import start_processes
-from ..tasks import label, placement_key
+from ..tasks import Task, label, placement_key
+from .compare_text import format_compare
 from .config import plain, spec_identity, spec_label
 from .cost import spent_usd
-from .judging import GOLD_FIGURES
+from .opening import opened
 from .sweep import ROW_KEYS, SweepConfig, preflight, run_sweep, with_resume_hint
 
-PATH_KEYS = ("scoring_path", "scoring_note")
+PATH_KEYS = ("scoring_path", "scoring_note")  # which scoring path each entry ran (Scorer.settings), and why
 COLLAPSE_MARGIN = 0.10  # the collapse guard: a larger loss at any one position flags an entry
-ORDER_COLUMNS = {"strict_accuracy": "strict accuracy", "consistency": "consistency", "conflict_rate": "conflict rate",
-                 "preference_fairness": "pref. fairness",
-                 "rstd": "RStd"}  # which scoring path each entry ran (Scorer.settings), and why
 
 
 @dataclass
@@ -136,85 +133,113 @@ def run_compare(cfg: SweepConfig | None = None, methods: Sequence[str | Method] 
     cfg = (cfg or SweepConfig()).validate()
     if not 0 < collapse_margin <= 1:
         raise PosbiasError(f"`collapse_margin` must be in (0, 1], got {collapse_margin}", "pass `collapse_margin=0.1`")
-    methods = [get_method(m) for m in methods]  # fail on a bad spec before any work
-    named = models is not None
-    model_list = list(models) if named else [loaded or cfg.model]
-    task = _check_entries(cfg, methods, model_list)
-    for mo in model_list:  # a method on a served model is refused before any engine starts
-        if isinstance(mo, str):
-            spec = parse_spec(mo)
-            for m in methods:
-                check_method(spec.caps, spec.backend, m)
-    folder = RunFolder(out, "comparison", "compare.json", ("compare.png",))
-    folder.check(resume, overwrite)
-    fingerprint = {"config": {**cfg.to_dict(), "model": None, "method": None}, "methods": [m.key for m in methods],
-                   "models": [spec_identity(model_name(m)) for m in model_list]}
-    start_processes()  # several processes: join their group first (each rank's own GPU)
-    opened = [_load(model_list[0], cfg, progress)]  # held in a list that _entries empties: one model in memory at a time
-    for m in methods:  # a method that cannot apply to the model fails before the folder is written
-        opened[0].check_method(m)
-    with folder.open(fingerprint, resume, overwrite):
-        try:
-            results, infos, res = _entries(cfg, folder, opened, model_list, methods, named, resume, overwrite, progress)
-        except PosbiasError as e:  # the entries' folders keep their rows: say so, with how many
-            dirs = [entry_dir(mo, m, named) for mo in model_list for m in methods] if folder.path is not None else []
-            logs = [folder.file(d) / "examples.jsonl" for d in dirs]
-            raise with_resume_hint(e, sum(len(JsonlLog(p).read(ROW_KEYS)) for p in logs if p.is_file())) from None
-        _add_paired_differences(results)
-        # a judge file without "preferred" has no right answer: no chance level to fall to (eval/judging.py)
-        _flag_collapse(results, collapse_margin, task.chance if task.score_name == "accuracy" else None,
-                       task.order)
-        shared = {k: v for k, v in res.config.items() if k not in PATH_KEYS}  # the path is per entry
-        record = {"config": {**shared, "method": None, "model": None if named else model_name(model_list[0])},
-                  "model": None if named else infos[model_name(model_list[0])], "models": infos,
-                  "methods": [{k: v for k, v in r.items() if k != "rows"} for r in results]}
-        if folder.path is not None and is_main_process():  # several processes: rank 0 writes
-            _plot(record, cfg, [model_label(m) for m in model_list] if named else [spec_label(model_name(model_list[0]))],
-                  res.config["engine"], folder)
-        folder.finish(record)  # last: its presence means "complete"
-    rows = [{"model": r["model"], "method": r["method"], "label": r["label"], **row} for r in results for row in r["rows"]]
-    return CompareResult(record["methods"], record["config"], record, rows)
+    return CompareRun.plan(cfg, methods, out, models=models, loaded=loaded, resume=resume, overwrite=overwrite,
+                           progress=progress).run(collapse_margin)
 
 
-def _entries(cfg, folder: RunFolder, opened: list[Backend], model_list: list, methods: list[Method], named: bool,
-             resume: bool, overwrite: bool, progress: bool):
-    """Every (model, method) entry, each model loaded once (the first is `opened`'s) -> (entries, {model: info}, the
-    last SweepResult)."""
-    results, infos, res, spent = [], {}, None, 0.0  # spent: USD of the entries so far (the budget is the comparison's)
-    for i, mo in enumerate(model_list):
-        lo = opened.pop() if i == 0 else _load(mo, cfg, progress)
-        infos[model_name(mo)] = lo.info
-        plain = None  # the unmodified model's rows: the order decision rules (swap, pride) reuse them
-        for m in methods:
-            res, entry = _entry(cfg, folder, lo, mo, m, named, resume, overwrite, progress, plain, spent)
-            spent += spent_usd(res.record)
-            results.append(entry)
-            plain = res.rows if m.name == "none" else plain
-        if not isinstance(mo, (Loaded, Backend)):
-            lo.close()  # opened here (a vLLM engine holds memory until closed)
-        del lo  # one model in memory at a time
-    return results, infos, res
+@dataclass
+class CompareRun:
+    """One comparison's parts in one object: `plan` resolves and checks every entry before any model loads (methods,
+    models, the examples they were fitted or trained on, what a served model cannot run, the run folder); `run` opens
+    the models one at a time (`_backends`), runs each entry's sweep (`run_sweep`, eval/sweep.py) and writes
+    compare.json last."""
 
+    cfg: SweepConfig  # validated (`run_compare`)
+    methods: list[Method]
+    models: list  # the entries' models: `models`, or the one model (`loaded` or cfg.model)
+    named: bool  # entries named by model (`models` given) or by method
+    task: Task
+    folder: RunFolder
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
 
-def _load(model: str | Loaded | Backend, cfg: SweepConfig, progress: bool) -> Backend:
-    if isinstance(model, (Loaded, Backend)):
-        return as_backend(model)
-    return open_backend(model, cfg.dtype, cfg.device, progress, cfg.device_map)
+    @classmethod
+    def plan(cls, cfg: SweepConfig, methods: Sequence[str | Method], out: str | Path | None = None, *,
+             models: Sequence[str | Loaded | Backend] | None = None, loaded: Loaded | Backend | None = None,
+             resume: bool = False, overwrite: bool = False, progress: bool = True) -> "CompareRun":
+        methods = [get_method(m) for m in methods]  # fail on a bad spec before any work
+        named = models is not None
+        model_list = list(models) if named else [loaded or cfg.model]
+        task = _check_entries(cfg, methods, model_list)
+        for mo in model_list:  # a method on a served model is refused before any engine starts
+            if isinstance(mo, str):
+                spec = parse_spec(mo)
+                for m in methods:
+                    check_method(spec.caps, spec.backend, m)
+        folder = RunFolder(out, "comparison", "compare.json", ("compare.png",))
+        folder.check(resume, overwrite)
+        return cls(cfg, methods, model_list, named, task, folder, resume, overwrite, progress)
 
+    def fingerprint(self) -> dict:
+        return {"config": {**self.cfg.to_dict(), "model": None, "method": None}, "methods": [m.key for m in self.methods],
+                "models": [spec_identity(model_name(m)) for m in self.models]}
 
-def _entry(cfg, folder: RunFolder, lo: Backend, mo, m: Method, named: bool, resume: bool, overwrite: bool, progress: bool,
-           plain: list[dict] | None = None, spent: float = 0.0):
-    """One sweep of the comparison -> (SweepResult, entry dict with the rows for the paired differences)."""
-    name = model_label(mo)
-    label = (name if m.name == "none" else f"{name} + {m.label}") if named else m.label
-    d = entry_dir(mo, m, named)
-    sub = folder.file(d) if folder.path is not None else None
-    started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
-    res = run_sweep(replace(cfg, model=model_name(mo), method=m), sub, loaded=lo, resume=resume and started,
-                    overwrite=overwrite, progress=progress, scored=plain, spent=spent)
-    return res, {"model": model_name(mo), "method": m.key, "label": label, "dir": d, "method_config": res.record["method"],
-                 **{k: res.config[k] for k in PATH_KEYS if k in res.config},
-                 "per_position": res.per_position, "summary": res.summary, "rows": res.rows}
+    def run(self, collapse_margin: float = COLLAPSE_MARGIN) -> CompareResult:
+        cfg, folder, methods, models, named = self.cfg, self.folder, self.methods, self.models, self.named
+        with closing(self._backends()) as backends:
+            held = [next(backends)]  # the first model, which _entries takes from the list: one in memory at a time
+            for m in methods:  # a method that cannot apply to the model fails before the folder is written
+                held[0].check_method(m)
+            with folder.open(self.fingerprint(), self.resume, self.overwrite):
+                try:
+                    results, infos, res = self._entries(held, backends)
+                except PosbiasError as e:  # the entries' folders keep their rows: say so, with how many
+                    dirs = [entry_dir(mo, m, named) for mo in models for m in methods] if folder.path is not None else []
+                    logs = [folder.file(d) / "examples.jsonl" for d in dirs]
+                    raise with_resume_hint(e, sum(len(JsonlLog(p).read(ROW_KEYS)) for p in logs if p.is_file())) from None
+                _add_paired_differences(results)
+                # a judge file without "preferred" has no right answer: no chance level to fall to (eval/judging.py)
+                task = self.task
+                _flag_collapse(results, collapse_margin, task.chance if task.score_name == "accuracy" else None, task.order)
+                shared = {k: v for k, v in res.config.items() if k not in PATH_KEYS}  # the path is per entry
+                record = {"config": {**shared, "method": None, "model": None if named else model_name(models[0])},
+                          "model": None if named else infos[model_name(models[0])], "models": infos,
+                          "methods": [{k: v for k, v in r.items() if k != "rows"} for r in results]}
+                if folder.path is not None and is_main_process():  # several processes: rank 0 writes
+                    _plot(record, cfg, [model_label(m) for m in models] if named else [spec_label(model_name(models[0]))],
+                          res.config["engine"], folder)
+                folder.finish(record)  # last: its presence means "complete"
+        rows = [{"model": r["model"], "method": r["method"], "label": r["label"], **row} for r in results for row in r["rows"]]
+        return CompareResult(record["methods"], record["config"], record, rows)
+
+    def _backends(self) -> Iterator[Backend]:
+        """Each model's backend in turn (`opened`: a model given is left open, one opened here is closed), the one
+        before closed and dropped before the next opens: one model in memory at a time."""
+        for mo in self.models:
+            with opened(mo, self.cfg, self.progress) as lo:
+                yield lo
+            del lo
+
+    def _entries(self, held: list[Backend], backends: Iterator[Backend]):
+        """Every (model, method) entry, each model loaded once (the first is `held`'s) -> (entries, {model: info}, the
+        last SweepResult)."""
+        results, infos, res, spent = [], {}, None, 0.0  # spent: USD of the entries so far (the budget is the comparison's)
+        for i, mo in enumerate(self.models):
+            lo = held.pop() if i == 0 else next(backends)
+            infos[model_name(mo)] = lo.info
+            unmodified = None  # the unmodified model's rows: the order decision rules (swap, pride) reuse them
+            for m in self.methods:
+                res, entry = self._entry(lo, mo, m, unmodified, spent)
+                spent += spent_usd(res.record)
+                results.append(entry)
+                unmodified = res.rows if m.name == "none" else unmodified
+            del lo  # one model in memory at a time
+        next(backends, None)  # the last model closed (if opened here)
+        return results, infos, res
+
+    def _entry(self, lo: Backend, mo, m: Method, unmodified: list[dict] | None, spent: float):
+        """One sweep of the comparison -> (SweepResult, entry dict with the rows for the paired differences)."""
+        name = model_label(mo)
+        label = (name if m.name == "none" else f"{name} + {m.label}") if self.named else m.label
+        d = entry_dir(mo, m, self.named)
+        sub = self.folder.file(d) if self.folder.path is not None else None
+        started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
+        res = run_sweep(replace(self.cfg, model=model_name(mo), method=m), sub, loaded=lo, resume=self.resume and started,
+                        overwrite=self.overwrite, progress=self.progress, scored=unmodified, spent=spent)
+        return res, {"model": model_name(mo), "method": m.key, "label": label, "dir": d, "method_config": res.record["method"],
+                     **{k: res.config[k] for k in PATH_KEYS if k in res.config},
+                     "per_position": res.per_position, "summary": res.summary, "rows": res.rows}
 
 
 def _plot(record: dict, cfg: SweepConfig, names: list[str], engine: str, folder: RunFolder) -> None:
@@ -281,67 +306,3 @@ def _flag_collapse(results: list[dict], margin: float, chance: float | None, ord
                            f"{'' if below else ', where ' + results[0]['label'] + ' is above it'}")
         r["collapse"] = {"flagged": bool(reasons), "worst_position": worst, "worst_drop": round(drops[worst], 6),
                          "margin": None if order else margin, "chance": chance, "at_chance": at, "reasons": reasons}
-
-
-def _measure_line(first: dict) -> list[str]:
-    """What the numbers are, and the chance level beside them (an order task: one over its options)."""
-    s, chance = first["summary"], (first.get("collapse") or {}).get("chance", first["summary"].get("chance"))
-    measure = s.get("measure", "accuracy")
-    if measure != "accuracy":  # a judge file without "preferred" (core/order.py, format_no_gold)
-        return [f"values: {measure}, the rate of choosing the file's first answer with it in each slot (the file names no "
-                "preferred answer: no accuracy, no chance level); avg is the model's lean towards answers[0] over every "
-                "order, gap the order effect (no order bias: 0)"]
-    if not chance:
-        return []
-    at = f"; 'at chance': the average's 95% CI reaches down to {chance:.3f} or below" if chance else ""
-    return [f"values: {measure}; chance {chance:.3f}{at}" if chance is not None else f"values: {measure}"]
-
-
-def format_compare(record: dict | CompareResult) -> str:
-    """Accuracy per position, one row per entry, then average, gap (95% interval for the largest true slot
-    difference), the position test's p (any difference between slots) and the paired difference from the first."""
-    record = record.record if isinstance(record, CompareResult) else record
-    rows = record["methods"]
-    positions = [p["position"] for p in rows[0]["per_position"]]
-    w = max(12, *(len(r["label"]) for r in rows))
-    first = rows[0]["label"]
-    what = "method" if record["config"].get("model") else "model"  # compare --models: entries are models
-    head = (f"{what:<{w}} " + " ".join(f"{label(p):>6}" for p in positions)
-            + f" {'avg':>6} {'gap':>6}  gap 95% CI        position p  avg - {first} (paired 95% CI)  detectable at 80% power")
-    lines = [head]
-    for r in rows:
-        s = r["summary"]
-        accs = " ".join(f"{p['accuracy']:>6.3f}" for p in r["per_position"])
-        ci = f"[{s['gap_ci'][0]:.3f}, {s['gap_ci'][1]:.3f}]"
-        t = s.get("position_test")  # older compare.json files have none
-        pval = p_cell(t)
-        v = r.get("vs_first")
-        vs = f"{v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]" if v else ""
-        if v and v.get("mde80"):  # older compare.json files have no power figure
-            vs += f"  {v['mde80']:.3f}"
-        c = r.get("collapse") or {}
-        flag = "  COLLAPSED" if c.get("flagged") else "  at chance" if c.get("at_chance") else ""
-        lines.append(f"{r['label']:<{w}} {accs} {s['average']:>6.3f} {s['gap']:>6.3f}  {ci:<16}  {pval:>10}  {vs}{flag}")
-    flagged = [r for r in rows if (r.get("collapse") or {}).get("flagged")]
-    lines += [f"COLLAPSED {r['label']}: {'; '.join(r['collapse']['reasons'])}" for r in flagged]
-    lines += _measure_line(rows[0])
-    if any((r["summary"].get("decision") or {}).get("rule") == "ensemble" for r in rows):
-        lines.append("forward passes per verdict: " + "; ".join(  # an order ensemble's cost beside its gain
-            f"{r['label']} {(r['summary'].get('decision') or {}).get('forward_passes_per_verdict', 1):g}" for r in rows))
-    if "order" in rows[0]["summary"]:  # order tasks: consistency, conflict, fairness, RStd (95% CIs) per entry
-        gold = rows[0]["summary"].get("measure", "accuracy") == "accuracy"  # else no strict accuracy, no RStd
-        columns = {k: t for k, t in ORDER_COLUMNS.items() if gold or k not in GOLD_FIGURES}
-        lines += ["", f"{what:<{w}} " + "  ".join(f"{t:>22}" for t in columns.values()) + "  forward passes per verdict"]
-        for r in rows:
-            o, dec = r["summary"]["order"], r["summary"].get("decision") or {}
-            cells = [f"{o[k]['value']:.3f}" + (f" [{o[k]['ci'][0]:.2f},{o[k]['ci'][1]:.2f}]" if o[k].get("ci") else "")
-                     if k in o and o[k]["value"] == o[k]["value"] else "-" for k in columns]
-            cost = f"{dec.get('forward_passes_per_verdict', 1):g}"  # an adaptive swap's is a mean (1.36)
-            cost += f" + {dec['calibration_forward_passes']} calibration" if "calibration_forward_passes" in dec else ""
-            lines.append(f"{r['label']:<{w}} " + "  ".join(f"{c:>22}" for c in cells) + f"  {cost}")
-    if "modes" in rows[0]["summary"]:  # two-hop placements: the average of each mode and the gap between modes
-        modes = list(rows[0]["summary"]["modes"])
-        lines += ["", f"{what:<{w}} " + " ".join(f"{m:>12}" for m in modes) + f" {'mode gap':>9}"]
-        lines += [f"{r['label']:<{w}} " + " ".join(f"{r['summary']['modes'][m]:>12.3f}" for m in modes)
-                  + f" {r['summary']['mode_gap']:>9.3f}" for r in rows]
-    return "\n".join(lines)

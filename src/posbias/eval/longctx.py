@@ -3,7 +3,7 @@
 references  per example, the closed-book score (no context: what the model knows without reading) and the
             needle-alone score (the needles, no haystack): Lost in the Middle's closed-book baseline and a
             haystack-free reference, each a one-position sweep on the grid's own examples and engine (the cells'
-            resolved one, recorded as `engine`; OUT/ref-closed, OUT/ref-needle)
+            resolved one, recorded as `engine`; OUT/ref-closed, OUT/ref-needle: the niah task's `references`)
 bases       two references for the effective length, each reported under its own name:
             `nolima_base`  NoLiMa's base score (Modarressi et al. 2025, Sec. 4.3): the task itself, haystack
                            included, at short contexts (250, 500 and 1K tokens): "for each question-needle example,
@@ -42,7 +42,6 @@ from ..core.stats import ALPHA, exact_ci, mean_ci, z_of
 from ..errors import PosbiasError
 from ..report.longctx_blocks import BASE_NAMES, effective_bases
 
-REFERENCES = {"closed": "none", "needle": "needle"}  # folder suffix -> the task's `context`
 THRESHOLD = 0.85  # NoLiMa: the effective length keeps >= 85% of the base score
 SHORT = 1024  # NoLiMa's base lengths are 250, 500 and 1K tokens: the grid's lengths up to 1k (= 1024) here
 EPS = 1e-9  # float error in acc >= t x base (ratios of small counts)

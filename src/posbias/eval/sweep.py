@@ -15,14 +15,12 @@ rounds; rank 0 alone reads and writes the folder, and the result is the one-proc
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
-import numpy as np
-
-from ..backends import Backend, as_backend, check_method, open_backend
-from ..core.metrics import curve_shape, summarize_curve
-from ..core.stats import exact_ci
+from ..backends import Backend, check_method
 from ..data import provenance
 from ..errors import PosbiasError
 from ..methods import Method, get_method
@@ -30,12 +28,14 @@ from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, versions, write_jsonl_atomic
 from ..runs import progress as progress_bar
 from ..scoring.engines import get_engine
-from ..scoring.scaleout import broadcast_rows, score_split, start_processes
+from ..scoring.scaleout import broadcast_rows, score_split
 from ..scoring.scorer import Scorer, in_row_order
-from ..tasks import Placement, Task, as_json, get_task, label, mode_of, mode_summary, placement_key, positions_spec
+from ..tasks import Task, as_json, get_task, placement_key, positions_spec
 from .config import Cost, ModelChoice, Scoring, TaskChoice, check_split, config_dict, spec_identity, spec_label
 from .cost import BudgetReached, Meter
+from .curve import per_position_stats
 from .judging import order_summary, unread_record, write_flips
+from .opening import opened
 from .rownotes import row_notes
 from .sweep_text import format_table
 from .timing import Timing
@@ -101,26 +101,6 @@ class SweepResult:
                 f"engine {c['engine']}")
         note = [f"note: {c['scoring_note']}"] if c.get("scoring_note") else []
         return "\n".join([format_table(self.per_position, self.summary, head), *note])
-
-
-def per_position_stats(rows: list[dict], positions: list[Placement], example_ids: list[str],
-                       also: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
-    """Accuracy per placement (exact Clopper-Pearson 95% CI; the task's further metrics as rates) and the curve summary; for a pair
-    sweep also the mode of each placement, the per-mode averages and the gap between modes."""
-    by_key = {(r["example_id"], placement_key(r["position"])): r for r in rows}
-    m = np.array([[bool(by_key[(e, p)]["correct"]) for p in positions] for e in example_ids], dtype=bool)
-    per = []
-    for j, p in enumerate(positions):
-        k, n = int(m[:, j].sum()), m.shape[0]
-        lo, hi = exact_ci(k, n)
-        row = {"position": as_json(p), "n": n, "correct": k, "accuracy": k / n, "ci_low": lo, "ci_high": hi}
-        if isinstance(p, tuple):
-            row["mode"] = mode_of(p)
-        row.update({a: sum(bool(by_key[(e, p)][a]) for e in example_ids) / n for a in also})
-        per.append(row)
-    summary = summarize_curve([label(p) if isinstance(p, tuple) else p for p in positions], m).as_dict()
-    sh = curve_shape(positions, m, summary["position_test"])
-    return per, {**summary, **(mode_summary(per) or {}), **({"shape": sh} if sh else {})}
 
 
 def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | Backend | None = None,
@@ -201,8 +181,7 @@ class SweepRun:
                    inputs=provenance(task.inputs))
 
     def run(self, loaded: Loaded | Backend | None = None) -> SweepResult:
-        self.open(loaded)
-        try:
+        with self.open(loaded):
             rows = self.scorer.rows(self.examples, self.positions) + self.scorer.rows(self.calibration,
                                                                                        self.task.all_placements())
             fingerprint = self.fingerprint()
@@ -213,27 +192,25 @@ class SweepRun:
                     self.write(record, timing, all_rows)
             return SweepResult(fingerprint["config"], record["per_position"], record["summary"], all_rows, record,
                                self.folder.path)
-        finally:
-            if loaded is None:
-                self.backend.close()
 
-    def open(self, loaded: Loaded | Backend | None) -> None:
-        """The backend (`loaded`, or opened from the spec after what it cannot do is refused) and its scorer."""
+    @contextmanager
+    def open(self, loaded: Loaded | Backend | None) -> Iterator[None]:
+        """The backend (`loaded`, left open; or opened from the spec after what it cannot do is refused, and closed
+        when the sweep is done: `opened`) and its scorer."""
         cfg = self.cfg
         if loaded is None:  # what a served backend cannot do is refused before it starts
             spec = cfg.spec  # parsed once, by the config
             self.label, self.identity = spec.label, spec.identity  # titles; what run.json records (less transport keys)
             check_method(spec.caps, spec.backend, self.method)
             get_engine(cfg.engine or self.task.default_engine).check(spec.caps, spec.backend, self.task)
-        start_processes()  # several processes: join their group first (each rank's own GPU)
-        self.backend = (as_backend(loaded) if loaded is not None
-                        else open_backend(cfg.spec, cfg.dtype, cfg.device, self.progress, cfg.device_map))
-        if loaded is not None:  # the run records (and titles) the model it ran, with its dtype and device
-            self.cfg = cfg.bound_to(self.backend.info)
-            self.label, self.identity = spec_label(self.cfg.model), spec_identity(self.cfg.model)  # a loaded name as it is
-        self.backend.check_method(self.method)
-        self.scorer = Scorer(self.backend, self.task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens,
-                             cfg.max_batch, cfg.prefix())
+        with opened(cfg.spec if loaded is None else loaded, cfg, self.progress) as self.backend:
+            if loaded is not None:  # the run records (and titles) the model it ran, with its dtype and device
+                self.cfg = cfg.bound_to(self.backend.info)
+                self.label, self.identity = spec_label(self.cfg.model), spec_identity(self.cfg.model)  # a loaded name as it is
+            self.backend.check_method(self.method)
+            self.scorer = Scorer(self.backend, self.task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens,
+                                 cfg.max_batch, cfg.prefix())
+            yield
 
     def fingerprint(self) -> dict:
         """run.json: the resolved config (what a resume compares), the task, the model and the method."""

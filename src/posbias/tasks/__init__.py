@@ -4,13 +4,14 @@
 from .base import Doc, Prompt, Task, move
 from .depths import sigmoid_depths
 from .docqa import JSONL_SCHEMA, DocQA, jsonl_task, nq_task
-from .haystack import Haystack, content_words
+from .haystack import Haystack
 from .kv_lookup import KVLookup
 from .kv_uuid import KVUUID
 from .order import ORDER_SCHEMAS, OrderItem, OrderTask
 from .placement import MODES, Placement, as_json, label, mode_of, mode_summary, positions_spec, resolve_pairs, resolve_positions
 from .placement import key as placement_key
 from .registry import FILE_SCHEMAS, TASKS, TaskEntry, check_data, get_task, register_task, split_task
+from .text import content_words
 from .twohop import PROMPTS, KV2Hop, TwoHop, TwoHopQA, move2, musique_task
 
 __all__ = [

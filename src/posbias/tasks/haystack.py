@@ -19,7 +19,8 @@ al. 2025) put a needle at a depth percent of a context of T tokens of natural te
              passage with its question; `nq-sentence`: the sentences of that passage that hold an answer; or PATH:
              your own JSONL, one {"needle": str, "question": str, "answers": [str, ...]} per line (optional "id",
              and "answer_prefix": the text the reply starts with, which teacher forcing needs); a repeated line is
-             another example with its own haystack window (a repeated id gets its line number: `sf-line2`)
+             another example with its own haystack window (a repeated id gets its line number: `sf-line2`); each
+             built or read in tasks/needles.py
   answer_prefix   the reply's start for needles without their own (nq, nq-sentence, a file's lines without one); a
              needle with none is scored on the generated answer: its default engine is `generate`, and teacher
              forcing is refused (its first token would be scored against the first token of a free reply)
@@ -40,53 +41,25 @@ al. 2025) put a needle at a depth percent of a context of T tokens of natural te
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..core.metrics import normalize_answer
 from ..data import data_file
-from ..errors import PosbiasError, shown
-from .base import Prompt, Task, file_stamp, read_jsonl
+from ..errors import PosbiasError
+from .base import Prompt, Task, file_stamp
 from .depths import allowed, apart, ends_sentence, joined, nearest, shared, shared_problem
-from .text import content_words, haystack_stream, nq_passages, sentences, text_files
+from .needles import NEEDLES, NiahExample, kv_example, read_needles
+from .text import haystack_stream, nq_passages, text_files
 
 SLOTS = 1001  # slot k = depth k/10 percent
 RULER_TOKENS = 128  # RULER's niah tasks generate up to 128 tokens (scripts/data/synthetic/constants.py)
 DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
 NQ_FILES = ("nq-open-20docs-gold_at_0.jsonl.gz", "nq-open-oracle.jsonl.gz")  # the haystack's passages; [1]: needles
-NEEDLES, CONTEXTS, OVERLAPS = ("kv", "nq", "nq-sentence"), ("full", "needle", "none"), ("any", "none")
+OVERLAPS = ("any", "none")
 # RULER's niah template (Hsieh et al. 2024, App. B), the answer prefix as its own prompt ends
 KV_INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
             "I will quiz you about the numbers afterwards.")
 QA_INTRO = "Write a high-quality answer for the given question using only the provided text."
-_ADJ = ("amber ancient bitter brave bright calm clever cold curious daring eager early fancy fierce gentle giant "
-        "golden hollow humble icy jolly lively lonely loud lucky mellow misty noble odd proud quiet rapid rare "
-        "rough rusty silent silver smooth steady sturdy swift tender tidy vivid wild witty young").split()
-_NOUN = ("anchor badger basket beacon canyon castle cedar comet compass crystal dolphin ember falcon feather forest "
-         "garden glacier harbor helmet island jacket kettle lantern meadow mirror monkey needle orchard otter "
-         "painter pebble pillow quarry rabbit river saddle shadow spider temple thunder tunnel valley violin "
-         "walnut window").split()
-
-
-@dataclass(frozen=True)
-class Needle:
-    text: str  # what is placed, one unit between two haystack sentences
-    role: str  # gold | distractor | value | query
-    answer: str = ""  # the value it carries (kv), "" for a passage
-
-
-@dataclass(frozen=True)
-class NiahExample:
-    id: str
-    index: int  # seeds the haystack's order and the other needles' depths
-    needles: tuple[Needle, ...]  # [0] moves with the depth
-    question: str
-    answer_prefix: str
-    answers: tuple[str, ...]
-    avoid: tuple[str, ...]  # normalised strings no haystack sentence may hold (the key, every answer)
-    source: str = ""  # where it came from, for a refusal: "FILE:LINE (id X)", or "needle=nq"
-
 
 class Haystack(Task):
     """A needle (or several) at a depth percent of a natural haystack of `tokens` tokens (module docstring).
@@ -105,6 +78,10 @@ class Haystack(Task):
     """
 
     lists_items = False  # the needle's depth is a place in one text, not one of several items
+    # `context`: the needles in the haystack, the needles alone, nothing (closed book); and the references a grid of
+    # haystacks runs without one (eval/grid.py, eval/longctx.py): its folder OUT/ref-<name> -> the `context` it runs
+    contexts = ("full", "needle", "none")
+    references = {"closed": "none", "needle": "needle"}
 
     name = "niah"
     default_positions = DEPTHS
@@ -122,9 +99,9 @@ class Haystack(Task):
                                "set only one of `keys`, `values`, `queries` above 1")
         if (values > 1 or queries > 1) and needle not in ("kv",):
             raise PosbiasError(f"multi-value and multi-query needles are kv needles, not {needle}", "use `needle=kv`")
-        if overlap not in OVERLAPS or context not in CONTEXTS:
+        if overlap not in OVERLAPS or context not in self.contexts:
             raise PosbiasError(f"niah overlap={overlap} / context={context} is not known",
-                               f"use overlap = {' | '.join(OVERLAPS)} and context = {' | '.join(CONTEXTS)}")
+                               f"use overlap = {' | '.join(OVERLAPS)} and context = {' | '.join(self.contexts)}")
         if overlap == "none" and needle == "kv":
             raise PosbiasError("a kv needle names its key, which the question asks for: it always overlaps",
                                "use `needle=nq-sentence` (or your own JSONL) with `overlap=none`")
@@ -135,15 +112,16 @@ class Haystack(Task):
         self.tokens, self.needle, self.haystack = tokens, needle, haystack
         self.answer_prefix = (answer_prefix or "").rstrip(" ") or None
         self.keys, self.values, self.queries, self.overlap, self.context = keys, values, queries, overlap, context
-        nq = needle in ("nq", "nq-sentence") or (haystack == "nq" and context == "full")
+        nq = needle in ("nq", "nq-sentence") or (haystack == "nq" and self.has_haystack)
         self._nq = tuple(data_file("nq", f"nq/{f}", data_dir) for f in NQ_FILES) if nq else ()
-        files = (needle if needle not in NEEDLES else None, haystack if haystack != "nq" and context == "full" else None)
+        files = (needle if needle not in NEEDLES else None, haystack if haystack != "nq" and self.has_haystack else None)
         self.inputs = (*self._nq, *(Path(p) for p in files if p))
         self.multi = values > 1 or queries > 1
         self.metric = "ruler_all" if self.multi else "substring" if needle == "kv" else "best_subspan_em"
         self.max_new_tokens = max(RULER_TOKENS, 12 * values * queries) if needle == "kv" else 24
         self.multiline = self.multi  # several values: RULER reads the whole answer, a list over lines included
-        self._records = None if needle == "kv" else self._read_needles()
+        self._records = None if needle == "kv" else read_needles(needle, self._nq[1] if self._nq else None, overlap,
+                                                                 self.answer_prefix)
         # a needle without an answer prefix: the free reply is scored (check_engine)
         self._bare = next((ex for ex in self._records or () if not ex.answer_prefix), None)
         self.default_engine = "generate" if self.multi or self._bare else "teacher-forced"
@@ -152,17 +130,22 @@ class Haystack(Task):
         self._asked: list[int] = []  # the slots `placements` resolved last: checked to land on distinct boundaries
         self._checked: set = set()  # (example index, tokens) whose asked slots were checked
 
+    @property
+    def has_haystack(self) -> bool:
+        """The needles sit at depths of a haystack (`context=full`), not alone or absent."""
+        return self.context == "full"
+
     # -- the Task interface --------------------------------------------------------------------------------------
     @property
     def n_slots(self) -> int:
-        return SLOTS if self.context == "full" else 1
+        return SLOTS if self.has_haystack else 1
 
     @property
     def pool_size(self) -> int | None:
         return None if self._records is None else len(self._records)
 
     def placements(self, spec):
-        if self.context != "full":
+        if not self.has_haystack:
             return [0]  # no haystack: the needles (or nothing) have one place
         self._asked = super().placements(spec)
         return self._asked
@@ -210,7 +193,9 @@ class Haystack(Task):
                 "context": self.context, **({"answer_prefix": self.answer_prefix} if self.answer_prefix else {})}
 
     def _example(self, index: int) -> NiahExample:
-        return self._kv(index) if self._records is None else self._records[index]
+        if self._records is None:
+            return kv_example(index, self.keys, self.values, self.queries)
+        return self._records[index]
 
     def build(self, ex: NiahExample, position: int) -> Prompt:
         if self.context == "none":
@@ -240,59 +225,6 @@ class Haystack(Task):
         intro = KV_INTRO if self.needle == "kv" else QA_INTRO
         body = f"{intro}\n\n{context}\n\n" if context else f"{intro}\n\n"
         return Prompt(ex.id, position, body + ex.question, ex.answer_prefix, ex.answers, meta=meta)
-
-    def _kv(self, index: int) -> NiahExample:
-        rng = random.Random(f"niah-kv/{self.keys}/{self.values}/{self.queries}/{index}")
-        n_keys = max(self.keys, self.queries)
-        names = rng.sample([f"{a}-{b}" for a in _ADJ for b in _NOUN], n_keys)
-        nums = [str(x) for x in rng.sample(range(10**6, 10**7), n_keys * self.values)]
-        sent = "One of the special magic numbers for {} is: {}."
-        if self.values > 1:  # multi-value: one key, every value asked
-            needles = tuple(Needle(sent.format(names[0], v), "gold" if i == 0 else "value", v)
-                            for i, v in enumerate(nums))
-            q = f"What are all the special magic numbers for {names[0]} mentioned in the provided text?"
-            prefix, answers = f"The special magic numbers for {names[0]} mentioned in the provided text are", nums
-        elif self.queries > 1:  # multi-query: several keys, each asked
-            needles = tuple(Needle(sent.format(k, v), "gold" if i == 0 else "query", v)
-                            for i, (k, v) in enumerate(zip(names, nums)))
-            asked = ", ".join(names[:-1]) + f" and {names[-1]}"
-            q = f"What are all the special magic numbers for {asked} mentioned in the provided text?"
-            prefix, answers = f"The special magic numbers for {asked} mentioned in the provided text are", nums
-        else:  # single, or multi-key: distractor needles with other keys
-            needles = tuple(Needle(sent.format(k, v), "gold" if i == 0 else "distractor", v)
-                            for i, (k, v) in enumerate(zip(names, nums)))
-            q = f"What is the special magic number for {names[0]} mentioned in the provided text?"
-            prefix, answers = f"The special magic number for {names[0]} mentioned in the provided text is", nums[:1]
-        avoid = tuple(normalize_answer(s) for s in (*names, *nums))
-        return NiahExample(f"niah{index}", index, needles, q, prefix, tuple(answers), avoid)
-
-    def _read_needles(self) -> list[NiahExample]:
-        if self.needle in ("nq", "nq-sentence"):
-            path = self._nq[1]
-            recs = [(f"nq{i}", r["question"], r["answers"], f"{r['ctxs'][0]['title']}. {r['ctxs'][0]['text']}", "",
-                     f"`needle={self.needle}`") for i, (_, r) in enumerate(read_jsonl(path))]
-        else:
-            recs = _needle_lines(self.needle)
-        out, overlapping = [], 0
-        for rid, q, ans, text, prefix, source in recs:
-            if self.needle == "nq-sentence":  # the passage's sentences that hold an answer (none: left out)
-                norm = [normalize_answer(a) for a in ans]
-                text = " ".join(s for s in sentences(text) if any(a and a in normalize_answer(s) for a in norm))
-                if not text:
-                    continue
-            if self.overlap == "none" and content_words(text) & content_words(q):
-                overlapping += 1
-                continue
-            avoid = tuple(a for a in (normalize_answer(x) for x in ans) if a)
-            out.append(NiahExample(rid, len(out), (Needle(text, "gold", ans[0]),), q, prefix or self.answer_prefix or "",
-                                   tuple(ans), avoid, source))
-        if not out and overlapping:
-            raise PosbiasError(f"every needle of {self.needle} shares a content word with its question (overlap=none)",
-                               "use `overlap=any`, or a needle file whose needles share no word with their questions")
-        if not out:  # nq-sentence: no passage has a sentence holding one of its answers
-            raise PosbiasError(f"no passage of {self.needle} has a sentence holding one of its answers",
-                               "use `needle=nq` (the whole passage)")
-        return out
 
     # -- the haystack ---------------------------------------------------------------------------------------------
     def _units(self) -> tuple[tuple, bool]:
@@ -362,37 +294,3 @@ class Haystack(Task):
         """The boundaries of needles 1.. (distractors, further values or keys): drawn from the seed, fixed."""
         rng = random.Random(f"niah-depths/{ex.index}")
         return [nearest(offsets, bounds, rng.uniform(0, 100)) for _ in ex.needles[1:]]
-
-
-def _needle_lines(path: str) -> list[tuple]:
-    """A user's needle file, every field checked (a refusal names the line and its id): (id, question, answers,
-    needle, answer prefix, where) per line; an id seen on an earlier line gets its own line number appended."""
-    out, seen = [], set()
-    for line, r in read_jsonl(path):
-        where = f"{path}:{line}" + (f" (id {r['id']})" if "id" in r else "")
-        if not (isinstance(r.get("needle"), str) and isinstance(r.get("question"), str) and "answers" in r):
-            raise PosbiasError(f"{where}: a needle line needs \"needle\" (text), \"question\" (text) and \"answers\" "
-                               "(a list of strings)", "fix that line, or use `needle=kv` or `needle=nq`")
-        ans = [r["answers"]] if isinstance(r["answers"], str) else r["answers"]
-        if not (isinstance(ans, list) and ans and all(isinstance(a, str) and a.strip() for a in ans)):
-            raise PosbiasError(f"{where}: \"answers\" must be a list of non-empty strings, got {shown(r['answers'])}",
-                               'write answers as strings, e.g. "answers": ["5521"]')
-        text, prefix = " ".join(r["needle"].split()), r.get("answer_prefix") or ""
-        if not text or not r["question"].strip():
-            empty = "needle" if not text else "question"
-            raise PosbiasError(f"{where}: the line's \"{empty}\" is empty", f"write the {empty}'s text on that line, "
-                               "or remove the line")
-        if not isinstance(prefix, str):
-            raise PosbiasError(f"{where}: \"answer_prefix\" must be text, got {shown(prefix)}",
-                               'write it as a string, e.g. "answer_prefix": "The answer is"')
-        rid = str(r.get("id", f"line{line}"))
-        rid = f"{rid}-line{line}" if rid in seen else rid
-        if rid in seen:
-            raise PosbiasError(f"{where}: id {rid} is given twice", "give every line its own id")
-        seen.add(rid)
-        out.append((rid, r["question"], ans, text, prefix.rstrip(" "), where))
-    if not out:
-        raise PosbiasError(f"needle file {path} holds no line", 'add one JSON object per line: {"needle": ..., '
-                           '"question": ..., "answers": [...]}')
-    return out
-
