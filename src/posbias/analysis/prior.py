@@ -23,7 +23,7 @@ import torch
 
 from ..backends import open_model
 from ..errors import PosbiasError
-from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict, plain
+from ..eval.config import ModelChoice, TaskChoice, check_split, config_dict, jsonable
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, versions
 from ..runs import progress as bar
@@ -136,11 +136,11 @@ def run_prior(cfg: PriorConfig | None = None, out: str | Path | None = None, *, 
             pbar.update()
         pbar.close()
         record = {**fingerprint, **summarize(rows), "versions": versions(), "seconds_this_run": time.perf_counter() - t0,
-                  "fitted_on": {"task": plain(cfg.task), "seed": cfg.seed, "skip": cfg.skip, "n": cfg.n}}
+                  "fitted_on": {"task": jsonable(cfg.task), "seed": cfg.seed, "skip": cfg.skip, "n": cfg.n}}
         if out is not None:
             from ..report.plots import plot_prior
 
-            plot_prior(record, f"{record['model']} on {plain(cfg.task)} (n={cfg.n})", folder.file("prior.png"))
+            plot_prior(record, f"{record['model']} on {jsonable(cfg.task)} (n={cfg.n})", folder.file("prior.png"))
             folder.finish(record)
     return PriorResult(record, folder.path, tidy(rows))
 

@@ -25,7 +25,7 @@ from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process
 from ..tasks import Task, label, placement_key
 from .compare_text import format_compare
-from .config import plain, spec_identity, spec_label
+from .config import jsonable, spec_identity, spec_label
 from .cost import spent_usd
 from .opening import opened
 from .sweep import ROW_KEYS, SweepConfig, preflight, run_sweep, with_resume_hint
@@ -58,7 +58,7 @@ def slug(spec: str) -> str:
 
 def refuse_overlap(cfg: SweepConfig, split: dict | None, what: str) -> None:
     """Raise if `split` (task, seed, skip, n: examples a search or training used) overlaps cfg's examples."""
-    if not split or split.get("task") != plain(cfg.task) or split.get("seed") != cfg.seed:
+    if not split or split.get("task") != jsonable(cfg.task) or split.get("seed") != cfg.seed:
         return
     lo, hi = split["skip"], split["skip"] + split["n"]
     if lo < cfg.skip + cfg.n and cfg.skip < hi:
@@ -236,7 +236,7 @@ class CompareRun:
         sub = self.folder.file(d) if self.folder.path is not None else None
         started = sub is not None and RunFolder(sub, "sweep", "sweep.json").started()
         res = run_sweep(replace(self.cfg, model=model_name(mo), method=m), sub, loaded=lo, resume=self.resume and started,
-                        overwrite=self.overwrite, progress=self.progress, scored=unmodified, spent=spent)
+                        overwrite=self.overwrite, progress=self.progress, handed=unmodified, spent=spent)
         return res, {"model": model_name(mo), "method": m.key, "label": label, "dir": d, "method_config": res.record["method"],
                      **{k: res.config[k] for k in PATH_KEYS if k in res.config},
                      "per_position": res.per_position, "summary": res.summary, "rows": res.rows}
@@ -245,7 +245,7 @@ class CompareRun:
 def _plot(record: dict, cfg: SweepConfig, names: list[str], engine: str, folder: RunFolder) -> None:
     from ..report.plots import plot_compare
 
-    plot_compare(record["methods"], f"{plain(cfg.task)} on {', '.join(names)} (n={cfg.n}, {engine})",
+    plot_compare(record["methods"], f"{jsonable(cfg.task)} on {', '.join(names)} (n={cfg.n}, {engine})",
                  folder.file("compare.png"))
 
 

@@ -209,14 +209,14 @@ def check_split(n: int, skip: int) -> None:
         raise PosbiasError(f"`skip` must be >= 0, got {skip}", "use `skip=0` or more")
 
 
-def plain(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """A config value as JSON: a Task by its name, a Method by its spec (or label)."""
     if hasattr(value, "as_plain"):  # a Task by its name, a Method by its spec
         return value.as_plain()
     if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
+        return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+        return [jsonable(v) for v in value]
     if hasattr(value, "to_dict"):
         return value.to_dict()
     return value
@@ -225,7 +225,7 @@ def plain(value: Any) -> Any:
 def config_dict(cfg) -> dict:
     """A dataclass config as a JSON-able dict (field order kept; a field marked record="if set" only when not None,
     one marked record="never" (NOT_RECORDED: the `Cost` fields) never)."""
-    return {f.name: plain(getattr(cfg, f.name)) for f in fields(cfg) if f.metadata.get("record") != "never"
+    return {f.name: jsonable(getattr(cfg, f.name)) for f in fields(cfg) if f.metadata.get("record") != "never"
             and not (f.metadata.get("record") == "if set" and getattr(cfg, f.name) is None)}
 
 

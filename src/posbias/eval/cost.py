@@ -9,7 +9,7 @@ piece of work, and sweep.json's "cost" record (docs/backends.md, "Cost and budge
             the prompt and max_new_tokens.
   spent     this invocation's rows: the served backend's counters (the tokens the server counted) where it counts
             them, else each row's estimate with its generated answer's own tokens; rows an earlier invocation left in
-            examples.jsonl (resume) are priced the second way; rows compare hands over (`scored`) are not counted.
+            examples.jsonl (resume) are priced the second way; rows compare hands over (`handed`) are not counted.
   budget    before each further piece (in process: a unit of the batch plan, `runners.InProcess.units`; served: a
             window of rows whose requests fill the backend's declared `in_flight`, sent together) the spent USD plus
             the piece's estimate must stay within it, else `BudgetReached`: every scored row logged, no sweep.json
@@ -88,7 +88,7 @@ class Meter:
     invocation's spent: `rec`, sweep.json's "cost", given prices), and between them the pieces to score (`pieces`).
     Off (counts and prints nothing) in process without prices.
     elsewhere: USD that runs sharing the budget spent before this one (a compare's earlier entries); handed: the
-    keys of rows handed over, not scored here (compare's `scored`)."""
+    keys of rows handed over, not scored here (compare's unmodified rows)."""
 
     def __init__(self, prices: tuple[float, float] | None = None, budget: float | None = None, elsewhere: float = 0.0,
                  handed: frozenset = frozenset()):
@@ -97,14 +97,14 @@ class Meter:
         self.passes = 1  # requests per row are read this many times (an order ensemble's K; adaptive: at most K)
 
     @classmethod
-    def of(cls, cfg, elsewhere: float = 0.0, scored: list[dict] | None = None, passes: int = 1) -> "Meter":
+    def of(cls, cfg, elsewhere: float = 0.0, handed: list[dict] | None = None, passes: int = 1) -> "Meter":
         """A sweep config's meter (cost.Cost fields); passes: how often each row's requests are read (an order
         ensemble's K). A budget under several processes is refused here."""
         if cfg.budget is not None and num_processes() > 1:
             raise PosbiasError("a `budget` is checked by one process, and this run has several",
                                "run it in one process, or drop `budget`")
         prices = None if cfg.price_in is None else (float(cfg.price_in), float(cfg.price_out))  # USD per 1M tokens
-        meter = cls(prices, cfg.budget, elsewhere, frozenset(_key(r) for r in scored or []))
+        meter = cls(prices, cfg.budget, elsewhere, frozenset(_key(r) for r in handed or []))
         meter.passes = passes
         return meter
 
@@ -123,12 +123,12 @@ class Meter:
         self.left = [r for r in rows if r.key not in done]
         self.estimate = total(self.est[r.key] for r in self.left)
         paid = [d for d in done_rows if _key(d) not in self.handed and _key(d) in self.est]
-        self.before, self.rows_before, self.done_before = total(map(self.scored, paid)), len(paid), len(done_rows)
+        self.before, self.rows_before, self.done_before = total(map(self.row_cost, paid)), len(paid), len(done_rows)
         self.counters0 = dict(runner.counters())
         if self.left and is_main_process():  # (a resumed run with nothing left to score says nothing)
             print(self.line(), file=sys.stderr, flush=True)
 
-    def scored(self, row: dict) -> Tokens:
+    def row_cost(self, row: dict) -> Tokens:
         """A scored row's cost from its estimate: a generated answer that stopped before the limit, its own tokens
         (and the stop)."""
         est = self.est[_key(row)]
@@ -146,7 +146,7 @@ class Meter:
         sent = d.get("replies", d.get("requests", 0))  # replies (the openai backend) leave out cache hits
         if "prompt_tokens" in d and (d["prompt_tokens"] > 0 or sent == 0):
             return Tokens(0, int(d["prompt_tokens"]), int(d.get("completion_tokens", 0))), "server"
-        return total(map(self.scored, new_rows)), "estimate"
+        return total(map(self.row_cost, new_rows)), "estimate"
 
     def spent(self, new_rows: list[dict]) -> float:
         """USD spent so far: elsewhere, the logged rows, and this invocation's."""

@@ -30,7 +30,7 @@ from ..scoring.encode import encode
 from ..scoring.scorer import Scorer
 from ..tasks import Haystack, Task, get_task
 from ..tasks.depths import apart, shared_problem
-from .config import plain
+from .config import jsonable
 from .grid_config import GridConfig, size_option
 from .grid_text import format_grid
 from .longctx import THRESHOLD, fill_sizes, long_record, ruler_share
@@ -219,7 +219,7 @@ def grid_record(cfg: GridConfig, option: str, depths: list[float], slots: dict[i
                       "task": res.record["task"], "summary": res.summary, "merged_depths": merged})
         cells += _cells(s, depths, slots[s], res)
     return {"config": resolved, "model": loaded.info, "method": method.config(), "versions": versions(),
-            "task": plain(cfg.task), "size_option": option, "sizes": sizes, "depths": depths, "cells": cells}
+            "task": jsonable(cfg.task), "size_option": option, "sizes": sizes, "depths": depths, "cells": cells}
 
 
 def _tokens(rows: list[dict]) -> dict:

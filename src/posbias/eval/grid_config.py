@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ..errors import PosbiasError
 from ..methods import Method
 from ..tasks import TASKS, Task, get_task
-from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, plain
+from .config import ModelChoice, Scoring, TaskChoice, check_split, config_dict, jsonable
 from .longctx import depth_spacing, fill_list, parse_size
 
 DEFAULT_DEPTHS = ",".join(f"{d}%" for d in range(0, 101, 10))
@@ -70,7 +70,7 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
         sizes = self.size_list()
         if allowed is not None and any(s not in allowed for s in sizes):
             bad = ",".join(str(s) for s in sizes if s not in allowed)
-            raise PosbiasError(f"{plain(self.task)} has no size {bad} (the shared data has {option} "
+            raise PosbiasError(f"{jsonable(self.task)} has no size {bad} (the shared data has {option} "
                                f"{' or '.join(map(str, allowed))})", f"use `sizes={','.join(map(str, allowed))}`")
         self.depth_list()
         return self
@@ -114,7 +114,7 @@ class GridConfig(Scoring, TaskChoice, ModelChoice):
 def size_option(task: str | Task) -> tuple[str, tuple[int, ...] | None]:
     """The task option that is the grid's size, and the sizes it allows (None: any), as the task's registration
     declares it (tasks/registry.py `size`); a clear error if none."""
-    name = plain(task).partition(":")[0] if isinstance(task, str) else getattr(task, "name", str(task))
+    name = jsonable(task).partition(":")[0] if isinstance(task, str) else getattr(task, "name", str(task))
     entry = TASKS.get(name)
     if isinstance(task, Task) or entry is None or entry.size is None:
         has = ", ".join(f"{t} ({e.size[0]})" for t, e in TASKS.items() if e.size)
@@ -128,6 +128,6 @@ def size_option(task: str | Task) -> tuple[str, tuple[int, ...] | None]:
 def _kind(task: str | Task) -> str | None:
     """The task's kind (Task.kind), for the refusal's reason; None where it cannot be built as it is written."""
     try:
-        return (task if isinstance(task, Task) else get_task(plain(task))).kind
+        return (task if isinstance(task, Task) else get_task(jsonable(task))).kind
     except PosbiasError:
         return None

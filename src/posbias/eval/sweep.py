@@ -105,15 +105,15 @@ class SweepResult:
 
 def run_sweep(cfg: SweepConfig | None = None, out: str | Path | None = None, *, loaded: Loaded | Backend | None = None,
               resume: bool = False, overwrite: bool = False, progress: bool = True,
-              scored: list[dict] | None = None, spent: float = 0.0) -> SweepResult:
+              handed: list[dict] | None = None, spent: float = 0.0) -> SweepResult:
     """Run (or resume) a sweep. out=None writes nothing; `loaded` reuses an already loaded model (`load_model`,
     `wrap_model`) or an open backend, and the run records its name, dtype and device (a cfg.dtype / cfg.device set
     to a non-default value it contradicts is refused); else cfg.model is a model spec (backends/spec.py: in
     process, vllm:..., openai:...).
-    scored: rows the unmodified model already gave on this configuration (compare hands the `none` entry's rows
+    handed: rows the unmodified model already gave on this configuration (compare hands the `none` entry's rows
     to the order decision rules, which leave the model as it is): they are logged, not scored again.
     spent: USD that runs sharing cfg.budget spent before this one (compare's earlier entries; eval/cost.py)."""
-    return SweepRun.plan(cfg, out, resume=resume, overwrite=overwrite, progress=progress, scored=scored,
+    return SweepRun.plan(cfg, out, resume=resume, overwrite=overwrite, progress=progress, handed=handed,
                          spent=spent).run(loaded)
 
 
@@ -152,7 +152,7 @@ class SweepRun:
     resume: bool = False
     overwrite: bool = False
     progress: bool = True
-    scored: list[dict] | None = None  # the unmodified model's rows, handed over (`run_sweep`)
+    handed: list[dict] | None = None  # the unmodified model's rows, handed over (`run_sweep`)
     backend: Backend | None = None
     scorer: Scorer | None = None
     label: str = ""  # the model's short name (titles, progress), set by `open`
@@ -161,7 +161,7 @@ class SweepRun:
 
     @classmethod
     def plan(cls, cfg: SweepConfig | None = None, out: str | Path | None = None, *, resume: bool = False,
-             overwrite: bool = False, progress: bool = True, scored: list[dict] | None = None,
+             overwrite: bool = False, progress: bool = True, handed: list[dict] | None = None,
              spent: float = 0.0) -> "SweepRun":
         """Everything a sweep checks before a model loads (a bad option, file or method is refused here)."""
         cfg = (cfg or SweepConfig()).validate()
@@ -171,13 +171,13 @@ class SweepRun:
         positions = task.placements(cfg.positions)
         examples = task.examples(cfg.n, cfg.seed, cfg.skip)
         calibration = preflight(cfg, method, task, positions)
-        scored = scored if method.reuses_unmodified else None
-        meter = Meter.of(cfg, spent, scored, method.passes)  # cost estimate, budget, record (eval/cost.py)
+        handed = handed if method.reuses_unmodified else None
+        meter = Meter.of(cfg, spent, handed, method.passes)  # cost estimate, budget, record (eval/cost.py)
         folder = RunFolder(out, "sweep", "sweep.json", SWEEP_FILES)
         folder.check(resume, overwrite)
         if resume and out is not None and is_main_process():  # a row log a resume cannot read: refused here
             JsonlLog(folder.file("examples.jsonl")).read(ROW_KEYS)
-        return cls(cfg, task, method, positions, examples, calibration, meter, folder, resume, overwrite, progress, scored,
+        return cls(cfg, task, method, positions, examples, calibration, meter, folder, resume, overwrite, progress, handed,
                    inputs=provenance(task.inputs))
 
     def run(self, loaded: Loaded | Backend | None = None) -> SweepResult:
@@ -250,13 +250,13 @@ class SweepRun:
         done_rows = log.read(ROW_KEYS) if self.folder.resuming and log is not None and is_main_process() else []
         if num_processes() > 1:  # every rank skips what rank 0's examples.jsonl holds
             done_rows = broadcast_rows(done_rows)
-        if self.scored:  # the unmodified model's rows, handed over: logged here as if scored
+        if self.handed:  # the unmodified model's rows, handed over: logged here as if scored
             have, want = {(r["example_id"], placement_key(r["position"])) for r in done_rows}, {r.key for r in rows}
-            given = [r for r in self.scored
+            taken = [r for r in self.handed
                      if (k := (r["example_id"], placement_key(r["position"]))) in want and k not in have]
             if log is not None and is_main_process():
-                log.append(given)
-            done_rows = done_rows + given
+                log.append(taken)
+            done_rows = done_rows + taken
         return done_rows
 
     def _score(self, rows: list, done_rows: list[dict], log: JsonlLog | None, counted) -> list[dict]:
