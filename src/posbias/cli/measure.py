@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from .. import BACKENDS, METHODS, MODELS, TASKS, PosbiasError, SweepConfig, run_compare, run_sweep
+from .. import BACKENDS, METHODS, MODELS, TASKS, SweepConfig, run_compare, run_sweep
 from ..measure import COLLAPSE_MARGIN, JSONL_SCHEMA, ORDER_SCHEMAS, export_model, show_prompts, split_models, split_specs
 from .options import (
     MODEL,
@@ -26,7 +26,6 @@ from .options import (
     field_option,
     method_values,
     model_fields,
-    placements,
     run_kwargs,
     task_fields,
     task_flag,
@@ -42,7 +41,7 @@ def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positi
           ) -> None:
     """Put the gold item at each position in turn, score the model, report the curve."""
     cfg = SweepConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
-                      positions=placements(task, positions), method=method)
+                      positions=positions, method=method)
     if not run.quiet:
         typer.echo(announce(model, cfg), err=True)
     res = run_sweep(cfg, run.out, **run_kwargs(run))
@@ -62,7 +61,7 @@ def compare(model: Args, task: Args, split: Args, scoring: Args, run: Args, posi
     """Run several methods (and models) on the same examples; one table (per position, average, gap) and one plot."""
     model_list = split_models(models) if models else None
     fields = {**model_fields(model), "model": model_list[0] if model_list else model.model}
-    cfg = SweepConfig(**fields, **task_fields(task), **vars(split), **vars(scoring), positions=placements(task, positions))
+    cfg = SweepConfig(**fields, **task_fields(task), **vars(split), **vars(scoring), positions=positions)
     res = run_compare(cfg, split_specs(methods), run.out, models=model_list, collapse_margin=collapse_margin,
                       **run_kwargs(run))
     typer.echo(res.format())
@@ -87,14 +86,9 @@ def show(model: Args, task: Args, split: Args, scoring: Args,
          as_json: bool = typer.Option(False, "--json", help="print the whole record as JSON instead (several "
                                                             "placements: a list of records)")) -> None:
     """Print the exact prompt one row is scored on: chat template, system turn, answer prefix, where the gold sits."""
-    t, spec = task_fields(task), placements(task, position)
-    try:
-        shown = show_prompts(t["task"], spec, example, model=model.model, chat=model.chat, data_dir=t["data_dir"],
-                             task_options=t["task_options"], **vars(split), **vars(scoring))
-    except PosbiasError as e:  # the placements came as --pairs: the hint names that flag
-        if spec is position:
-            raise
-        raise PosbiasError(e.problem.replace("`position", "`pairs"), e.fix and e.fix.replace("`position", "`pairs")) from None
+    t = task_fields(task, placements="position")
+    shown = show_prompts(t["task"], position, example, model=model.model, chat=model.chat, data_dir=t["data_dir"],
+                         task_options=t["task_options"], **vars(split), **vars(scoring))
     if as_json:
         records = [s.record for s in shown]
         typer.echo(json.dumps(records[0] if len(records) == 1 else records, indent=2, ensure_ascii=False))
