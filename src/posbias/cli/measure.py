@@ -11,7 +11,16 @@ from typing import Optional
 import typer
 
 from .. import BACKENDS, METHODS, MODELS, TASKS, SweepConfig, run_compare, run_sweep
-from ..measure import COLLAPSE_MARGIN, JSONL_SCHEMA, ORDER_SCHEMAS, export_model, show_prompts, split_models, split_specs
+from ..measure import (
+    COLLAPSE_MARGIN,
+    DIALECTS,
+    JSONL_SCHEMA,
+    ORDER_SCHEMAS,
+    export_model,
+    show_prompts,
+    split_models,
+    split_specs,
+)
 from .options import (
     MODEL,
     RUN,
@@ -130,9 +139,9 @@ def tasks() -> None:
 
 
 def models() -> None:
-    """List the registered model names."""
-    for name, (_, desc) in MODELS.items():
-        typer.echo(f"{name:14s} {desc}")
+    """List the registered model names (and where each came from)."""
+    for name, entry in MODELS.items():
+        typer.echo(f"{name:14s} {entry.description}{_origin(MODELS, name)}")
     typer.echo("Also: a Hugging Face model directory or hub id, or a path to a .gguf file.")
 
 
@@ -145,13 +154,18 @@ def methods() -> None:
 
 
 def backends() -> None:
-    """List the backends a model spec can name (and where each came from), with the keys each takes."""
+    """List the backends a model spec can name (and where each came from), with the keys each takes, and the
+    dialects of OpenAI-compatible servers."""
     for name, cls in BACKENDS.items():
         typer.echo(f"{name:8s} {cls.description}{_origin(BACKENDS, name)}")
         for k, v in cls.ARGS.items():
             typer.echo(f"  {k:15s} {v}")
         if cls.PASS_THROUGH:
             typer.echo("  (every key goes to the engine as it is)")
+    typer.echo("\nDialects (openai:...,dialect=NAME; default: the one whose owner GET /models lists, else openai):")
+    for name, d in DIALECTS.items():
+        owner = f", owner '{d.owner}'" if d.owner else ""
+        typer.echo(f"  {name:13s} prompts {' | '.join(d.prompts)}{owner}{_origin(DIALECTS, name)}")
     typer.echo("\nA spec: smollm2-135m | hf:DIR | vllm:DIR,tensor_parallel_size=2 | vllm:smollm2-135m | "
                "openai:model=NAME,base_url=http://127.0.0.1:8000/v1,tokenizer=DIR")
 
