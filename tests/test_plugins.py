@@ -1,45 +1,63 @@
 """Plugins (posbias/plugins.py) and the one registration shape (posbias/registry.py).
 
 The example plugin (tests/plugin) is a real package that conftest installs with pip before posbias is imported; it
-adds a task, a method of each kind (rearranger, model change, reading, decision rule) and a backend, each one file
-registered in one line, and they join the conformance matrix and the method suite without a test of their own. Here:
-they are listed with where they came from, they run, a plugin that takes a name is left out with one warning, and
-every registry refuses a second entry under a taken name.
+adds a task, a method of each kind (rearranger, model change, reading, decision rule), a backend, a model name, a
+scoring engine and a server dialect, each one file registered in one line; the task and the methods join the
+conformance matrix and the method suite without a test of their own. Here: they are listed with where they came
+from, they run (the model name on the real SmolLM2, the engine on a tiny model, the dialect against a fake vLLM-shaped
+server detected by its owner), a plugin that takes a name is left out with one warning, and every registry refuses a
+second entry under a taken name.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import threading
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import posbias
 from conftest import install_plugin
-from posbias import (BACKENDS, METHODS, PLUGINS, TASKS, Method, PosbiasError, SweepConfig, register_method,
+from posbias import (BACKENDS, METHODS, MODELS, PLUGINS, TASKS, Method, PosbiasError, SweepConfig, register_method,
                      register_task, run_compare, run_sweep)
 from posbias.cli import app
-from posbias.measure import register_backend
+from posbias.cli.options import engine_values
+from posbias.measure import DIALECTS, ENGINES, register_backend, register_dialect, register_engine, register_model
+from posbias.scoring.engines import Generate
+from test_backends import generation_like_vllm, prompt_logprobs_like_vllm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ORIGIN = "plugin example (posbias-example-plugin 0.1.0)"
-ADDED = {"task": ["kv-tiny"], "method": ["reverse", "temper", "twice", "first-order"], "backend": ["hf-plugin"]}
+ADDED = {"task": ["kv-tiny"], "method": ["reverse", "temper", "twice", "first-order"], "backend": ["hf-plugin"],
+         "model": ["smollm2-plugin"], "engine": ["generate-plugin"], "dialect": ["vllm-plugin"]}
+REGISTRIES = {"task": TASKS, "method": METHODS, "backend": BACKENDS, "model": MODELS, "engine": ENGINES, "dialect": DIALECTS}
+LISTING = {"task": "tasks", "method": "methods", "backend": "backends", "model": "models", "dialect": "backends"}
 
 
 def test_the_plugin_s_entries_are_registered_and_listed_with_their_origin():
+    """Each listing command prints the plugin's entries with their origin (the dialects under `posbias backends`);
+    --engine's help lists the engines."""
     assert PLUGINS == {"example": ORIGIN}
-    registry = {"task": TASKS, "method": METHODS, "backend": BACKENDS}
     for kind, names in ADDED.items():
-        listing = CliRunner().invoke(app, [f"{kind}s"]).output
+        listing = CliRunner().invoke(app, [LISTING[kind]]).output if kind in LISTING else ""
         for name in names:
-            assert registry[kind].origins[name] == ORIGIN, (kind, name)
-            line = next(x for x in listing.splitlines() if x.startswith(name + " ") or x.startswith(name + ":"))
+            assert REGISTRIES[kind].origins[name] == ORIGIN, (kind, name)
+            if kind == "engine":
+                assert f" {name} " in engine_values() or f" {name}." in engine_values(), engine_values()
+                continue
+            line = next(x for x in listing.splitlines() if x.strip().startswith((name + " ", name + ":")))
             assert f"[{ORIGIN}]" in line, line
-    assert registry["method"].origins["pi"] == "posbias" and "[" not in CliRunner().invoke(app, ["methods"]).output.split("\n")[0]
+    assert METHODS.origins["pi"] == "posbias" and "[" not in CliRunner().invoke(app, ["methods"]).output.split("\n")[0]
+    assert all(o == "posbias" for r in (MODELS, ENGINES, DIALECTS) for n, o in r.origins.items() if "plugin" not in n)
 
 
 def test_the_plugin_s_task_method_and_backend_run_together(model_dir, loaded, tmp_path):
@@ -68,7 +86,88 @@ def test_the_plugin_s_decision_rule_answers_every_order_as_the_first(loaded, tmp
     assert all(len(c) == 1 for c in by_item.values()), by_item
 
 
-@pytest.mark.parametrize("kind", ["task", "method", "backend"])
+def test_the_plugin_s_engine_scores_as_the_generation_it_wraps(model_dir, loaded, tmp_path):
+    """`engine=generate-plugin` (the plugin's engine: greedy generation under another name) gives generate's rows and
+    is recorded under its own name; the command line takes it as --engine."""
+    cfg = dict(task="kv-tiny", positions="0,3", n=3, max_new_tokens=4)
+    plugin = run_sweep(SweepConfig(engine="generate-plugin", **cfg), loaded=loaded, progress=False)
+    builtin = run_sweep(SweepConfig(engine="generate", **cfg), loaded=loaded, progress=False)
+    assert [(r["correct"], r["prediction"]) for r in plugin.rows] == [(r["correct"], r["prediction"]) for r in builtin.rows]
+    assert plugin.record["config"]["engine"] == "generate-plugin" and len(plugin.rows) == 6
+    run = CliRunner().invoke(app, ["sweep", "--model", str(model_dir), "--dtype", "fp32", "--task", "kv-tiny", "--positions",
+                                   "0,3", "--n", "1", "--engine", "generate-plugin", "--max-new-tokens", "4", "--quiet",
+                                   "--out", str(tmp_path / "cli")])
+    assert run.exit_code == 0, run.output
+    assert json.loads((tmp_path / "cli" / "sweep.json").read_text())["config"]["engine"] == "generate-plugin"
+
+
+class VLLMShaped:
+    """An OpenAI-compatible server on 127.0.0.1 answering as vLLM does (tests/test_backends.py's reply fakes) from a
+    model in process, its model listed as owned by `owner`; `bodies` keeps the completion requests."""
+
+    def __init__(self, model, window: int, owner: str):
+        self.model, self.bodies = model, []
+        listing = {"object": "list", "data": [{"id": "tiny", "owned_by": owner, "max_model_len": window}]}
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self._reply(listing)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.bodies.append(body)
+                ids = body["prompt"]
+                choice = (prompt_logprobs_like_vllm(fake.model, ids) if body.get("prompt_logprobs") else
+                          generation_like_vllm(fake.model, ids, body["max_tokens"], k=body.get("logprobs") or 1))
+                self._reply({"choices": [choice], "usage": {"prompt_tokens": len(ids), "completion_tokens": 1}})
+
+            def _reply(self, out: dict):
+                data = json.dumps(out).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_the_plugin_s_dialect_is_detected_and_scores_as_in_process(model_dir, loaded):
+    """A server that lists its model as owned by "vllm-plugin" is spoken to in the plugin's dialect (detected, not
+    named in the spec): token prompts with vLLM's greedy fields, both teacher-forcing routes, and the verdicts the
+    in-process path gives."""
+    server = VLLMShaped(loaded.model, loaded.context_window, "vllm-plugin")
+    cfg = dict(task="kv-tiny", positions="0,3", n=3)
+    local = run_sweep(SweepConfig(**cfg), loaded=loaded, progress=False)
+    try:
+        for route in ("generate", "prompt_logprobs"):
+            spec = f"openai:model=tiny,base_url={server.url},tokenizer={model_dir},teacher_forcing={route}"
+            served = run_sweep(SweepConfig(model=spec, **cfg), progress=False)
+            assert [r["correct"] for r in served.rows] == [r["correct"] for r in local.rows], route
+            assert served.record["model"]["dialect"] == "vllm-plugin" and served.record["model"]["prompts"] == "tokens"
+    finally:
+        server.server.shutdown()
+    assert server.bodies and all(b["top_k"] == -1 and b["repetition_penalty"] == 1.0 for b in server.bodies)
+    assert {bool(b.get("prompt_logprobs")) for b in server.bodies} == {True, False}
+
+
+def test_the_plugin_s_model_name_runs_smollm2(smollm2):
+    """`model=smollm2-plugin` (the plugin's model name) loads SmolLM2's files: the rows of the built-in name."""
+    cfg = dict(task="kv-tiny", positions="0,3", n=2)
+    named = run_sweep(SweepConfig(model="smollm2-plugin", **cfg), progress=False)
+    builtin = run_sweep(SweepConfig(**cfg), loaded=smollm2, progress=False)
+    assert named.record["model"]["name"] == "smollm2-plugin"
+    assert named.record["model"]["source"] == builtin.record["model"]["source"]
+    assert [(r["correct"], r["prediction"]) for r in named.rows] == [(r["correct"], r["prediction"]) for r in builtin.rows]
+
+
+@pytest.mark.parametrize("kind", list(REGISTRIES))
 def test_every_registry_refuses_a_taken_name(kind):
     if kind == "task":
         with pytest.raises(PosbiasError, match="a task named 'kv-lookup' is already registered \\(from posbias\\)"):
@@ -79,13 +178,31 @@ def test_every_registry_refuses_a_taken_name(kind):
 
         with pytest.raises(PosbiasError, match="a method named 'pi' is already registered \\(from posbias\\); module "):
             register_method(Again)
-    else:
+    elif kind == "backend":
         class Twin(BACKENDS["hf"]):
             name = "hf-plugin"
 
         with pytest.raises(PosbiasError, match=re.escape(f"a backend named 'hf-plugin' is already registered (from {ORIGIN})")):
             register_backend(Twin)
+    elif kind == "model":
+        with pytest.raises(PosbiasError, match="a model named 'smollm2-135m' is already registered \\(from posbias\\)"):
+            register_model("smollm2-135m", lambda: ("elsewhere", None), "again")
+    elif kind == "engine":
+        class Again(Generate):
+            name = "generate-plugin"
+
+        taken = f"an engine named 'generate-plugin' is already registered (from {ORIGIN})"
+        with pytest.raises(PosbiasError, match=re.escape(taken)):
+            register_engine(Again)
+        register_engine(ENGINES["generate-plugin"].__class__)  # the same class again: a no-op
+    else:
+        taken = f"a dialect named 'vllm' is already registered (from posbias); module {__name__} registers another"
+        with pytest.raises(PosbiasError, match=re.escape(taken)):
+            register_dialect(replace(DIALECTS["vllm"], owner="elsewhere"))
+        assert DIALECTS["vllm"].owner == "vllm"
     assert METHODS["pi"].__module__.startswith("posbias.") and TASKS["kv-lookup"].description != "again"
+    assert MODELS["smollm2-135m"].description != "again" and type(ENGINES["generate-plugin"]).__module__.startswith(
+        "posbias_example_plugin")
 
 
 def test_a_registration_of_your_own_is_tagged_with_its_module_and_removable():
@@ -108,7 +225,9 @@ def test_a_registration_of_your_own_is_tagged_with_its_module_and_removable():
 
 
 def _python(code: str, *paths: Path, **env) -> subprocess.CompletedProcess:
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, paths)), **env}
+    """`code` in a fresh interpreter with `paths` and the posbias under test (its folder: a checkout's src/) importable."""
+    here = Path(posbias.__file__).parents[1]
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (*paths, here))), **env}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=300)
 
 

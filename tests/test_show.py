@@ -204,11 +204,15 @@ def test_show_prompts_resolves_a_spec_as_a_sweep_does(lo):
         assert "`positions" not in str(e.value)  # the parameter is show's `position` (the CLI's --position)
 
 
-def test_the_placements_given_as_pairs_are_named_pairs_in_the_hint(model_dir, monkeypatch, capsys):
+def test_the_placements_given_as_pairs_are_refused_naming_position(model_dir, monkeypatch, capsys):
+    """--pairs is kv-uuid's pair count; placements given as --pairs (as two-hop tasks once took them) are refused in
+    one line naming show's --position, and the hint followed shows the prompt."""
     args = ["--model", str(model_dir), "--task", "kv-2hop", "--facts", "4", "--digits", "3"]
-    code, _, err = _cli(monkeypatch, capsys, *args, "--pairs", "0,1")
-    assert code == 2 and "bad pair '0' in --pairs" in err and "e.g. --pairs 0:1" in err, err
-    code, out, err = _cli(monkeypatch, capsys, *args, "--pairs", "0:1")  # the hint, followed
+    code, _, err = _cli(monkeypatch, capsys, *args, "--pairs", "0:1")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--pairs is kv-uuid's count of key-value pairs, and task kv-2hop takes none" in err, err
+    assert "-- use --position 0:1 and drop --pairs" in err, err
+    code, out, err = _cli(monkeypatch, capsys, *args, "--position", "0:1")  # the hint, followed
     assert code == 0 and "at slot 0:1" in out, err
 
 

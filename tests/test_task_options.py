@@ -109,7 +109,10 @@ def _args(**given) -> SimpleNamespace:
 
 def test_task_fields_takes_the_registry_s_options_and_converts_to_the_task_s_type():
     assert task_fields(_args(task="kv-uuid", pairs="75"))["task_options"] == {"pairs": 75}
-    assert task_fields(_args(task="kv-2hop", pairs="0:1"))["task_options"] == {}  # the placements, not an option
+    for placements in ("positions", "position"):  # --pairs is kv-uuid's count: placements are --positions (show's --position)
+        with pytest.raises(PosbiasError, match=f"task kv-2hop takes none; .* are `{placements}`") as e:
+            task_fields(_args(task="kv-2hop", pairs="0:1"), placements)
+        assert e.value.fix == f"use `{placements}=0:1` and drop `pairs`"
     assert task_fields(_args(facts=20))["task_options"] == {"facts": 20}
     assert task_fields(_args(task="judge-kv", template="my.json"))["task_options"] == {"template": "my.json"}
     with pytest.raises(PosbiasError, match="'pairs' in task kv-uuid takes a whole number, got 'abc'"):

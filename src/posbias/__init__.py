@@ -11,9 +11,10 @@ Measure, at the top level: `run_sweep`, `run_compare` (several methods / models 
 (depth x length), each with its config and typed result; models (`load_model`, `wrap_model`, `MODELS`, or a served
 one through `open_backend` and `BACKENDS`); tasks (`get_task`, `register_task`, `TASKS`, a `Task` subclass building
 `Prompt`s); training-free methods (`get_method`, `register_method`, `METHODS`, a `Method` subclass yielding an
-`Active`); `build_report` (one HTML page from finished runs). Other packages add tasks, methods and backends as
-plugins (entry-point group "posbias", loaded on import: posbias/plugins.py; `PLUGINS` names those loaded, and
-`posbias.measure.register_backend` registers a backend as register_task and register_method do a task and a method).
+`Active`); `build_report` (one HTML page from finished runs). Other packages add tasks, methods, backends, model
+names, scoring engines and server dialects as plugins (entry-point group "posbias", loaded on import:
+posbias/plugins.py; `PLUGINS` names those loaded); `posbias.measure` has `register_backend`, `register_model`,
+`register_engine` and `register_dialect`, registering as register_task and register_method do (a taken name refused).
 
 Sub-namespaces, each a pipeline's config, run function, result and presets under short names:
 `posbias.lpes` (the LPES search), `posbias.hidden` (the positional hidden-channel search), `posbias.moice` (MoICE
@@ -48,7 +49,7 @@ from .methods import Active as Active
 from .methods import Method as Method
 from .methods import get_method as get_method
 from .methods import register_method as register_method
-from .models.load import REGISTRY as MODELS
+from .models.load import MODELS as MODELS
 from .models.load import Loaded as Loaded
 from .models.load import load_model as load_model
 from .models.load import wrap_model as wrap_model

@@ -1,10 +1,13 @@
 """The measuring core below `run_sweep`: the names a script or the command line needs beside the top level.
 
-- `Scorer` scores prompts on a model (what a sweep runs per batch), `ENGINES` the scoring protocols it can use;
+- `Scorer` scores prompts on a model (what a sweep runs per batch), `ENGINES` the scoring protocols it can use
+  (`register_engine`: an Engine subclass, e.g. of posbias.scoring.engines.Generate, under a new `engine=` name);
+- `register_model(name, locate, description)`: a model name `model=` takes (`posbias.MODELS`, `posbias models`);
 - `parse_spec` / `ModelSpec` / `split_models`: model specs (`openai:model=NAME,base_url=URL,tokenizer=DIR`) and comma
   lists of them; `split_specs`: a comma list of method specs; `Backend`: what runs a model (docs/backends.md), and
   the backend protocol: `register_backend` (a Backend class openable as `NAME:...`; a taken name is refused),
-  `ServedBackend` (the base of served engines), `Capabilities`, `Request` and `Reply`;
+  `ServedBackend` (the base of served engines), `Capabilities`, `Request` and `Reply`; `DIALECTS` the server families
+  an OpenAI-compatible backend speaks (`dialect=`, or detected from GET /models), `register_dialect` one more;
 - `resolve_positions(spec, n_slots)`: a positions spec ("all", "0,5,9", "0%,50%,100%") as a sorted slot list;
 - `JSONL_SCHEMA` / `ORDER_SCHEMAS`: the formats of your own data (`task="jsonl:PATH"`, `judge:PATH`, `mc:PATH`);
 - `COLLAPSE_MARGIN`: `run_compare`'s default collapse guard;
@@ -33,6 +36,8 @@ from .backends import ServedBackend as ServedBackend
 from .backends import parse_spec as parse_spec
 from .backends import register_backend as register_backend
 from .backends import split_models as split_models
+from .backends.dialects import DIALECTS as DIALECTS
+from .backends.dialects import register_dialect as register_dialect
 from .eval.compare import COLLAPSE_MARGIN as COLLAPSE_MARGIN
 from .eval.config import field_docs as field_docs
 from .eval.show import ShownPrompt as ShownPrompt
@@ -43,6 +48,7 @@ from .models.dtype import choose_dtype as choose_dtype
 from .models.dtype import cpu_kind as cpu_kind
 from .models.dtype import dtype_note as dtype_note
 from .models.export import export_model as export_model
+from .models.load import register_model as register_model
 from .models.load import set_threads as set_threads
 from .policy import apply_ranking as apply_ranking
 from .policy import check_policy as check_policy
@@ -53,13 +59,15 @@ from .policy import resampled_ranking as resampled_ranking
 from .policy import write_policy as write_policy
 from .runs import is_main_process as is_main_process
 from .scoring.engines import ENGINES as ENGINES
+from .scoring.engines import register_engine as register_engine
 from .scoring.scorer import Scorer as Scorer
 from .tasks import JSONL_SCHEMA as JSONL_SCHEMA
 from .tasks import ORDER_SCHEMAS as ORDER_SCHEMAS
 from .tasks import resolve_positions as resolve_positions
 
-__all__ = ["Backend", "COLLAPSE_MARGIN", "Capabilities", "ENGINES", "JSONL_SCHEMA", "ModelSpec", "ORDER_SCHEMAS", "Reply", "Request",
-           "Scorer", "ServedBackend", "ShownPrompt", "register_backend",
+__all__ = ["Backend", "COLLAPSE_MARGIN", "Capabilities", "DIALECTS", "ENGINES", "JSONL_SCHEMA", "ModelSpec", "ORDER_SCHEMAS",
+           "Reply", "Request", "Scorer", "ServedBackend", "ShownPrompt", "register_backend", "register_dialect",
+           "register_engine", "register_model",
            "apply_ranking", "check_policy", "choose_dtype", "cpu_kind", "dtype_note", "export_model", "field_docs", "is_main_process", "parse_spec",
            "policy_from_sweep", "ranking_note", "read_policy", "resampled_ranking", "resolve_positions", "set_threads", "show_prompt", "show_prompts",
            "split_models", "split_specs", "write_policy"]

@@ -1,15 +1,18 @@
-"""Plugins: tasks, methods and backends from other packages, found through the entry-point group "posbias".
+"""Plugins: tasks, methods, backends, model names, scoring engines and server dialects from other packages, found
+through the entry-point group "posbias".
 
 A plugin package declares, in its pyproject.toml,
 
     [project.entry-points.posbias]
     my_plugin = "my_package.plugin"            # a module: importing it registers (register_task, @register_method,
-                                               # @register_backend at its classes)
+                                               # @register_backend, @register_engine at its classes, register_model,
+                                               # register_dialect)
     # or "my_package.plugin:register"          # a function called with no arguments
 
 and once it is installed in the same environment (`pip install my-package`), `import posbias` loads it: its
-registrations join `TASKS`, `METHODS` and `BACKENDS`, tagged `plugin NAME (DIST VERSION)`, which `posbias tasks`,
-`posbias methods` and `posbias backends` print. A plugin that fails to load is named in one warning and left out (the
+registrations join `TASKS`, `METHODS`, `BACKENDS`, `MODELS`, `ENGINES` and `DIALECTS`, tagged `plugin NAME (DIST
+VERSION)`, which `posbias tasks`, `posbias methods`, `posbias backends` (dialects too) and `posbias models` print (and
+--engine's help lists the engines). A plugin that fails to load is named in one warning and left out (the
 built-ins still work); a name it registers that is already taken is refused the same way. POSBIAS_DISABLE_PLUGINS=1
 loads none (as PYTEST_DISABLE_PLUGIN_AUTOLOAD does for pytest).
 """

@@ -1,7 +1,8 @@
 """What an OpenAI-compatible server takes and how it says it: one Dialect per server family (backends/openai.py).
 
 A dialect is detected from `GET /models` (vLLM lists itself as owner "vllm", llama-cpp-python as "me") or declared
-with `dialect=` in the model spec. Each one says which prompt protocols it takes, the decoding fields that make it
+with `dialect=` in the model spec; `DIALECTS` is their registry (`register_dialect`: a plugin's too, a taken name
+refused). Each one says which prompt protocols it takes, the decoding fields that make it
 greedy (sent on every request, so a server's own defaults change nothing: llama.cpp's repeat_penalty 1.1, top_k
 40, min_p 0.05, top_p 0.95; the generation_config.json vLLM applies), how to check its tokenisation of a text
 prompt, how it lists generated tokens, and which of its errors are the request's fault.
@@ -19,9 +20,11 @@ asked for again without the server computing it twice) and how it words a prompt
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 
 from ..errors import PosbiasError
+from ..registry import Registry
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,19 @@ VLLM_GREEDY = {"temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0.0, "repetit
 _LLAMACPP = {"temperature": 0, "top_p": 1, "top_k": 0, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0,
              "presence_penalty": 0.0, "frequency_penalty": 0.0, "mirostat_mode": 0}
 
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (
+DIALECTS = Registry("dialect")  # name -> Dialect: what `dialect=` names, in the order GET /models detection tries
+
+
+def register_dialect(dialect: Dialect) -> Dialect:
+    """Make a server family's Dialect one a model spec's `dialect=NAME` names and GET /models detects (by `owner`);
+    a taken name is refused."""
+    if not isinstance(dialect, Dialect) or not dialect.name:
+        raise PosbiasError(f"register_dialect takes a Dialect with a name, got {dialect!r}",
+                           "build one with posbias.backends.dialects.Dialect(name, prompts, greedy, ...)")
+    return DIALECTS.add(dialect.name, dialect, owner=sys._getframe(1).f_globals.get("__name__", "?"))
+
+
+for _dialect in (
     # vLLM 0.32 (HTTP 400): "This model's maximum context length is 2048 tokens. However, your prompt contains at
     # least 2049 input tokens, ..." (renderers/params.py), "The decoder prompt (length 3000) is longer than the maximum
     # model length of 2048." (v1/engine/input_processor.py), "Input length (3000) exceeds model's maximum context length
@@ -88,7 +103,8 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (
             drops_abandoned=False, too_long=(r"maximum context length is (\d+)", r"exceed context window of (\d+)")),
     Dialect("openai", ("chat",), {"temperature": 0, "top_p": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0},
             exact_greedy=False, too_long=(r"maximum context length is (\d+)",)),  # OpenAI's context_length_exceeded
-)}
+):
+    register_dialect(_dialect)
 
 
 def get_dialect(name: str) -> Dialect:

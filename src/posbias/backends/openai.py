@@ -23,7 +23,7 @@ from typing import Iterator
 
 from ..errors import PosbiasError
 from .base import Capabilities, Reply, Request, ServedBackend, Step, prompt_steps, teacher_forcing_route
-from .dialects import DIALECTS, Dialect, choose_prompts, detect, get_dialect, needs_tokenizer
+from .dialects import Dialect, choose_prompts, detect, get_dialect, needs_tokenizer
 from .http import Http, served_error
 
 PROMPTS = ("tokens", "text", "chat")
@@ -39,7 +39,7 @@ class OpenAIBackend(ServedBackend):
         "tokenizer": "the served model's tokenizer: a registered name, a model directory or a .gguf (tokens, text)",
         "prompts": "tokens (ids) | text (posbias's template, tokenisation checked) | chat (messages); default: the "
                    "server's first (vllm: tokens, llamacpp: text) with a tokenizer, else chat",
-        "dialect": f"{' | '.join(DIALECTS)} (default: detected from GET /models)",
+        "dialect": "the server's family: one of the dialects below (default: detected from GET /models)",
         "teacher_forcing": "generate (greedy generation, default) | prompt_logprobs (vLLM's extension)",
         "api_key_env": "environment variable holding the API key (default OPENAI_API_KEY; unset: no key sent)",
         "concurrency": "requests in flight (default 8)",

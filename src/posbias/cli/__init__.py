@@ -6,7 +6,6 @@ parameters in backticks, which `main` turns into the commands' flags.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
@@ -52,12 +51,11 @@ _FLAG_VALUES = {("correct_only", "False"): "--keep-all", ("correct_only", "True"
                 ("lora", "False"): "--full"}
 
 
-def flag(name: str, value: str | None, renamed: dict | None = None) -> str:
-    """How the CLI spells the library parameter `name` (with `value`): `n=5` -> --n 5, `resume=True` -> --resume;
-    `renamed`: this command line's own spellings (the placements given as --pairs)."""
+def flag(name: str, value: str | None) -> str:
+    """How the CLI spells the library parameter `name` (with `value`): `n=5` -> --n 5, `resume=True` -> --resume."""
     if (name, value) in _FLAG_VALUES:
         return _FLAG_VALUES[(name, value)]
-    f = (renamed or {}).get(name) or _FLAGS.get(name, "--" + name.replace("_", "-"))
+    f = _FLAGS.get(name, "--" + name.replace("_", "-"))
     return f if value in (None, "True") else f"{f} {value}"
 
 
@@ -74,7 +72,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except PosbiasError as e:
-        _fail(f"posbias: error: {e.render(functools.partial(flag, renamed=_renamed(sys.argv)))}", 2)
+        _fail(f"posbias: error: {e.render(flag)}", 2)
     except NoArgsIsHelpError as e:  # `posbias lpes`: the group's help, as click would show it
         typer.echo(e.ctx.get_help() if e.ctx else str(e))
         sys.exit(0)
@@ -87,14 +85,6 @@ def main() -> None:
         _fail("\nposbias: interrupted -- what was finished is kept: rerun the same command with --resume to continue"
               " (synth commands continue without it)", 130)
     sys.exit(code if isinstance(code, int) else 0)
-
-
-def _renamed(argv: list[str]) -> dict:
-    """--pairs naming the placements (not a kv-uuid count) and no --positions: errors about `positions` say --pairs."""
-    if "--pairs" not in argv or "--positions" in argv:
-        return {}
-    i = argv.index("--pairs") + 1
-    return {} if i < len(argv) and argv[i].isdigit() else {"positions": "--pairs"}
 
 
 def _fail(message: str, code: int) -> None:

@@ -31,7 +31,6 @@ from .options import (
     ints,
     method_values,
     model_fields,
-    placements,
     run_kwargs,
     task_fields,
     uses,
@@ -196,7 +195,7 @@ def shifting(
     """Token and thought shifting: where the greedy answer at each placement leaves the advantageous one, the rank of
     the advantageous token there (top 10?), single-token shifts, and perplexities (Pos2Distill Fig. 3a, 8, 9)."""
     cfg = ShiftingConfig(**model_fields(model), **task_fields(task), **vars(split),
-                         positions=placements(task, positions), max_new_tokens=max_new_tokens, method=method, top=top)
+                         positions=positions, max_new_tokens=max_new_tokens, method=method, top=top)
     res = run_shifting(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())
     typer.echo(f"wrote {run.out}/shifting.json, rows.jsonl, shifting.png, divergence.png")
@@ -226,7 +225,7 @@ def attention(
 ) -> None:
     """Attention per document: the mass the answer-producing rows put on each item, per layer, as the gold moves
     (Pos2Distill Fig. 7; LPES Fig. 5 with --scales), with the accuracy and the rollout's prediction beside it."""
-    cfg = AttentionConfig(**model_fields(model), **task_fields(task), **vars(split), positions=placements(task, positions),
+    cfg = AttentionConfig(**model_fields(model), **task_fields(task), **vars(split), positions=positions,
                           method=method, rows=rows, heads=heads, scales=floats(scales, what="`scales`"), rollout=rollout)
     res = run_attention(cfg, run.out, **run_kwargs(run))
     typer.echo(res.format())

@@ -10,8 +10,17 @@ from typing import Optional
 
 import typer
 
-from .. import BACKENDS, METHODS, MODELS, TASKS, PosbiasError, SweepConfig, run_compare, run_sweep
-from ..measure import COLLAPSE_MARGIN, JSONL_SCHEMA, ORDER_SCHEMAS, export_model, show_prompts, split_models, split_specs
+from .. import BACKENDS, METHODS, MODELS, TASKS, SweepConfig, run_compare, run_sweep
+from ..measure import (
+    COLLAPSE_MARGIN,
+    DIALECTS,
+    JSONL_SCHEMA,
+    ORDER_SCHEMAS,
+    export_model,
+    show_prompts,
+    split_models,
+    split_specs,
+)
 from .options import (
     MODEL,
     RUN,
@@ -26,7 +35,6 @@ from .options import (
     field_option,
     method_values,
     model_fields,
-    placements,
     run_kwargs,
     task_fields,
     task_flag,
@@ -42,7 +50,7 @@ def sweep(model: Args, task: Args, split: Args, scoring: Args, run: Args, positi
           ) -> None:
     """Put the gold item at each position in turn, score the model, report the curve."""
     cfg = SweepConfig(**model_fields(model), **task_fields(task), **vars(split), **vars(scoring),
-                      positions=placements(task, positions), method=method)
+                      positions=positions, method=method)
     if not run.quiet:
         typer.echo(announce(model, cfg), err=True)
     res = run_sweep(cfg, run.out, **run_kwargs(run))
@@ -62,7 +70,7 @@ def compare(model: Args, task: Args, split: Args, scoring: Args, run: Args, posi
     """Run several methods (and models) on the same examples; one table (per position, average, gap) and one plot."""
     model_list = split_models(models) if models else None
     fields = {**model_fields(model), "model": model_list[0] if model_list else model.model}
-    cfg = SweepConfig(**fields, **task_fields(task), **vars(split), **vars(scoring), positions=placements(task, positions))
+    cfg = SweepConfig(**fields, **task_fields(task), **vars(split), **vars(scoring), positions=positions)
     res = run_compare(cfg, split_specs(methods), run.out, models=model_list, collapse_margin=collapse_margin,
                       **run_kwargs(run))
     typer.echo(res.format())
@@ -87,14 +95,9 @@ def show(model: Args, task: Args, split: Args, scoring: Args,
          as_json: bool = typer.Option(False, "--json", help="print the whole record as JSON instead (several "
                                                             "placements: a list of records)")) -> None:
     """Print the exact prompt one row is scored on: chat template, system turn, answer prefix, where the gold sits."""
-    t, spec = task_fields(task), placements(task, position)
-    try:
-        shown = show_prompts(t["task"], spec, example, model=model.model, chat=model.chat, data_dir=t["data_dir"],
-                             task_options=t["task_options"], **vars(split), **vars(scoring))
-    except PosbiasError as e:  # the placements came as --pairs: the hint names that flag
-        if spec is position:
-            raise
-        raise PosbiasError(e.problem.replace("`position", "`pairs"), e.fix and e.fix.replace("`position", "`pairs")) from None
+    t = task_fields(task, placements="position")
+    shown = show_prompts(t["task"], position, example, model=model.model, chat=model.chat, data_dir=t["data_dir"],
+                         task_options=t["task_options"], **vars(split), **vars(scoring))
     if as_json:
         records = [s.record for s in shown]
         typer.echo(json.dumps(records[0] if len(records) == 1 else records, indent=2, ensure_ascii=False))
@@ -136,9 +139,9 @@ def tasks() -> None:
 
 
 def models() -> None:
-    """List the registered model names."""
-    for name, (_, desc) in MODELS.items():
-        typer.echo(f"{name:14s} {desc}")
+    """List the registered model names (and where each came from)."""
+    for name, entry in MODELS.items():
+        typer.echo(f"{name:14s} {entry.description}{_origin(MODELS, name)}")
     typer.echo("Also: a Hugging Face model directory or hub id, or a path to a .gguf file.")
 
 
@@ -151,13 +154,18 @@ def methods() -> None:
 
 
 def backends() -> None:
-    """List the backends a model spec can name (and where each came from), with the keys each takes."""
+    """List the backends a model spec can name (and where each came from), with the keys each takes, and the
+    dialects of OpenAI-compatible servers."""
     for name, cls in BACKENDS.items():
         typer.echo(f"{name:8s} {cls.description}{_origin(BACKENDS, name)}")
         for k, v in cls.ARGS.items():
             typer.echo(f"  {k:15s} {v}")
         if cls.PASS_THROUGH:
             typer.echo("  (every key goes to the engine as it is)")
+    typer.echo("\nDialects (openai:...,dialect=NAME; default: the one whose owner GET /models lists, else openai):")
+    for name, d in DIALECTS.items():
+        owner = f", owner '{d.owner}'" if d.owner else ""
+        typer.echo(f"  {name:13s} prompts {' | '.join(d.prompts)}{owner}{_origin(DIALECTS, name)}")
     typer.echo("\nA spec: smollm2-135m | hf:DIR | vllm:DIR,tensor_parallel_size=2 | vllm:smollm2-135m | "
                "openai:model=NAME,base_url=http://127.0.0.1:8000/v1,tokenizer=DIR")
 

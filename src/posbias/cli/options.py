@@ -200,18 +200,17 @@ MODEL = Group(
 )
 
 # The task options are generated from the task registry (`task_options`); the CLI adds only its own facts: the flag
-# of an option whose flag is not --NAME, and what --pairs also means.
+# of an option whose flag is not --NAME, and the option kept text where the tasks declare an int: --pairs, which once
+# also named a two-hop task's placements, so that use reaches `task_fields`' refusal naming --positions.
 TASK_FLAGS = {"template": ("--judge-template",)}  # named so since it was added: a template of the judge's prompt
-PAIRS_ALSO = ("; two-hop tasks: where the hops go, connected,disconnected,reversed | 0:1,5:13 | grid | all (like "
-              "--positions)")
+TEXT_OPTIONS = ("pairs",)
 
 
 def task_options(tasks: dict) -> dict[str, Opt]:
     """One option per task option name across `tasks` (name -> TaskEntry), in the registry's order: its help
     "TASK, TASK: doc (default D)" joined over the tasks that take it (the tasks with the same doc together, each
     with its own default where theirs differ), its type int where every task declares an int, else str (a value is
-    converted to the chosen task's type: `task_fields`), unset by default (the task's default). --pairs is text,
-    also the two hops' placements."""
+    converted to the chosen task's type: `task_fields`), unset by default (the task's default); TEXT_OPTIONS text."""
     takers: dict[str, dict[str, list]] = {}  # option -> doc -> [(task, default, type)]
     for task, entry in tasks.items():
         for o, opt in entry.options.items():
@@ -219,9 +218,8 @@ def task_options(tasks: dict) -> dict[str, Opt]:
     out = {}
     for o, docs in takers.items():
         text = "; ".join(_doc_of(doc, ts) for doc, ts in docs.items())
-        int_only = all(t in (int, Optional[int]) for ts in docs.values() for _, _, t in ts) and o != "pairs"
-        out[o] = Opt(None, text + (PAIRS_ALSO if o == "pairs" else ""), Optional[int if int_only else str],
-                     TASK_FLAGS.get(o, ()))
+        int_only = all(t in (int, Optional[int]) for ts in docs.values() for _, _, t in ts) and o not in TEXT_OPTIONS
+        out[o] = Opt(None, text, Optional[int if int_only else str], TASK_FLAGS.get(o, ()))
     return out
 
 
@@ -287,30 +285,21 @@ RUN = Group(
 )
 
 
-def task_fields(a: Args) -> dict:
+def task_fields(a: Args, placements: str = "positions") -> dict:
     """TaskChoice fields of a library config from the TASK group: each task option given, converted to the type the
-    chosen task declares (`--pairs 75` on kv-uuid an int; a bad value refused in one line); --pairs only where it
-    is the task's own option (else it names the two hops' placements: `placements`). An option the task does not
-    take is passed on, for the task's own refusal."""
+    chosen task declares (`--pairs 75` on kv-uuid an int; a bad value refused in one line). An option the task does
+    not take is passed on, for the task's own refusal, but --pairs, which once also named a two-hop task's placements:
+    refused naming the command's placements option (`placements`: --positions, show's --position)."""
     name = (a.task or "").partition(":")[0]
     entry = TASKS.get(name)
     own = entry.options if entry is not None else {}
-    opts = {}
-    for k in TASK_OPTIONS:
-        v = getattr(a, k)
-        if v is not None and (k in own or k != "pairs"):
-            opts[k] = entry.value(name, k, v) if k in own else v
+    given = {k: getattr(a, k) for k in TASK_OPTIONS if getattr(a, k) is not None}
+    if "pairs" in given and entry is not None and "pairs" not in own:
+        raise PosbiasError(f"`pairs` is kv-uuid's count of key-value pairs, and task {name} takes none; placements (a "
+                           f"two-hop task's too) are `{placements}`", f"use `{placements}={given['pairs']}` and drop `pairs`")
+    opts = {k: entry.value(name, k, v) if k in own else v for k, v in given.items()}
     return {"task": a.task, "task_options": {k: v for k, v in opts.items() if v is not None},
             "data_dir": str(a.data_dir) if a.data_dir else None}
-
-
-def placements(a: Args, positions: str | None) -> str | None:
-    """--positions, or --pairs for a two-hop task (where it names the placements of the two hops)."""
-    if a.pairs is None or "pairs" in getattr(TASKS.get(a.task.partition(":")[0]), "options", ()):
-        return positions
-    if positions is not None:
-        raise PosbiasError("both `positions` and `pairs` name the placements", "pass one of them")
-    return a.pairs
 
 
 def model_fields(a: Args) -> dict:

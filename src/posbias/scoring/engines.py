@@ -27,6 +27,7 @@ from the list counts as less likely than every listed token.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Protocol
@@ -37,6 +38,7 @@ from ..core.metrics import METRICS, first_line
 from ..errors import PosbiasError
 from ..methods import Active
 from ..models.load import Loaded
+from ..registry import Registry
 from ..tasks import Task
 from .encode import Encoded, render
 from .generate import decode_shared, generate_limited
@@ -280,7 +282,22 @@ def _label_verdict(scorer: ScorerView, row: Encoded, steps: list[Step]) -> dict:
             "option_logprobs": [None if v is None else round(v, 6) for v in lps]}
 
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (TeacherForced(), Generate())}
+ENGINES = Registry("engine")  # name -> Engine (one instance each): the protocols `engine=` names
+
+
+def register_engine(cls: type[Engine]) -> type[Engine]:
+    """Make an Engine subclass the scoring protocol `engine=NAME` names (also a class decorator); a taken name is
+    refused, the same class again is a no-op."""
+    if not (isinstance(cls, type) and issubclass(cls, Engine)) or inspect.isabstract(cls) or not getattr(cls, "name", ""):
+        raise PosbiasError(f"register_engine takes an Engine subclass with a name, got {cls!r}",
+                           "subclass an engine of posbias.scoring.engines (Engine, TeacherForced, Generate) and set `name`")
+    if type(ENGINES.get(cls.name)) is not cls:
+        ENGINES.add(cls.name, cls(), owner=cls)
+    return cls
+
+
+for _cls in (TeacherForced, Generate):
+    register_engine(_cls)
 
 
 def get_engine(name: str) -> Engine:
