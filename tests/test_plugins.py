@@ -4,8 +4,8 @@ The example plugin (tests/plugin) is a real package that conftest installs with 
 adds a task, a method of each kind (rearranger, model change, reading, decision rule), a backend, a model name, a
 scoring engine and a server dialect, each one file registered in one line; the task and the methods join the
 conformance matrix and the method suite without a test of their own. Here: they are listed with where they came
-from, they run (the model name on the real SmolLM2, the engine on a tiny model, the dialect against a fake vLLM-shaped
-server detected by its owner), a plugin that takes a name is left out with one warning, and every registry refuses a
+from, they run (the model name on the real SmolLM2, the engine on a tiny model, the dialect against the real vLLM
+server), a plugin that takes a name is left out with one warning, and every registry refuses a
 second entry under a taken name.
 """
 
@@ -16,9 +16,7 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -26,13 +24,24 @@ from typer.testing import CliRunner
 
 import posbias
 from conftest import install_plugin
-from posbias import (BACKENDS, METHODS, MODELS, PLUGINS, TASKS, Method, PosbiasError, SweepConfig, register_method,
-                     register_task, run_compare, run_sweep)
+from posbias import (
+    BACKENDS,
+    METHODS,
+    MODELS,
+    PLUGINS,
+    TASKS,
+    Method,
+    PosbiasError,
+    SweepConfig,
+    register_method,
+    register_task,
+    run_compare,
+    run_sweep,
+)
 from posbias.cli import app
 from posbias.cli.options import engine_values
 from posbias.measure import DIALECTS, ENGINES, register_backend, register_dialect, register_engine, register_model
 from posbias.scoring.engines import Generate
-from test_backends import generation_like_vllm, prompt_logprobs_like_vllm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -101,60 +110,22 @@ def test_the_plugin_s_engine_scores_as_the_generation_it_wraps(model_dir, loaded
     assert json.loads((tmp_path / "cli" / "sweep.json").read_text())["config"]["engine"] == "generate-plugin"
 
 
-class VLLMShaped:
-    """An OpenAI-compatible server on 127.0.0.1 answering as vLLM does (tests/test_backends.py's reply fakes) from a
-    model in process, its model listed as owned by `owner`; `bodies` keeps the completion requests."""
+def test_the_plugin_s_dialect_speaks_to_a_real_vllm_server_as_the_built_in_one_does(vllm_server):
+    """A model spec naming the plugin's dialect (`dialect=vllm-plugin`, a copy of vLLM's under its own name) runs
+    against the real vLLM server on 127.0.0.1: recorded as the plugin's, on both teacher-forcing routes, with the
+    rows the built-in vllm dialect gets from the same server (detection by owner reads the same registry)."""
+    from served import NAME
 
-    def __init__(self, model, window: int, owner: str):
-        self.model, self.bodies = model, []
-        listing = {"object": "list", "data": [{"id": "tiny", "owned_by": owner, "max_model_len": window}]}
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                self._reply(listing)
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fake.bodies.append(body)
-                ids = body["prompt"]
-                choice = (prompt_logprobs_like_vllm(fake.model, ids) if body.get("prompt_logprobs") else
-                          generation_like_vllm(fake.model, ids, body["max_tokens"], k=body.get("logprobs") or 1))
-                self._reply({"choices": [choice], "usage": {"prompt_tokens": len(ids), "completion_tokens": 1}})
-
-            def _reply(self, out: dict):
-                data = json.dumps(out).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-def test_the_plugin_s_dialect_is_detected_and_scores_as_in_process(model_dir, loaded):
-    """A server that lists its model as owned by "vllm-plugin" is spoken to in the plugin's dialect (detected, not
-    named in the spec): token prompts with vLLM's greedy fields, both teacher-forcing routes, and the verdicts the
-    in-process path gives."""
-    server = VLLMShaped(loaded.model, loaded.context_window, "vllm-plugin")
-    cfg = dict(task="kv-tiny", positions="0,3", n=3)
-    local = run_sweep(SweepConfig(**cfg), loaded=loaded, progress=False)
-    try:
-        for route in ("generate", "prompt_logprobs"):
-            spec = f"openai:model=tiny,base_url={server.url},tokenizer={model_dir},teacher_forcing={route}"
+    cfg = dict(task="kv-lookup", task_options={"facts": 4}, positions="0,3", n=2)
+    for route in ("generate", "prompt_logprobs"):
+        rows = {}
+        for dialect in ("vllm-plugin", "vllm"):
+            spec = (f"openai:model={NAME},base_url={vllm_server['url']},tokenizer={vllm_server['dir']},"
+                    f"teacher_forcing={route},dialect={dialect}")
             served = run_sweep(SweepConfig(model=spec, **cfg), progress=False)
-            assert [r["correct"] for r in served.rows] == [r["correct"] for r in local.rows], route
-            assert served.record["model"]["dialect"] == "vllm-plugin" and served.record["model"]["prompts"] == "tokens"
-    finally:
-        server.server.shutdown()
-    assert server.bodies and all(b["top_k"] == -1 and b["repetition_penalty"] == 1.0 for b in server.bodies)
-    assert {bool(b.get("prompt_logprobs")) for b in server.bodies} == {True, False}
+            assert served.record["model"]["dialect"] == dialect and served.record["model"]["prompts"] == "tokens"
+            rows[dialect] = [(r["example_id"], r["position"], r["correct"], r["prediction"]) for r in served.rows]
+        assert rows["vllm-plugin"] == rows["vllm"], route
 
 
 def test_the_plugin_s_model_name_runs_smollm2(smollm2):
