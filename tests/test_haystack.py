@@ -5,6 +5,7 @@ token per character, so lengths are exact to check; the NQ haystack is the share
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -439,3 +440,16 @@ def test_show_prints_the_needle_with_the_text_either_side_of_it(loaded):
     before, after = gold["around"]
     assert re.search(r"[.!?][\"')\]]* $", before) and re.match(r" [\"'(\[]?[A-Z]", after), gold["around"]
     assert f"between ...{before!r} and {after!r}..." in shown.format()
+
+
+def test_a_haystack_s_windows_follow_its_text_not_where_it_lies(loaded, tmp_path):
+    """Same seed, same text, same windows: a copy of the essays elsewhere, or the path written relative, gives the
+    prompts the original gives (the windows were seeded by the path as given, so a clone elsewhere drew others)."""
+    import shutil
+
+    shutil.copytree(ESSAYS, tmp_path / "copy")
+    prompts = []
+    for where in (ESSAYS, tmp_path / "copy", Path(os.path.relpath(ESSAYS))):
+        task, rows = _rows(loaded, depths="50%", n=1, haystack=str(where), needle=str(SF))
+        prompts.append([r.prompt_ids for r in rows])
+    assert prompts[0] == prompts[1] == prompts[2]

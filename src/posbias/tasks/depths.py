@@ -12,12 +12,12 @@ depth      the allowed boundary whose token offset is nearest the asked share of
            records the true depth (`needle_depths`)
 tolerance  TOLERANCE points of depth: a needle further than that from its asked depth is printed with its true
            depth (the notes under a sweep's table and a grid's, eval/rownotes.py). Measured with SmolLM2's tokenizer
-           at 1K tokens, depths 0-100% by 10 over 40 windows: worst 3.6 points on hard-wrapped prose
+           at 1K tokens, depths 0-100% by 10 over 40 windows: worst 3.5 points on hard-wrapped prose
            (tests/data/keeper.txt, with a title page, a paragraph ending in a colon and a quoted letter, beside
-           tests/data/essays; 2.3 on the essays alone, 1.1 at 2K), 4.9 on nq passages (10 windows; 0.9 at 4K, 0.7
+           tests/data/essays; 2.3 on the essays alone, 1.2 at 2K), 4.9 on nq passages (10 windows; 0.9 at 4K, 0.7
            at 8K). The tests' one-character tokenizer is far coarser: 1K tokens hold 540-780 characters of
            keeper.txt (6-12 sentences), the worst is 20.0 points (the title page and the colon's paragraph take no
-           needle) and 114 of 440 placements lie beyond the tolerance: what the notes are there to say
+           needle) and 105 of 440 placements lie beyond the tolerance: what the notes are there to say
 distinct   two asked depths that land on one boundary of an example would score one prompt twice under two depths:
            `shared` finds them, and the task (sweep) and the grid refuse them before any row is scored, naming a
            length at which the boundaries lie closer than the depths asked

@@ -40,6 +40,8 @@ al. 2025) put a needle at a depth percent of a context of T tokens of natural te
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from pathlib import Path
 from typing import Callable
@@ -110,6 +112,7 @@ class Haystack(Task):
         if answer_prefix and needle == "kv":
             raise PosbiasError("a kv needle has RULER's answer prefix already", "drop `answer_prefix`")
         self.tokens, self.needle, self.haystack = tokens, needle, haystack
+        self._seed_of: tuple = (None, "")  # (the haystack's parsed text, its window seed): _window_seed
         self.answer_prefix = (answer_prefix or "").rstrip(" ") or None
         self.keys, self.values, self.queries, self.overlap, self.context = keys, values, queries, overlap, context
         nq = needle in ("nq", "nq-sentence") or (haystack == "nq" and self.has_haystack)
@@ -240,7 +243,17 @@ class Haystack(Task):
     def _stream(self, ex: NiahExample):
         """The example's haystack sentences in order, each with whether a document starts there (tasks/text.py)."""
         units, passages = self._units()
-        return haystack_stream(units, passages, random.Random(f"niah-haystack/{self.haystack}/{ex.index}"), ex.avoid)
+        return haystack_stream(units, passages, random.Random(f"niah-haystack/{self._window_seed(units)}/{ex.index}"),
+                               ex.avoid)
+
+    def _window_seed(self, units: tuple) -> str:
+        """What seeds the haystack windows: `nq` by its name; a file or folder by its sentences (SHA-256), so the same
+        text gives the same windows wherever it lies and however its path is written (it was the path as given)."""
+        if self.haystack == "nq":
+            return "nq"
+        if self._seed_of[0] is not units:  # the parsed text is cached: hash it once
+            self._seed_of = (units, hashlib.sha256(json.dumps(units).encode()).hexdigest()[:16])
+        return self._seed_of[1]
 
     def _fit(self, ex: NiahExample, tokens: int | None = None) -> tuple[list[str], list[int], set[int], list[int]]:
         """The haystack sentences that fill the prompt up to `tokens` (default the task's), their cumulative token
