@@ -227,3 +227,33 @@ def test_in_process_pipelines_open_a_model_by_the_backend_s_capabilities(model_d
     with pytest.raises(PosbiasError, match="the LPES search changes or reads the model's weights in process, and "
                                            "backend 'openai' serves the model as it is"):
         open_model(f"openai:model=m,tokenizer={model_dir}", needs="the LPES search")
+
+
+def test_an_engine_of_its_own_name_is_checked_as_the_protocol_it_is(tmp_path):
+    """Configs, tasks and methods check an engine's kind, not its name: a teacher-forcing engine registered under its
+    own name is refused with max_new_tokens, on a needle without an answer prefix and by nothing that takes teacher
+    forcing (PriDe); an engine of no kind is refused at registration."""
+    from posbias.measure import ENGINES, register_engine
+    from posbias.scoring.engines import Engine, TeacherForced
+
+    class Mine(TeacherForced):
+        name = "tf-mine"
+
+    register_engine(Mine)
+    try:
+        with pytest.raises(PosbiasError, match="`max_new_tokens` limits generation"):
+            SweepConfig(engine="tf-mine", max_new_tokens=4).validate()
+        with pytest.raises(PosbiasError, match="the needle has no answer prefix"):
+            run_sweep(SweepConfig(task="niah", task_options={"needle": "nq-sentence"}, engine="tf-mine", n=1),
+                      tmp_path / "niah", progress=False)
+        from posbias.methods import get_method
+        from posbias.tasks import get_task
+
+        task = get_task("mc-kv")
+        get_method("pride").check_task(task, task.placements(None), ENGINES["tf-mine"].kind)  # accepted: it forces
+    finally:
+        ENGINES.remove("tf-mine")
+    kindless = type("Kindless", (Engine,), {"name": "kindless", **{m: lambda *a, **k: None for m in (
+        "need", "requests", "verdict", "_predict", "branch")}})
+    with pytest.raises(PosbiasError, match="engine 'kindless' declares no kind among teacher-forced, generate"):
+        register_engine(kindless)

@@ -137,7 +137,7 @@ class Scoring:
                                f"use `prefix_attention` {' or '.join(PREFIX_ATTENTION)}, or leave it unset")
         if self.engine is not None and self.engine not in ENGINES:
             raise PosbiasError(f"unknown engine '{self.engine}'", f"use `engine` {' or '.join(ENGINES)}")
-        if self.max_new_tokens is not None and self.engine == "teacher-forced":
+        if self.max_new_tokens is not None and self.engine is not None and ENGINES[self.engine].kind == "teacher-forced":
             raise PosbiasError("`max_new_tokens` limits generation, and `engine=teacher-forced` generates nothing",
                                "drop `max_new_tokens`, or pass `engine=generate`")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:

@@ -27,6 +27,7 @@ from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..runs import RunFolder, is_main_process, versions, write_json_atomic
 from ..scoring.encode import encode
+from ..scoring.engines import engine_kind
 from ..scoring.scorer import Scorer
 from ..tasks import Haystack, Task, get_task
 from ..tasks.depths import apart, shared_problem
@@ -68,7 +69,7 @@ def _answer_room(cfg: GridConfig, task: Task, loaded: Backend) -> int:
     """Tokens a full window keeps free for the answer, and a margin of 8 for token merges: a generated answer's
     limit (a needle file's derived from its answers); a teacher-forced one's longest answer, at least 12 tokens."""
     scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat)
-    if scorer.engine.name == "generate" or cfg.max_new_tokens:
+    if scorer.engine.kind == "generate" or cfg.max_new_tokens:
         return scorer.max_new_tokens + 8
     answers = [a for ex in task.examples(cfg.n, cfg.seed, cfg.skip) for a in ex.answers]
     return max(12, *(scorer.count_tokens(a) for a in answers)) + 8
@@ -146,7 +147,7 @@ class GridRun:
         option, _ = size_option(cfg.task)
         depths = cfg.depth_list()
         probe = get_task(cfg.task, data_dir=cfg.data_dir, **cfg.task_options)  # its options checked before loading
-        probe.check_engine(cfg.engine or probe.default_engine)  # e.g. teacher forcing a needle without an answer prefix
+        probe.check_engine(engine_kind(cfg.engine or probe.default_engine))  # e.g. teacher forcing a bare needle
         probe.examples(cfg.n, cfg.seed, cfg.skip)  # enough of them (a needle file of one line has one)
         method = method.for_task(probe)  # every size is the same kind of task; recorded resolved
         folder = RunFolder(out, "grid", "grid.json", ("size-*", "ref-*", "heatmap.png", "timing.json"))

@@ -21,6 +21,7 @@ from ..backends import Backend, Capabilities, as_backend, parse_spec
 from ..errors import PosbiasError
 from ..models.load import DEFAULT_MODEL, Loaded, load_tokenizer
 from ..scoring.encode import Encoded, render
+from ..scoring.engines import engine_kind
 from ..scoring.scorer import Scorer
 from ..scoring.spans import item_spans
 from ..scoring.template import default_system, template_sha256
@@ -78,7 +79,7 @@ class ShownPrompt:
                 f"({self.model}), {chat}")
         lines = [head, *(_gold_line(g, len(self.gold)) for g in self.gold)]
         lines.append(f"answers: {', '.join(map(repr, self.answers))}; engine {self.engine}"
-                     + (f", up to {self.max_new_tokens} new tokens" if self.engine == "generate" else ""))
+                     + (f", up to {self.max_new_tokens} new tokens" if engine_kind(self.engine) == "generate" else ""))
         if self.options:
             lines.append(f"options: {', '.join(self.options)}")
         if self.judge_template:

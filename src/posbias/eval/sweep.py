@@ -27,7 +27,7 @@ from ..methods import Method, get_method
 from ..models.load import Loaded
 from ..runs import JsonlLog, RunFolder, is_main_process, num_processes, versions, write_jsonl_atomic
 from ..runs import progress as progress_bar
-from ..scoring.engines import get_engine
+from ..scoring.engines import engine_kind, get_engine
 from ..scoring.scaleout import broadcast_rows, score_split
 from ..scoring.scorer import Scorer, in_row_order
 from ..tasks import Task, as_json, get_task, placement_key, positions_spec
@@ -121,8 +121,8 @@ def preflight(cfg: SweepConfig, method: Method, task, positions: list) -> list:
     """Refuse, before any model loads, a method that cannot run on this task, placements and engine, and a decision
     rule whose calibration items the task does not hold; -> the calibration items (the next ones after the evaluated
     ones in the seeded order, never evaluated; none for other methods)."""
-    task.check_engine(cfg.engine or task.default_engine)  # e.g. a needle without an answer prefix: no teacher forcing
-    method.check_task(task, positions, cfg.engine or task.default_engine)
+    task.check_engine(engine_kind(cfg.engine or task.default_engine))  # e.g. a bare needle: no teacher forcing
+    method.check_task(task, positions, engine_kind(cfg.engine or task.default_engine))
     c = method.calibration(cfg.n)
     pool = task.pool_size
     if c and pool is not None and cfg.skip + cfg.n + c > pool:

@@ -61,6 +61,8 @@ TOP_LABELS = 20  # alternatives asked for with an order task's first generated t
 
 class Engine(ABC):
     name: ClassVar[str]
+    kind: ClassVar[str]  # the protocol it is, "teacher-forced" or "generate": what tasks, methods and configs check
+    #                      (an engine registered under its own name that subclasses one of these inherits its kind)
     reads_options: ClassVar[bool] = False  # an order task's labels are scored as next tokens (encode: option_ids)
     shared_settings: ClassVar[dict] = {}  # what score_shared does beyond one batch at a time, for the run's record
 
@@ -115,7 +117,7 @@ class Engine(ABC):
 
 
 class TeacherForced(Engine):
-    name = "teacher-forced"
+    name = kind = "teacher-forced"
     reads_options = True
 
     def need(self, row: Encoded, max_new_tokens: int) -> int:
@@ -170,7 +172,7 @@ class TeacherForced(Engine):
 
 
 class Generate(Engine):
-    name = "generate"
+    name = kind = "generate"
     shared_settings = {"decode": "joined"}  # score_shared: the decode steps of consecutive branch batches shared
 
     def need(self, row: Encoded, max_new_tokens: int) -> int:
@@ -285,12 +287,18 @@ def _label_verdict(scorer: ScorerView, row: Encoded, steps: list[Step]) -> dict:
 ENGINES = Registry("engine")  # name -> Engine (one instance each): the protocols `engine=` names
 
 
+KINDS = ("teacher-forced", "generate")  # the protocols an engine can be (Engine.kind)
+
+
 def register_engine(cls: type[Engine]) -> type[Engine]:
     """Make an Engine subclass the scoring protocol `engine=NAME` names (also a class decorator); a taken name is
     refused, the same class again is a no-op."""
     if not (isinstance(cls, type) and issubclass(cls, Engine)) or inspect.isabstract(cls) or not getattr(cls, "name", ""):
         raise PosbiasError(f"register_engine takes an Engine subclass with a name, got {cls!r}",
                            "subclass an engine of posbias.scoring.engines (Engine, TeacherForced, Generate) and set `name`")
+    if getattr(cls, "kind", None) not in KINDS:
+        raise PosbiasError(f"engine '{cls.name}' declares no kind among {', '.join(KINDS)}",
+                           "subclass TeacherForced or Generate (their kind is inherited), or set `kind`")
     if type(ENGINES.get(cls.name)) is not cls:
         ENGINES.add(cls.name, cls(), owner=cls)
     return cls
@@ -304,6 +312,11 @@ def get_engine(name: str) -> Engine:
     if name not in ENGINES:
         raise PosbiasError(f"unknown engine '{name}'", f"use `engine` {' or '.join(ENGINES)}")
     return ENGINES[name]
+
+
+def engine_kind(name: str) -> str:
+    """The protocol a registered engine is ("teacher-forced" or "generate"), by its name."""
+    return get_engine(name).kind
 
 
 def _decode_runs(parts: list[tuple[list[Encoded], tuple]], batch_tokens: int, max_batch: int,

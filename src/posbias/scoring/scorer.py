@@ -76,7 +76,7 @@ class Scorer:
         else:
             self.max_new_tokens, self.limit_from = task.generation_limit(self.count_tokens)
         self.chat = use_chat(self.backend, chat)
-        task.check_engine(self.engine.name)
+        task.check_engine(self.engine.kind)
         task.bind_tokens(*self._counters())  # a task sized in tokens (niah) counts with the model's own tokenizer
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
         self.prefix_sharing = prefix_sharing is not False

@@ -203,7 +203,7 @@ def run_hidden_search(cfg: HiddenSearchConfig | None = None, out: str | Path | N
     layers = list(cfg.layers) if cfg.layers else middle_layers(n_layers)
     scorer = Scorer(loaded, task, cfg.engine, cfg.max_new_tokens, cfg.chat, cfg.batch_tokens, cfg.max_batch,
                     cfg.prefix())
-    if cfg.select == "loss" and scorer.engine.name != "teacher-forced":
+    if cfg.select == "loss" and scorer.engine.kind != "teacher-forced":
         raise PosbiasError("`select=loss` needs the answer's logprob", "use `engine=teacher-forced`, or `select=accuracy`")
     HiddenScale(0, cfg.scales[0], layers).check(loaded)  # layers fit the model (one line, before any work)
     model_info = {**loaded.info, "hidden_size": hidden, "n_layers": n_layers}
