@@ -121,8 +121,9 @@ def preflight(cfg: SweepConfig, method: Method, task, positions: list) -> list:
     """Refuse, before any model loads, a method that cannot run on this task, placements and engine, and a decision
     rule whose calibration items the task does not hold; -> the calibration items (the next ones after the evaluated
     ones in the seeded order, never evaluated; none for other methods)."""
-    task.check_engine(engine_kind(cfg.engine or task.default_engine))  # e.g. a bare needle: no teacher forcing
-    method.check_task(task, positions, engine_kind(cfg.engine or task.default_engine))
+    kind = engine_kind(cfg.engine or task.default_engine)
+    task.check_engine(kind)  # e.g. a bare needle: no teacher forcing
+    method.check_task(task, positions, kind)
     c = method.calibration(cfg.n)
     pool = task.pool_size
     if c and pool is not None and cfg.skip + cfg.n + c > pool:

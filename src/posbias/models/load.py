@@ -69,7 +69,6 @@ def register_model(name: str, locate: Callable[[], tuple[Path | str, str | None]
     return MODELS.add(name, ModelEntry(locate, description), owner=locate)
 
 
-
 def _package_dir(module: str, install: str) -> Path:
     """Directory of an installed package, found without importing (and running) it."""
     spec = importlib.util.find_spec(module)

@@ -81,8 +81,8 @@ class Scorer:
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
         self.prefix_sharing = prefix_sharing is not False
         self.prefix_attention = prefix_sharing if isinstance(prefix_sharing, str) else None
-        # the runner, chosen once: requests in flight to a served model, or padded batches in process
         self.runner = runner_for(self)  # in process or served (scoring/runners.py), chosen once
+        self.hook_view = _HookView(self)  # the scorer as a method's active hooks read prompts (methods/base.py HookView)
 
     def settings(self, method: str | Method | None = None) -> dict:
         """The resolved choices, for a run's record: with a method, also the scoring path it runs (and why not
@@ -155,7 +155,7 @@ class Scorer:
         return method.read(_ReadView(self, method), rows, done or set(), on_batch)  # the method's read stage
 
     def _read_once(self, rows: list[Encoded], method: Method, done: set,
-              on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
+                   on_batch: Callable[[list[dict]], None] | None) -> list[dict]:
         """Each row not in `done` read once with `method` on (a method's default read stage)."""
         out: list[dict] = []
         moved: dict = {}  # a reordering method: where each row's gold item went (its row key is kept)
@@ -175,11 +175,6 @@ class Scorer:
 
         self.runner.run(rows, method, done, emit)
         return in_row_order(out, rows) if self.runner.in_row_order(method) else out
-
-    @property
-    def hook_view(self) -> "_HookView":
-        """The scorer as a method's active hooks read prompts (methods/base.py `HookView`)."""
-        return _HookView(self)
 
     def item_spans(self, prompt: Prompt):
         """Which prompt tokens belong to each item (scoring/spans.py), as this scorer encodes the prompt."""
