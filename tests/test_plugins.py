@@ -45,6 +45,7 @@ from posbias.scoring.engines import Generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+DATA = Path(__file__).resolve().parent / "data"  # the tests' own files (no data set)
 ORIGIN = "plugin example (posbias-example-plugin 0.1.0)"
 ADDED = {"task": ["kv-tiny"], "method": ["reverse", "temper", "twice", "first-order"], "backend": ["hf-plugin"],
          "model": ["smollm2-plugin"], "engine": ["generate-plugin"], "dialect": ["vllm-plugin"]}
@@ -244,8 +245,8 @@ def test_an_engine_of_its_own_name_is_checked_as_the_protocol_it_is(tmp_path):
         with pytest.raises(PosbiasError, match="`max_new_tokens` limits generation"):
             SweepConfig(engine="tf-mine", max_new_tokens=4).validate()
         with pytest.raises(PosbiasError, match="the needle has no answer prefix"):
-            run_sweep(SweepConfig(task="niah", task_options={"needle": "nq-sentence"}, engine="tf-mine", n=1),
-                      tmp_path / "niah", progress=False)
+            opts = {"needle": str(DATA / "sf-needle.jsonl"), "haystack": str(DATA / "essays")}  # no data set needed
+            run_sweep(SweepConfig(task="niah", task_options=opts, engine="tf-mine", n=1), tmp_path / "niah", progress=False)
         from posbias.methods import get_method
         from posbias.tasks import get_task
 
